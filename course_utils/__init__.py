@@ -1,0 +1,25 @@
+"""SFT Failure Lab's helper package: one module per idea a lesson teaches.
+
+- ``model``       load the embedded course model (or a real one)     — every lesson
+- ``data``        toy chat datasets, tokenization with labels         — every lesson
+- ``train``       the instrumented training loop, a CPU SFTTrainer    — every lesson
+- ``viz``         curves with thresholds, the token viewer            — every lesson
+- ``checks``      the exercise-checker framework                      — every exercise
+- ``tour``        environment check, lesson 00's checker              — lesson 00
+
+Importing the package turns off Hugging Face telemetry (TRL sends it from a background thread).
+"""
+
+import os
+
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+from .data import IGNORE_INDEX, make_batches, make_chat_dataset, make_messages, tokenize_chat  # noqa: E402
+from .model import COURSE_MODEL_DIR, load_course_model, token_id  # noqa: E402
+from .train import clip_rate, make_sft_trainer, set_seed, train  # noqa: E402
+
+__all__ = [
+    "COURSE_MODEL_DIR", "IGNORE_INDEX", "clip_rate", "load_course_model", "make_batches",
+    "make_chat_dataset", "make_messages", "make_sft_trainer", "set_seed", "token_id",
+    "tokenize_chat", "train",
+]

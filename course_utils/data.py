@@ -1,0 +1,237 @@
+"""Deterministic toy chat data, and the tokenization that decides which tokens carry loss.
+
+Every lesson trains on the same two tiny tasks, so that the *failure* is the only thing that
+changes between lessons:
+
+- ``"add"``:     ``What is 23 + 58?``                  -> ``81``
+- ``"reverse"``: ``Reverse the words: red cat blue``   -> ``blue cat red``
+
+``context_words`` prepends a filler paragraph to the user turn, which makes prompts long; with
+``long_tail=True`` its length is heavy-tailed, so a few prompts are far longer than the rest
+(lesson 05 needs those to fill ``max_length``).
+
+The same generators write the plain-text pretraining corpus of the course model
+(``build_course_model``): the model learns the *tasks* in prose there, and the *chat format*
+only during SFT in the lessons, which is why SFT visibly converges in a few seconds.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+IGNORE_INDEX = -100  # the label value that torch's cross-entropy (and transformers) skip
+
+WORDS = (
+    "red blue green black white pink gray gold cat dog fox owl bee cow pig hen "
+    "box cup hat key map pen bag car sun moon star tree rock lake hill road "
+    "big small fast slow warm cold soft loud old new happy quiet bright dark "
+    "apple bread milk rice tea cake soup salt"
+).split()
+
+TASKS = ("add", "reverse", "mixed")
+
+
+def _check_choice(name: str, value, allowed: Sequence) -> None:
+    if value not in allowed:
+        raise ValueError(
+            f"{name}={value!r} is not one of {list(allowed)} — the course only ships these toy "
+            f"tasks, so it can build them offline and deterministically — pass one of them."
+        )
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(
+            f"{name}={value!r} must be an integer >= {minimum} — it is a count — "
+            f"pass e.g. {name}={max(minimum, 1)}."
+        )
+
+
+def filler_text(rng: random.Random, n_words: int) -> str:
+    """A paragraph of ``n_words`` random course words: the distractor context of long prompts."""
+    return " ".join(rng.choice(WORDS) for _ in range(n_words))
+
+
+def _task_pair(task: str, rng: random.Random) -> tuple[str, str]:
+    if task == "mixed":
+        task = rng.choice(("add", "reverse"))
+    if task == "add":
+        a, b = rng.randrange(50), rng.randrange(50)
+        return f"What is {a} + {b}?", str(a + b)
+    words = [rng.choice(WORDS) for _ in range(rng.randint(2, 5))]
+    return "Reverse the words: " + " ".join(words), " ".join(reversed(words))
+
+
+def _context_length(rng: random.Random, context_words: int, long_tail: bool) -> int:
+    if not long_tail:
+        return context_words
+    # Pareto with shape 1.5: most prompts near context_words, a few 10x longer (a real long tail).
+    return int(context_words * rng.paretovariate(1.5))
+
+
+def make_messages(
+    task: str = "mixed",
+    n: int = 200,
+    seed: int = 0,
+    context_words: int = 0,
+    long_tail: bool = False,
+) -> list[list[dict]]:
+    """``n`` single-turn conversations as lists of ``{"role", "content"}`` dicts.
+
+    Deterministic in ``seed``; no system message, so the Qwen2.5 template adds its default one.
+    """
+    _check_choice("task", task, TASKS)
+    _check_int("n", n, 1)
+    _check_int("context_words", context_words, 0)
+    if long_tail and context_words == 0:
+        raise ValueError(
+            "long_tail=True with context_words=0 gives every prompt a zero-length context — the "
+            "tail is a multiple of context_words — pass e.g. context_words=20."
+        )
+    rng = random.Random(seed)
+    conversations = []
+    for _ in range(n):
+        question, answer = _task_pair(task, rng)
+        n_context = _context_length(rng, context_words, long_tail)
+        if n_context:
+            question = f"Context: {filler_text(rng, n_context)}.\n{question}"
+        conversations.append(
+            [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        )
+    return conversations
+
+
+def make_chat_dataset(task: str = "mixed", n: int = 200, seed: int = 0, *, form: str = "messages",
+                      context_words: int = 0, long_tail: bool = False):
+    """A ``datasets.Dataset`` of toy chats, in one of TRL's two conversational forms.
+
+    ``form="messages"`` gives a ``messages`` column (TRL trains on the full sequence, or on the
+    assistant turns with ``assistant_only_loss``); ``form="prompt_completion"`` gives ``prompt``
+    and ``completion`` columns (TRL then trains on the completion only, by default).
+    """
+    from datasets import Dataset
+
+    _check_choice("form", form, ("messages", "prompt_completion"))
+    conversations = make_messages(task, n, seed, context_words, long_tail)
+    if form == "messages":
+        return Dataset.from_dict({"messages": conversations})
+    return Dataset.from_dict(
+        {"prompt": [c[:-1] for c in conversations], "completion": [c[-1:] for c in conversations]}
+    )
+
+
+def pretraining_corpus(n_docs: int = 4000, seed: int = 0) -> list[str]:
+    """Plain-text documents for the course model's pretraining: the tasks in prose, no chat markup.
+
+    The model thereby knows numbers, words and both tasks, but has never seen ``<|im_start|>`` or
+    ``<|im_end|>``: like a base model, it has to learn the chat format (and when to stop) in SFT.
+    """
+    _check_int("n_docs", n_docs, 1)
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n_docs):
+        kind = rng.random()
+        if kind < 0.35:
+            a, b = rng.randrange(50), rng.randrange(50)
+            docs.append(f"{a} plus {b} is {a + b}.")
+        elif kind < 0.7:
+            words = [rng.choice(WORDS) for _ in range(rng.randint(2, 5))]
+            docs.append(f"the words {' '.join(words)} reversed are {' '.join(reversed(words))}.")
+        else:
+            docs.append(f"the {filler_text(rng, rng.randint(3, 12))}.")
+    return docs
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenization with labels: which tokens carry loss
+# ---------------------------------------------------------------------------------------------
+
+def assistant_char_spans(tokenizer, messages: list[dict], train_on_eos: bool = True):
+    """Character spans of the rendered conversation that the assistant "says".
+
+    Each span starts after ``<|im_start|>assistant\\n`` and, like TRL's ``{% generation %}``
+    training template for Qwen2.5, ends after ``<|im_end|>\\n``; with ``train_on_eos=False`` it
+    ends before ``<|im_end|>`` (lesson 02's untrained stop token). Found by rendering prefixes, so
+    it works with any template that renders a conversation as a prefix of its continuation.
+    """
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    spans = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start = len(tokenizer.apply_chat_template(messages[:i], tokenize=False,
+                                                  add_generation_prompt=True))
+        end = len(tokenizer.apply_chat_template(messages[: i + 1], tokenize=False))
+        if not text.startswith(tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)):
+            raise ValueError(
+                "the chat template does not render a conversation as a prefix of its continuation — "
+                "assistant spans cannot be located by prefix — use a template like Qwen2.5's."
+            )
+        if not train_on_eos:
+            end = text.rindex(tokenizer.convert_ids_to_tokens(end_of_turn_id(tokenizer)), start, end)
+        spans.append((start, end))
+    return text, spans
+
+
+def end_of_turn_id(tokenizer) -> int:
+    """The id of ``<|im_end|>``, the token that closes every turn in the Qwen2.5 template."""
+    from .model import token_id
+
+    return token_id(tokenizer, "<|im_end|>")
+
+
+def tokenize_chat(tokenizer, messages: list[dict], max_length: int | None = None,
+                  train_on_eos: bool = True) -> dict:
+    """Token ids and labels for one conversation: ``labels`` is ``-100`` outside assistant turns.
+
+    Returns ``input_ids``, ``labels``, ``attention_mask`` (all ones) and ``assistant_mask``
+    (1 where a token carries loss). ``max_length`` truncates from the right, as TRL does, so a
+    prompt longer than ``max_length`` loses its whole answer: every label becomes ``-100``.
+    """
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise ValueError(
+            f"messages must be a list of {{'role', 'content'}} dicts, got {type(messages).__name__} — "
+            "the chat template renders such a list — pass one conversation, e.g. make_messages()[0]."
+        )
+    if max_length is not None:
+        _check_int("max_length", max_length, 1)
+    text, spans = assistant_char_spans(tokenizer, messages, train_on_eos)
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    input_ids = encoding["input_ids"]
+    # A token carries loss when it lies inside an assistant span (offsets are character ranges).
+    mask = [int(any(s <= a and b <= e for s, e in spans)) for a, b in encoding["offset_mapping"]]
+    if max_length is not None:
+        input_ids, mask = input_ids[:max_length], mask[:max_length]
+    labels = [t if m else IGNORE_INDEX for t, m in zip(input_ids, mask)]
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": [1] * len(input_ids),
+            "assistant_mask": mask}
+
+
+def collate_right(examples: list[dict], pad_token_id: int):
+    """Right-pad tokenized examples into tensors; padded positions get label ``-100``.
+
+    The ``-100`` comes from here, from knowing where each example ends, not from the attention mask.
+    """
+    import torch
+
+    if not examples:
+        raise ValueError("collate_right got no examples — a batch needs at least one — pass a "
+                         "non-empty list of tokenize_chat() outputs.")
+    width = max(len(e["input_ids"]) for e in examples)
+    batch = {"input_ids": [], "attention_mask": [], "labels": []}
+    for e in examples:
+        pad = width - len(e["input_ids"])
+        batch["input_ids"].append(list(e["input_ids"]) + [pad_token_id] * pad)
+        batch["attention_mask"].append([1] * len(e["input_ids"]) + [0] * pad)
+        batch["labels"].append(list(e["labels"]) + [IGNORE_INDEX] * pad)
+    return {k: torch.tensor(v) for k, v in batch.items()}
+
+
+def make_batches(tokenizer, conversations: list[list[dict]], batch_size: int,
+                 max_length: int | None = None, train_on_eos: bool = True) -> list[dict]:
+    """Tokenize conversations and cut them, in order, into right-padded micro-batches."""
+    _check_int("batch_size", batch_size, 1)
+    examples = [tokenize_chat(tokenizer, m, max_length, train_on_eos) for m in conversations]
+    return [collate_right(examples[i: i + batch_size], tokenizer.pad_token_id)
+            for i in range(0, len(examples), batch_size)]
