@@ -1,0 +1,56 @@
+# SFT Failure Lab — every command a learner, an instructor or CI needs.
+#   make lab     set up .venv (first time only) and open the exercise notebooks in JupyterLab
+#   make test    set up .venv (first time only) and run the whole suite: unit tests + every
+#                solution notebook under nbval
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+PORT   ?= 8888
+# Offline by design: nothing in the course downloads at run time.
+export HF_HUB_OFFLINE := 1
+export HF_HUB_DISABLE_TELEMETRY := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install lab test unit notebooks exercises check-exercises model lint timings clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $(STAMP)
+
+lab: install
+	$(VENV)/bin/jupyter lab --port=$(PORT) --notebook-dir=notebooks
+
+test: install
+	$(PY) -m pytest tests solutions --nbval-lax --nbval-current-env \
+	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300 \
+	  --durations=12 -q
+
+unit: install
+	$(PY) -m pytest tests -q
+
+notebooks: install   # only the solution notebooks, under nbval
+	$(PY) -m pytest solutions --nbval-lax --nbval-current-env \
+	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300 -q
+
+exercises: install   # regenerate notebooks/ from solutions/
+	$(PY) -m course_utils.make_exercises
+
+check-exercises: install
+	$(PY) -m course_utils.make_exercises --check
+
+model: install       # rebuild the embedded course model (deterministic)
+	$(PY) -m course_utils.build_course_model
+
+lint: install
+	$(VENV)/bin/ruff check course_utils tests solutions
+
+timings: install     # re-execute every solution notebook in place, storing outputs; prints times
+	$(PY) -m course_utils.run_solutions
+
+clean:
+	rm -rf $(VENV) .pytest_cache
