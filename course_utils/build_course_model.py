@@ -3,7 +3,8 @@
     python -m course_utils.build_course_model              # rewrites course_utils/course_model
     python -m course_utils.build_course_model --out /tmp/m # somewhere else (the test does this)
 
-What it makes: a byte-level BPE tokenizer (at most 2,048 tokens; the corpus gives ~520) with Qwen2.5's three special tokens and,
+What it makes: a byte-level BPE tokenizer (at most 2,048 tokens; this corpus gives ~520) with
+Qwen2.5's three special tokens and,
 as chat template, the exact Qwen2.5 template string that the installed TRL ships; and a
 Qwen2-architecture causal LM (~0.6 M parameters, tied embeddings) pretrained briefly on the
 plain-text corpus of ``course_utils.data.pretraining_corpus``. Like a base checkpoint, it knows

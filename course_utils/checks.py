@@ -58,7 +58,8 @@ def close(got, expected, rtol: float = 1e-4, atol: float = 1e-6) -> str | None:
             return f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
         if expected.is_floating_point():
             ok = torch.allclose(got.double(), expected.double(), rtol=rtol, atol=atol, equal_nan=True)
-            return None if ok else f"max difference {float((got.double() - expected.double()).abs().max()):.3g}"
+            gap = float((got.double() - expected.double()).abs().max())
+            return None if ok else f"max difference {gap:.3g}"
         return None if torch.equal(got, expected) else "tensor values differ"
     if isinstance(expected, bool) or expected is None or isinstance(expected, str):
         return None if got == expected else f"expected {expected!r}, got {got!r}"
@@ -67,7 +68,9 @@ def close(got, expected, rtol: float = 1e-4, atol: float = 1e-6) -> str | None:
             return f"expected a number, got {type(got).__name__}"
         if math.isnan(expected) and math.isnan(got):
             return None
-        return None if math.isclose(got, expected, rel_tol=rtol, abs_tol=atol) else f"expected {expected:.6g}, got {got:.6g}"
+        if math.isclose(got, expected, rel_tol=rtol, abs_tol=atol):
+            return None
+        return f"expected {expected:.6g}, got {got:.6g}"
     if isinstance(expected, dict):
         if not isinstance(got, dict) or set(got) != set(expected):
             return f"expected a dict with keys {sorted(expected)}, got {got!r:.200}"

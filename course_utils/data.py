@@ -150,18 +150,19 @@ def pretraining_corpus(n_docs: int = 4000, seed: int = 0) -> list[str]:
 def assistant_char_spans(tokenizer, messages: list[dict], train_on_eos: bool = True):
     """Character spans of the rendered conversation that the assistant "says".
 
-    Each span starts after ``<|im_start|>assistant\\n`` and, like TRL's ``{% generation %}``
-    training template for Qwen2.5, ends after ``<|im_end|>\\n``; with ``train_on_eos=False`` it
-    ends before ``<|im_end|>`` (lesson 02's untrained stop token). Found by rendering prefixes, so
-    it works with any template that renders a conversation as a prefix of its continuation.
+    Exactly like TRL's ``{% generation %}`` training template for Qwen2.5, each span starts at the
+    newline after ``<|im_start|>assistant`` and ends after ``<|im_end|>\\n``; with
+    ``train_on_eos=False`` it ends before ``<|im_end|>`` (lesson 02's untrained stop token).
+    Found by rendering prefixes, so it works with any template that renders a conversation as a
+    prefix of its continuation.
     """
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     spans = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        start = len(tokenizer.apply_chat_template(messages[:i], tokenize=False,
-                                                  add_generation_prompt=True))
+        prompt = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+        start = len(prompt.rstrip())  # TRL's generation block opens before the role's newline
         end = len(tokenizer.apply_chat_template(messages[: i + 1], tokenize=False))
         if not text.startswith(tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)):
             raise ValueError(

@@ -20,7 +20,8 @@ def pinned_versions() -> dict[str, str]:
         requirements = metadata.requires(DISTRIBUTION) or []
     except metadata.PackageNotFoundError as exc:
         raise RuntimeError(
-            f"the course package {DISTRIBUTION!r} is not installed in this Python ({platform.python_version()}) "
+            f"the course package {DISTRIBUTION!r} is not installed in this Python "
+            f"({platform.python_version()}) "
             "— the check compares installed versions with its pins — run `make lab` (or "
             "`pip install -e .`) and pick the .venv kernel."
         ) from exc

@@ -1,0 +1,162 @@
+"""The shared helpers: datasets, labels, the training loop, the checker framework, the viewer."""
+
+import math
+
+import pytest
+import torch
+
+from course_utils import IGNORE_INDEX, clip_rate, make_chat_dataset, make_messages, tokenize_chat, train
+from course_utils.checks import Case, close, run_check
+from course_utils.data import collate_right, make_batches
+from course_utils.tour import check_count_trained_tokens
+from course_utils.viz import plot_curves, token_viewer
+
+
+def test_datasets_are_deterministic_and_shaped():
+    assert make_messages("add", 5, seed=1) == make_messages("add", 5, seed=1)
+    assert make_messages("add", 5, seed=1) != make_messages("add", 5, seed=2)
+    conv = make_messages("reverse", 1, seed=0)[0]
+    assert [m["role"] for m in conv] == ["user", "assistant"]
+    words = conv[0]["content"].split(": ")[1].split()
+    assert conv[1]["content"].split() == words[::-1]
+    pc = make_chat_dataset("add", 4, form="prompt_completion")
+    assert set(pc.column_names) == {"prompt", "completion"} and pc[0]["completion"][0]["role"] == "assistant"
+
+
+def test_long_tail_has_a_tail():
+    lengths = sorted(len(c[0]["content"].split()) for c in make_messages("add", 400, context_words=20,
+                                                                           long_tail=True))
+    assert lengths[-1] > 4 * lengths[len(lengths) // 2], "the longest prompt dwarfs the median"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "word"),
+    [({"task": "poetry"}, "task"), ({"n": 0}, "n=0"), ({"context_words": -1}, "context_words"),
+     ({"long_tail": True}, "long_tail"), ({"n": 2.5}, "n=2.5")],
+)
+def test_dataset_bad_input(kwargs, word):
+    with pytest.raises(ValueError, match="—") as excinfo:
+        make_messages(**kwargs)
+    assert word in str(excinfo.value)
+
+
+def test_labels_cover_the_answer_and_end_of_turn(tokenizer):
+    conv = make_messages("reverse", 1, seed=0)[0]
+    example = tokenize_chat(tokenizer, conv)
+    graded = [t for t in example["labels"] if t != IGNORE_INDEX]
+    assert tokenizer.decode(graded) == "\n" + conv[1]["content"] + "<|im_end|>\n"
+    without_eos = tokenize_chat(tokenizer, conv, train_on_eos=False)
+    graded = [t for t in without_eos["labels"] if t != IGNORE_INDEX]
+    assert tokenizer.decode(graded) == "\n" + conv[1]["content"]
+
+
+def test_labels_match_trls_generation_mask(tokenizer):
+    """Our prefix-based spans equal the mask of TRL's {% generation %} training template."""
+    from trl.chat_template_utils import get_training_chat_template
+
+    template = get_training_chat_template(tokenizer)
+    for conv in make_messages("mixed", 5, seed=4, context_words=3):
+        ours = tokenize_chat(tokenizer, conv)
+        theirs = tokenizer.apply_chat_template(conv, chat_template=template, return_dict=True,
+                                               return_assistant_tokens_mask=True)
+        assert theirs["input_ids"] == ours["input_ids"]
+        assert list(theirs["assistant_masks"]) == ours["assistant_mask"]
+
+
+def test_truncation_can_erase_every_label(tokenizer):
+    conv = make_messages("add", 1, seed=0, context_words=200)[0]
+    example = tokenize_chat(tokenizer, conv, max_length=64)
+    assert len(example["input_ids"]) == 64 and set(example["labels"]) == {IGNORE_INDEX}
+
+
+def test_tokenize_and_collate_bad_input(tokenizer):
+    with pytest.raises(ValueError, match="list of"):
+        tokenize_chat(tokenizer, "hello")
+    with pytest.raises(ValueError, match="no examples"):
+        collate_right([], 0)
+
+
+def test_collate_right_pads_labels_with_ignore(tokenizer):
+    batch = make_batches(tokenizer, make_messages("mixed", 4, seed=0), batch_size=4)[0]
+    pads = batch["attention_mask"] == 0
+    assert pads.any() and (batch["labels"][pads] == IGNORE_INDEX).all()
+    assert (batch["input_ids"][pads] == tokenizer.pad_token_id).all()
+
+
+def test_train_records_and_clipping(course, tokenizer):
+    from course_utils import load_course_model
+
+    model, _ = load_course_model()
+    batches = make_batches(tokenizer, make_messages("mixed", 16, seed=0), batch_size=4)
+    records = train(model, batches, steps=3, accum_steps=2, lr=1e-3, max_grad_norm=1e-3)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["clipped"] and r["grad_norm"] > 1e-3 for r in records) and clip_rate(records) == 1.0
+    assert all(math.isfinite(r["loss"]) and r["nonfinite"] == 0 for r in records)
+    assert records[0]["n_tokens"] == sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches[:2])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "word"),
+    [({"steps": 0}, "steps"), ({"accum_steps": 1.5}, "accum_steps"), ({"normalise": "median"}, "normalise"),
+     ({"optimizer": "lion"}, "optimizer"), ({"max_grad_norm": 0}, "max_grad_norm")],
+)
+def test_train_bad_input(course, kwargs, word):
+    model, tokenizer = course
+    args = {"steps": 1, **kwargs}
+    with pytest.raises(ValueError, match=word):
+        train(model, [{"input_ids": torch.zeros(1, 2, dtype=torch.long)}], **args)
+    with pytest.raises(ValueError, match="non-empty"):
+        train(model, [], steps=1)
+
+
+def test_clip_rate_needs_records():
+    with pytest.raises(ValueError, match="no records"):
+        clip_rate([])
+
+
+def test_close_compares_structures():
+    assert close(1.0, 1.0 + 1e-9) is None
+    assert close([1, {"a": torch.tensor([1.0])}], [1, {"a": torch.tensor([1.0])}]) is None
+    assert "max difference" in close(torch.tensor([1.0]), torch.tensor([2.0]))
+    assert close(float("nan"), float("nan")) is None
+    assert close(True, 1) is not None or close(1, True) is not None
+
+
+def test_run_check_reports_stub_wrong_and_error(capsys):
+    cases = [Case((2,), 4)]
+
+    def stub(x):
+        raise NotImplementedError
+
+    assert not run_check("double", stub, cases)
+    assert "not implemented" in capsys.readouterr().out
+    assert not run_check("double", lambda x: x + 3, cases, diagnose=lambda g, c: "added, not doubled")
+    assert "added, not doubled" in capsys.readouterr().out
+    assert not run_check("double", lambda x: 1 / 0, cases, hint="divide less")
+    assert "ZeroDivisionError" in capsys.readouterr().out
+    assert run_check("double", lambda x: 2 * x, cases)
+    with pytest.raises(ValueError, match="function itself"):
+        run_check("double", 4, cases)
+
+
+def test_lesson00_checker(capsys):
+    assert check_count_trained_tokens(lambda labels: int((labels != IGNORE_INDEX).sum()))
+    assert not check_count_trained_tokens(lambda labels: int((labels == IGNORE_INDEX).sum()))
+    assert "NO loss" in capsys.readouterr().out
+
+    def stub(labels):
+        raise NotImplementedError("Exercise: write your solution here")
+
+    assert not check_count_trained_tokens(stub)
+
+
+def test_token_viewer_and_plot(tokenizer):
+    example = tokenize_chat(tokenizer, make_messages("add", 1)[0])
+    html = token_viewer(tokenizer, example["input_ids"], example["labels"]).data
+    assert "&lt;|im_end|&gt;" in html and "outline" in html
+    with pytest.raises(ValueError, match="mask value"):
+        token_viewer(tokenizer, [1, 2], [1])
+    ax = plot_curves({"run": [{"step": 1, "loss": 2.0}]}, threshold=1.0)
+    assert ax.get_title() == "loss"
+    with pytest.raises(ValueError, match="no runs"):
+        plot_curves({})

@@ -1,0 +1,70 @@
+"""Repository-level promises: one source for exercises, one package list, lint, the CI entry."""
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_utils import make_exercises
+from course_utils.make_exercises import BEGIN, END, STUB, strip_solutions
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
+
+
+def test_exercise_notebooks_are_in_sync_with_solutions():
+    assert make_exercises.main(["--check"]) == 0, "run: python -m course_utils.make_exercises"
+
+
+def test_strip_solutions_keeps_indentation_and_code_around():
+    source = f"def f(x):\n    '''doc'''\n    {BEGIN}\n    return 2 * x\n    {END}\n\nprint(f)"
+    assert strip_solutions(source) == f"def f(x):\n    '''doc'''\n    {STUB}\n\nprint(f)"
+    with pytest.raises(ValueError, match="unbalanced"):
+        strip_solutions(f"{BEGIN}\nx = 1\n")
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.name)
+def test_each_solution_has_exercise_and_is_executed(solution):
+    exercise = ROOT / "notebooks" / solution.name
+    assert exercise.exists()
+    nb = nbformat.read(solution, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.execution_count for c in code if c.source.strip()), "solutions ship with outputs"
+    assert any(BEGIN in c.source for c in code), "every lesson has at least one exercise"
+    stripped = nbformat.read(exercise, as_version=4)
+    assert not any(BEGIN in c.source or c.get("outputs") for c in stripped.cells if c.cell_type == "code")
+    assert nb.metadata.kernelspec.name == "python3"
+
+
+def _names(requirements):
+    return sorted(re.split(r"[ ;]", r.strip())[0].lower() for r in requirements)
+
+
+def test_environment_yml_lists_the_same_packages_as_pyproject():
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    lines = (ROOT / "environment.yml").read_text().splitlines()
+    start = lines.index("  - pip:") + 1
+    pip = [line.strip()[2:] for line in lines[start:] if line.strip().startswith("- ")]
+    assert "-e ." in pip, "conda users install the course package too"
+    assert _names([p for p in pip if p != "-e ."]) == _names(pyproject)
+
+
+def test_torch_is_pinned_exactly():
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert "torch==2.13.0" in deps, "an unpinned torch pulls a multi-GB CUDA build"
+
+
+def test_ci_runs_the_readme_command():
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert "make test" in readme and "make lab" in readme
+
+
+def test_ruff_is_clean():
+    out = subprocess.run([sys.executable, "-m", "ruff", "check", "course_utils", "tests", "solutions"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-3000:]
