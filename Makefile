@@ -7,6 +7,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8888
+LAB_ARGS ?=
+# Jupyter refuses to run as root unless told to (containers, CI): allow it only then.
+ROOT_ARG := $(if $(filter 0,$(shell id -u)),--allow-root)
 # Offline by design: nothing in the course downloads at run time.
 export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
@@ -23,7 +26,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lab: install
-	$(VENV)/bin/jupyter lab --port=$(PORT) --notebook-dir=notebooks
+	$(VENV)/bin/jupyter lab --port=$(PORT) --ServerApp.root_dir=notebooks $(ROOT_ARG) $(LAB_ARGS)
 
 test: install
 	$(PY) -m pytest tests solutions --nbval-lax --nbval-current-env \

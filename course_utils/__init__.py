@@ -6,13 +6,19 @@
 - ``viz``         curves with thresholds, the token viewer            — every lesson
 - ``checks``      the exercise-checker framework                      — every exercise
 - ``tour``        environment check, lesson 00's checker              — lesson 00
+- ``templates``   chat templates, {% generation %}, TRL's exact match  — lesson 04
 
 Importing the package turns off Hugging Face telemetry (TRL sends it from a background thread).
 """
 
+import logging
 import os
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# bitsandbytes (imported by peft, imported by TRL) warns at import on some CPUs that it cannot fetch an
+# optional kernel from the hub; it falls back to its own CPU code, and we are offline by design.
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
+    lambda record: "kernels-community" not in record.getMessage())
 
 from .data import IGNORE_INDEX, make_batches, make_chat_dataset, make_messages, tokenize_chat  # noqa: E402
 from .model import COURSE_MODEL_DIR, load_course_model, token_id  # noqa: E402

@@ -142,8 +142,9 @@ def make_sft_trainer(model, tokenizer, train_dataset, **config):
     """A TRL ``SFTTrainer`` with CPU-friendly defaults; any ``SFTConfig`` field can be overridden.
 
     Defaults: 20 steps, batch 8, lr 3e-3 (a tiny model wants a large one), log every step, no
-    gradient checkpointing (it only slows a 0.5 M model), no checkpoints, ``report_to="none"``,
-    seeded, outputs in a temporary directory.
+    activation (gradient) checkpointing (it only slows a 0.5 M model), no checkpoints,
+    ``report_to="none"``, seeded, outputs in a temporary directory, and quiet (``disable_tqdm=True``
+    also drops the printed log dicts; read ``trainer.state.log_history`` or ``logged()``).
     """
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     from trl import SFTConfig, SFTTrainer
@@ -151,7 +152,7 @@ def make_sft_trainer(model, tokenizer, train_dataset, **config):
     defaults = dict(
         output_dir=tempfile.mkdtemp(prefix="sft-lab-"), report_to="none", max_steps=20,
         per_device_train_batch_size=8, learning_rate=3e-3, lr_scheduler_type="constant",
-        logging_steps=1, save_strategy="no", gradient_checkpointing=False, seed=0,
+        logging_steps=1, save_strategy="no", activation_checkpointing=False, seed=0,
         use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, disable_tqdm=True,
     )
     unknown = set(config) - set(SFTConfig.__dataclass_fields__)
@@ -159,7 +160,15 @@ def make_sft_trainer(model, tokenizer, train_dataset, **config):
         raise ValueError(f"unknown SFTConfig field(s) {sorted(unknown)} — make_sft_trainer passes keyword "
                          "arguments to trl.SFTConfig — check the spelling against SFTConfig's docs.")
     args = SFTConfig(**{**defaults, **config})
-    return SFTTrainer(model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer)
+    if args.disable_tqdm:  # quiet means quiet: no dataset-map bars and no printed log dicts either
+        import datasets
+        from transformers import PrinterCallback
+
+        datasets.disable_progress_bars()
+    trainer = SFTTrainer(model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer)
+    if args.disable_tqdm:
+        trainer.remove_callback(PrinterCallback)  # the log stays in trainer.state.log_history
+    return trainer
 
 
 def logged(trainer, key: str = "loss") -> list[float]:

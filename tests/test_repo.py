@@ -1,9 +1,14 @@
 """Repository-level promises: one source for exercises, one package list, lint, the CI entry."""
 
+import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
 import tomllib
+import urllib.request
 from pathlib import Path
 
 import nbformat
@@ -68,3 +73,32 @@ def test_ruff_is_clean():
     out = subprocess.run([sys.executable, "-m", "ruff", "check", "course_utils", "tests", "solutions"],
                          cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-3000:]
+
+
+def test_make_lab_serves_jupyterlab(tmp_path):
+    """`make lab` (with the stamp already there) starts a server that answers on its port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
+           "JUPYTER_DATA_DIR": str(tmp_path / "data"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"),
+           "IPYTHONDIR": str(tmp_path / "ipy")}
+    args = "--no-browser --ServerApp.token= --ServerApp.ip=127.0.0.1"
+    server = subprocess.Popen(["make", "-s", "lab", f"PORT={port}", f"LAB_ARGS={args}",
+                               f"VENV={Path(sys.executable).parent.parent}"],
+                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        deadline, status = time.monotonic() + 90, None
+        while time.monotonic() < deadline and status is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api", timeout=2) as response:
+                    status = response.status
+            except OSError:
+                time.sleep(1)
+        assert status == 200, "JupyterLab did not answer on its port within 90 s"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/contents", timeout=5) as response:
+            assert b"00_tour.ipynb" in response.read(), "the server shows the exercise notebooks"
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)

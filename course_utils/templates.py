@@ -1,0 +1,335 @@
+"""Lesson 04 (chat templates): why ``assistant_only_loss=True`` refuses a perfectly valid template.
+
+TRL trains on assistant tokens only when the chat template marks them with ``{% generation %}``.
+For templates without markers it swaps in a patched copy, but it recognises a template by **exact
+string equality** with the copies it ships (``trl.chat_template_utils``), so a variant that differs
+in one sentence (Qwen2.5 base's default system prompt) or one character is refused. This module
+holds the lesson's template surgery (base variant, diff, our own generation markers), the mask and
+warning probes, the "other family" tokenizer used to demonstrate ``clone_chat_template``, and the
+two exercise checkers.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import logging
+import tempfile
+from contextlib import contextmanager
+
+from .checks import Case, run_check
+
+# Qwen2.5-Instruct's default system prompt, and the one the Qwen2.5 base checkpoints ship instead.
+INSTRUCT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+BASE_SYSTEM = "You are a helpful assistant."
+
+# Qwen2-Instruct's template (one line, no tools): the exercise's starting point.
+QWEN2_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# Phi-3's turn tokens: the "other model family" whose template we clone in Fix B.
+PHI3_SPECIAL_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
+
+_MARKER_ANCHOR = '    {%- if (message.role == "user")'
+
+
+def base_variant(template: str) -> str:
+    """The Qwen2.5 *base* template made from the Instruct one: only the default system prompt differs."""
+    if not isinstance(template, str) or INSTRUCT_SYSTEM not in template:
+        raise ValueError(
+            "the template does not contain Qwen2.5-Instruct's default system prompt — base_variant swaps "
+            "that sentence for the base checkpoint's — pass trl.chat_template_utils.qwen2_5_chat_template "
+            "(the course tokenizer's chat_template)."
+        )
+    return template.replace(INSTRUCT_SYSTEM, BASE_SYSTEM)
+
+
+def template_diff(a: str, b: str, name_a: str = "a", name_b: str = "b") -> list[str]:
+    """The lines that differ between two templates (unified diff, no context lines)."""
+    return list(difflib.unified_diff(a.splitlines(), b.splitlines(), name_a, name_b, n=0, lineterm=""))
+
+
+def add_generation_markers(template: str) -> str:
+    """A Qwen2.5-style template whose plain assistant turns are wrapped in ``{% generation %}``.
+
+    The span is ``\\n + content + <|im_end|> + \\n``, as in TRL's own ``qwen2_5_training.jinja`` (and
+    ``data.tokenize_chat``): the ``<|im_start|>assistant`` header stays outside, the end-of-turn token
+    is inside, so the model learns to stop. The rendered *text* is unchanged. Assistant turns with
+    ``tool_calls`` keep the original branch (unmarked): wrap them the same way if your data has them.
+    """
+    if not isinstance(template, str) or template.count(_MARKER_ANCHOR) != 1:
+        raise ValueError(
+            "the template does not have the Qwen2.5 message loop this function edits (one line starting "
+            f"{_MARKER_ANCHOR.strip()!r}) — the edit is made at that anchor — pass a Qwen2.5-family "
+            "template (e.g. base_variant(qwen2_5_chat_template)) or add the markers by hand."
+        )
+    assistant_branch = (
+        '    {%- if message.role == "assistant" and not message.tool_calls %}\n'
+        "        {{- '<|im_start|>assistant' }}\n"
+        "        {%- generation %}\n"
+        "        {{- '\\n' + message.content + '<|im_end|>\\n' }}\n"
+        "        {%- endgeneration %}\n"
+        '    {%- elif (message.role == "user")'
+    )
+    return template.replace(_MARKER_ANCHOR, assistant_branch)
+
+
+# ---------------------------------------------------------------------------------------------
+# Probes: the assistant mask transformers computes, and what it logs
+# ---------------------------------------------------------------------------------------------
+
+@contextmanager
+def captured_transformers_warnings(logger_name: str = "transformers"):
+    """Collect the messages transformers logs at WARNING and above inside the block (a list).
+
+    Resets ``warning_once``'s memory first, so a warning the process already showed is shown again.
+    """
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.warning_once.cache_clear()
+    records: list[str] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    handler, logger = _Collect(level=logging.WARNING), logging.getLogger(logger_name)
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_warning()  # a lesson may have silenced transformers; this probe must hear it
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        hf_logging.set_verbosity(previous)
+
+
+def assistant_mask(tokenizer, messages: list[dict], chat_template: str | None = None) -> dict:
+    """``input_ids`` and ``assistant_masks`` as transformers computes them from ``{% generation %}``.
+
+    Exactly the call TRL's SFTTrainer makes for ``assistant_only_loss=True``; 1 = the token carries loss.
+    """
+    out = tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=True,
+                                        return_dict=True, return_assistant_tokens_mask=True)
+    return {"input_ids": list(out["input_ids"]), "assistant_masks": list(out["assistant_masks"])}
+
+
+def masked_tokens(tokenizer, input_ids, mask) -> list[str]:
+    """The tokens (as text) that carry loss, in order: what a learner reads to check a mask."""
+    return [tokenizer.convert_tokens_to_string([t])
+            for t, m in zip(tokenizer.convert_ids_to_tokens(list(input_ids)), mask, strict=True) if m]
+
+
+def trl_can_train(tokenizer) -> bool:
+    """Whether SFTTrainer accepts this tokenizer's template with ``assistant_only_loss=True``.
+
+    The same test SFTTrainer makes: a template with ``{% generation %}`` is used as is; otherwise
+    ``get_training_chat_template`` must find a patched copy (exact string match) or it raises.
+    """
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    template = tokenizer.chat_template
+    if template is None:
+        return False
+    if has_generation_markers(template):
+        return True
+    try:
+        get_training_chat_template(tokenizer)
+    except ValueError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Fix B's "other family": a tokenizer with Phi-3's turn tokens and template, saved locally
+# ---------------------------------------------------------------------------------------------
+
+def save_other_family_tokenizer(tokenizer, directory: str | None = None) -> str:
+    """Save a copy of ``tokenizer`` with Phi-3's special tokens and TRL's Phi-3 template; return the dir.
+
+    It stands in for a hub checkpoint of another family (``chat_template_path="microsoft/..."``), so
+    ``clone_chat_template`` can load it offline. The shared tokenizer is not modified.
+    """
+    from trl.chat_template_utils import phi3_chat_template
+
+    source = copy.deepcopy(tokenizer)
+    source.add_special_tokens({"additional_special_tokens": list(PHI3_SPECIAL_TOKENS)})
+    source.chat_template = phi3_chat_template
+    directory = directory or tempfile.mkdtemp(prefix="other-family-tok-")
+    source.save_pretrained(directory)
+    return directory
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 1: add generation markers to Qwen2's template
+# ---------------------------------------------------------------------------------------------
+
+def _hidden_conversations() -> list[list[dict]]:
+    return [
+        [{"role": "user", "content": "What is 12 + 30?"}, {"role": "assistant", "content": "42"}],
+        [{"role": "system", "content": "Answer briefly."},
+         {"role": "user", "content": "Reverse the words: red cat"},
+         {"role": "assistant", "content": "cat red"},
+         {"role": "user", "content": "What is 7 + 8?"}, {"role": "assistant", "content": "15"}],
+        [{"role": "user", "content": "Reverse the words: sun moon star"},
+         {"role": "assistant", "content": "star moon sun"}],
+    ]
+
+
+def _expected_render(tokenizer, messages: list[dict]) -> dict:
+    """The oracle: Qwen2's text, the mask on ``\\n + content + <|im_end|> + \\n`` of each assistant turn."""
+    from .data import tokenize_chat
+
+    oracle = copy.copy(tokenizer)
+    oracle.chat_template = QWEN2_CHAT_TEMPLATE
+    encoded = tokenize_chat(oracle, messages)  # locates assistant spans by rendering prefixes
+    return {"messages": messages, "input_ids": encoded["input_ids"], "mask": encoded["assistant_mask"]}
+
+
+def _render_or_error(tokenizer, template, messages):
+    if not isinstance(template, str):
+        return None, f"expected your function to return the template as a str, got {type(template).__name__}"
+    try:
+        return assistant_mask(tokenizer, messages, chat_template=template), None
+    except Exception as exc:  # the learner's Jinja error is the message
+        return None, f"your template does not render: {type(exc).__name__}: {str(exc)[:160]}"
+
+
+def check_generation_template(fn, tokenizer=None):
+    """Checker for exercise 1: ``fn()`` returns QWEN2_CHAT_TEMPLATE with ``{% generation %}`` markers.
+
+    Renders hidden conversations (multi-turn, with and without a system message) and requires the
+    same text as the original and a mask on exactly ``\\n + content + <|im_end|> + \\n`` of each assistant
+    turn (TRL's convention for Qwen templates, and ``data.tokenize_chat``'s).
+    """
+    if tokenizer is None:
+        tokenizer = _course_tokenizer()
+    cases = [Case((), _expected_render(tokenizer, m), label=f"{len(m)}-message conversation")
+             for m in _hidden_conversations()]
+
+    def compare(got, expected):
+        out, error = _render_or_error(tokenizer, got, expected["messages"])
+        if error:
+            return error
+        if out["input_ids"] != expected["input_ids"]:
+            return "your template renders different text from Qwen2's (markers must not change the text)"
+        if out["assistant_masks"] != expected["mask"]:
+            shown = masked_tokens(tokenizer, out["input_ids"], out["assistant_masks"])
+            return f"the mask covers {shown!r}"
+        return None
+
+    def diagnose(got, case):
+        out, error = _render_or_error(tokenizer, got, case.expected["messages"])
+        if error or out["input_ids"] != case.expected["input_ids"]:
+            return ("render the original text exactly: put {% generation %} ... {% endgeneration %} around "
+                    "the assistant's output without adding or dropping characters.")
+        mask, want = out["assistant_masks"], case.expected["mask"]
+        tokens = tokenizer.convert_ids_to_tokens(out["input_ids"])
+        if not any(mask):
+            return ("the mask is all zeros: no {% generation %} block is rendered for assistant turns "
+                    "(is it inside a branch that never runs?).")
+        extra = [t for t, m, w in zip(tokens, mask, want, strict=True) if m and not w]
+        missing = [t for t, m, w in zip(tokens, mask, want, strict=True) if w and not m]
+        if "<|im_end|>" in missing:
+            return ("<|im_end|> is outside your block: the model would never be trained to end its turn "
+                    "(lesson 02). Close the block after '<|im_end|>\\n'.")
+        if "assistant" in extra or "<|im_start|>" in extra:
+            return ("your block includes the '<|im_start|>assistant' header: the prompt supplies it at "
+                    "inference (add_generation_prompt), so it should carry no loss.")
+        if "user" in extra or "system" in extra:
+            return "your block covers user/system turns too: only the assistant role's output is trained."
+        missing_at = [i for i, (m, w) in enumerate(zip(mask, want, strict=True)) if w and not m]
+        if missing_at and all(i > 0 and tokens[i - 1] == "assistant" for i in missing_at):
+            return ("your block opens after the '\\n' that follows 'assistant': TRL's Qwen2.5 training "
+                    "template (and tokenize_chat) open it right after '<|im_start|>assistant', so that "
+                    "newline is trained.")
+        if missing:
+            return f"your block misses {missing!r}: it must end after '<|im_end|>\\n'."
+        return None
+
+    return run_check("generation_template", fn, cases, compare=compare, diagnose=diagnose,
+                     hint="split the loop: for assistant messages emit '<|im_start|>assistant', then "
+                          "{% generation %}'\\n' + content + '<|im_end|>\\n'{% endgeneration %}; other roles "
+                          "as before.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 2: predict whether TRL can patch a tokenizer's template
+# ---------------------------------------------------------------------------------------------
+
+def _course_tokenizer():
+    from transformers import AutoTokenizer
+
+    from .model import COURSE_MODEL_DIR
+
+    return AutoTokenizer.from_pretrained(COURSE_MODEL_DIR)
+
+
+def patch_cases(tokenizer) -> list[tuple[str, object]]:
+    """``(label, tokenizer copy)`` pairs whose templates TRL does or does not accept."""
+    from trl.chat_template_utils import (
+        gemma4_chat_template,
+        llama3_chat_template,
+        qwen2_5_chat_template,
+        qwen2_5_training_chat_template,
+    )
+
+    templates = {
+        "Qwen2.5-Instruct template": qwen2_5_chat_template,
+        "Qwen2.5 base template": base_variant(qwen2_5_chat_template),
+        "Instruct template + trailing newline": qwen2_5_chat_template + "\n",
+        "Llama-3 template": llama3_chat_template,
+        "base template with our generation markers":
+            add_generation_markers(base_variant(qwen2_5_chat_template)),
+        "TRL's Qwen2.5 training template": qwen2_5_training_chat_template,
+        "Qwen2 template": QWEN2_CHAT_TEMPLATE,
+        "Gemma-4 template": gemma4_chat_template,
+        "Instruct template, CRLF line endings": qwen2_5_chat_template.replace("\n", "\r\n"),
+    }
+    cases = []
+    for label, template in templates.items():
+        tok = copy.copy(tokenizer)  # a shallow copy: setting chat_template leaves the original alone
+        tok.chat_template = template
+        cases.append((label, tok))
+    return cases
+
+
+def check_can_trl_patch(fn, tokenizer=None):
+    """Checker for exercise 2: ``fn(tokenizer) -> bool`` predicts whether assistant_only_loss will train."""
+    tokenizer = tokenizer if tokenizer is not None else _course_tokenizer()
+    cases = [Case((tok,), trl_can_train(tok), label=label) for label, tok in patch_cases(tokenizer)]
+
+    def compare(got, expected):
+        if not isinstance(got, bool):
+            return f"expected a bool, got {type(got).__name__}"
+        return None if got == expected else f"expected {expected}, got {got}"
+
+    def diagnose(got, case):
+        label = case.label
+        near_miss = any(k in label for k in ("base", "newline", "CRLF")) and "markers" not in label
+        if got is True and near_miss:
+            return ("TRL compares the template with its shipped copies character for character: a changed "
+                    "system prompt, one extra newline or other line endings is an unknown template. "
+                    "No stripping or normalising.")
+        if got is False and ("markers" in label or "training" in label):
+            return ("a template that already has {% generation %} markers needs no patch: SFTTrainer uses it "
+                    "as is (trl.chat_template_utils.has_generation_markers).")
+        if got is False and "Llama" in label:
+            return ("TRL knows ~30 families, not only Qwen2.5: compare with every template that has a "
+                    "training variant (or simply try trl.chat_template_utils.get_training_chat_template).")
+        if got is True and "Gemma-4" in label:
+            return ("TRL ships gemma4_chat_template (to parse tool calls) but no "
+                    "gemma4_training_chat_template: recognised is not patchable. Ask "
+                    "get_training_chat_template, or pair each *_chat_template with its "
+                    "*_training_chat_template.")
+        return None
+
+    return run_check("can_trl_patch", fn, cases, compare=compare, diagnose=diagnose,
+                     hint="return True when the template has {% generation %} markers, or when "
+                          "trl.chat_template_utils.get_training_chat_template(tokenizer) returns without "
+                          "raising ValueError.")
+
