@@ -138,13 +138,20 @@ def clip_rate(records: list[dict]) -> float:
     return sum(r["clipped"] for r in records) / len(records)
 
 
-def make_sft_trainer(model, tokenizer, train_dataset, **config):
+def make_sft_trainer(model, tokenizer, train_dataset, *, trainer_cls=None, **config):
     """A TRL ``SFTTrainer`` with CPU-friendly defaults; any ``SFTConfig`` field can be overridden.
 
     Defaults: 20 steps, batch 8, lr 3e-3 (a tiny model wants a large one), log every step, no
     activation (gradient) checkpointing (it only slows a 0.5 M model), no checkpoints,
     ``report_to="none"``, seeded, outputs in a temporary directory, and quiet (``disable_tqdm=True``
-    also drops the printed log dicts; read ``trainer.state.log_history`` or ``logged()``).
+    also drops the printed log dicts; read ``trainer.state.log_history`` or ``logged()``), and fp32:
+    ``SFTConfig`` defaults to ``bf16=True``, which on a CPU means bf16 autocast — extra noise that
+    would blur comparisons with the hand-written loop. ``trainer_cls`` swaps in a subclass (e.g. one
+    with a custom ``compute_loss``, lesson 01).
+
+    TRL 1.16 replaces ``model.forward`` with a fused-loss forward (``add_fused_lm_head``): a
+    ``copy.deepcopy`` of ``model`` taken afterwards still runs, and trains, the original's modules.
+    Pass ``copy.deepcopy(model)`` here if you use the model again after building the trainer.
     """
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     from trl import SFTConfig, SFTTrainer
@@ -153,7 +160,7 @@ def make_sft_trainer(model, tokenizer, train_dataset, **config):
         output_dir=tempfile.mkdtemp(prefix="sft-lab-"), report_to="none", max_steps=20,
         per_device_train_batch_size=8, learning_rate=3e-3, lr_scheduler_type="constant",
         logging_steps=1, save_strategy="no", activation_checkpointing=False, seed=0,
-        use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, disable_tqdm=True,
+        use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, disable_tqdm=True, bf16=False,
     )
     unknown = set(config) - set(SFTConfig.__dataclass_fields__)
     if unknown:
@@ -165,7 +172,11 @@ def make_sft_trainer(model, tokenizer, train_dataset, **config):
         from transformers import PrinterCallback
 
         datasets.disable_progress_bars()
-    trainer = SFTTrainer(model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer)
+    trainer_cls = trainer_cls or SFTTrainer
+    if not (isinstance(trainer_cls, type) and issubclass(trainer_cls, SFTTrainer)):
+        raise ValueError(f"trainer_cls={trainer_cls!r} is not a subclass of trl.SFTTrainer — the defaults "
+                         "are SFTConfig fields — subclass SFTTrainer (e.g. to override compute_loss).")
+    trainer = trainer_cls(model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer)
     if args.disable_tqdm:
         trainer.remove_callback(PrinterCallback)  # the log stays in trainer.state.log_history
     return trainer

@@ -1,0 +1,209 @@
+"""Lesson 03 (padding, attention masks, packing): collates, leak measurements and exercise checkers."""
+
+import pytest
+import torch
+
+from course_utils import load_course_model, make_messages, tokenize_chat
+from course_utils.data import IGNORE_INDEX
+from course_utils.padding import (
+    allowed_attention,
+    attention_categories,
+    block_causal_mask,
+    captured_transformers_warnings,
+    check_collate_left,
+    check_collate_packed,
+    check_collate_right,
+    collate_left,
+    collate_packed,
+    collate_padded,
+    differing_tokens,
+    greedy_continuations,
+    leak_counts,
+    packed_drift,
+    packed_segments,
+    padded_drift,
+)
+
+
+@pytest.fixture(scope="module")
+def course():
+    model, tok = load_course_model()
+    convs = make_messages("mixed", n=3, seed=2, context_words=3, long_tail=True)
+    return model, tok, [tokenize_chat(tok, m) for m in convs]
+
+
+def _stub(*args, **kwargs):
+    raise NotImplementedError
+
+
+# ---- references --------------------------------------------------------------------------------------
+
+def test_collates_layouts():
+    ex = [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8, 9], "labels": [-100, 9]}]
+    right, left = collate_padded(ex, 0, "right"), collate_padded(ex, 0, "left")
+    assert right["input_ids"].tolist() == [[5, 6, 7], [8, 9, 0]]
+    assert left["input_ids"].tolist() == [[5, 6, 7], [0, 8, 9]]
+    assert left["labels"].tolist() == [[-100, 6, 7], [-100, -100, 9]]
+    assert collate_left([[1, 2, 3], [4]], 0)["attention_mask"].tolist() == [[1, 1, 1], [0, 0, 1]]
+    packed = collate_packed(ex)
+    assert packed["position_ids"].tolist() == [[0, 1, 2, 0, 1]]
+    assert packed["labels"].tolist() == [[-100, 6, 7, -100, 9]]
+    assert "attention_mask" not in packed
+    assert packed_segments(packed["position_ids"]) == [(0, 3), (3, 5)]
+    mask = block_causal_mask([3, 2])[0, 0]
+    assert mask.shape == (5, 5) and not mask[3, 2] and mask[4, 3] and not mask[0, 1]
+
+
+def test_collate_packed_matches_trl(course):
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    _, tok, examples = course
+    features = [{"input_ids": e["input_ids"], "labels": e["labels"]} for e in examples]
+    trl_batch = DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id, padding_free=True)(features)
+    ours = collate_packed(examples)
+    assert all(torch.equal(trl_batch[k], ours[k]) for k in ours)
+
+
+@pytest.mark.parametrize("bad_call", [
+    lambda: collate_padded([{"input_ids": [1], "labels": [1]}], 0, side="middle"),
+    lambda: collate_padded([], 0),
+    lambda: collate_padded([{"input_ids": [1, 2]}], 0),
+    lambda: collate_packed([{"input_ids": [], "labels": []}]),
+    lambda: collate_left([], 0),
+    lambda: block_causal_mask([3, 0]),
+    lambda: packed_segments(torch.tensor([0, 1, 2])),
+    lambda: packed_segments(torch.tensor([[1, 2, 0]])),
+    lambda: greedy_continuations(None, [[1, 2]], 0, layout="middle"),
+])
+def test_bad_input_raises_what_why_fix(bad_call):
+    with pytest.raises(ValueError, match="—"):
+        bad_call()
+
+
+# ---- measurements on the course model ----------------------------------------------------------------
+
+def test_leaks_are_measured(course):
+    model, tok, examples = course
+    pad = tok.pad_token_id
+    with torch.no_grad():
+        right = collate_padded(examples, pad, "right")
+        assert padded_drift(model, right, model(input_ids=right["input_ids"]).logits) < 1e-4
+        left = collate_padded(examples, pad, "left")
+        assert padded_drift(model, left, model(input_ids=left["input_ids"]).logits) > 0.1
+        masked = model(input_ids=left["input_ids"], attention_mask=left["attention_mask"]).logits
+        assert padded_drift(model, left, masked) < 1e-4
+        packed = collate_packed(examples)
+        ids, pos = packed["input_ids"], packed["position_ids"]
+        no_cache = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+        assert packed_drift(model, packed, no_cache) < 1e-4
+        with_cache = model(input_ids=ids, position_ids=pos).logits  # config.use_cache=True builds a cache
+        assert packed_drift(model, packed, with_cache) > 0.1
+        explicit = block_causal_mask([len(e["input_ids"]) for e in examples])
+        assert packed_drift(model, packed, model(input_ids=ids, attention_mask=explicit).logits) < 1e-4
+
+
+def test_allowed_attention_is_what_transformers_builds(course):
+    model, tok, examples = course
+    packed = collate_packed(examples)
+    lengths = [len(e["input_ids"]) for e in examples]
+    owner = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    inferred = allowed_attention(model, packed["input_ids"], position_ids=packed["position_ids"])[0]
+    assert torch.equal(inferred, block_causal_mask(lengths)[0, 0])
+    ones = torch.ones_like(packed["input_ids"])
+    leaky = allowed_attention(model, packed["input_ids"], attention_mask=ones,
+                              position_ids=packed["position_ids"])[0]
+    assert leak_counts(attention_categories(leaky, owner))["real->other example"] > 0
+    left = collate_padded(examples, tok.pad_token_id, "left")
+    row = lengths.index(min(lengths))
+    cats = attention_categories(allowed_attention(model, left["input_ids"])[row],
+                                torch.where(left["attention_mask"][row] == 1, 0, -1))
+    assert leak_counts(cats)["real->pad"] > 0
+
+
+def test_right_padded_generation_warns_and_left_does_not(course):
+    model, tok, _ = course
+    prompts = [tok.apply_chat_template(c[:1], add_generation_prompt=True, tokenize=True, return_dict=False)
+               for c in make_messages("mixed", n=3, seed=99, context_words=2, long_tail=True)]
+    alone = greedy_continuations(model, prompts, tok.pad_token_id, "alone", max_new_tokens=4)
+    with captured_transformers_warnings() as right_warnings:
+        greedy_continuations(model, prompts, tok.pad_token_id, "right", max_new_tokens=4)
+    with captured_transformers_warnings() as left_warnings:
+        left = greedy_continuations(model, prompts, tok.pad_token_id, "left", max_new_tokens=4)
+    assert any("right-padding was detected" in w for w in right_warnings)
+    assert left_warnings == [] and left == alone
+
+
+# ---- checkers ----------------------------------------------------------------------------------------
+
+def test_check_collate_right():
+    assert check_collate_right(lambda ex, pad: collate_padded(ex, pad, "right"))
+    stub = check_collate_right(_stub)
+    assert not stub and "not implemented" in stub.message
+
+    def pads_labelled_with_pad_id(ex, pad):
+        batch = collate_padded(ex, pad, "right")
+        batch["labels"][batch["attention_mask"] == 0] = pad
+        return batch
+    result = check_collate_right(pads_labelled_with_pad_id)
+    assert not result and "those pads would be trained" in result.message
+
+    def labels_from_input_ids(ex, pad):
+        batch = collate_padded(ex, pad, "right")
+        batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, IGNORE_INDEX)
+        return batch
+    result = check_collate_right(labels_from_input_ids)
+    assert not result and "prompt's -100 is lost" in result.message
+
+    result = check_collate_right(lambda ex, pad: collate_padded(ex, pad, "left"))
+    assert not result and "you padded on the left" in result.message
+
+
+def test_check_collate_left():
+    assert check_collate_left(collate_left)
+    assert not check_collate_left(_stub)
+
+    def right_padded(prompts, pad):
+        width = max(map(len, prompts))
+        return {"input_ids": torch.tensor([p + [pad] * (width - len(p)) for p in prompts]),
+                "attention_mask": torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts])}
+    result = check_collate_left(right_padded)
+    assert not result and "you padded on the right" in result.message
+
+    def mask_all_ones(prompts, pad):
+        batch = collate_left(prompts, pad)
+        batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
+        return batch
+    result = check_collate_left(mask_all_ones)
+    assert not result and "attention_mask must be 0" in result.message
+
+
+def test_check_collate_packed():
+    assert check_collate_packed(collate_packed)
+    assert not check_collate_packed(_stub)
+
+    def no_reset(ex):
+        batch = collate_packed(ex)
+        batch["position_ids"] = torch.arange(batch["input_ids"].shape[1])[None]
+        return batch
+    result = check_collate_packed(no_reset)
+    assert not result and "restart at 0" in result.message
+
+    def boundary_labels_kept(ex):
+        batch = collate_packed(ex)
+        batch["labels"] = torch.tensor([sum((list(e["labels"]) for e in ex), [])])
+        return batch
+    result = check_collate_packed(boundary_labels_kept)
+    assert not result and "FIRST label" in result.message
+
+    def with_ones_mask(ex):
+        batch = collate_packed(ex)
+        batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+        return batch
+    result = check_collate_packed(with_ones_mask)
+    assert not result and "drop the attention_mask" in result.message
+
+
+def test_differing_tokens():
+    assert differing_tokens([[1, 2, 3], [4]], [[1, 9, 3], [4, 5, 6]]) == 3
+    with pytest.raises(ValueError, match="—"):
+        differing_tokens([[1]], [])
