@@ -33,7 +33,9 @@ def _resolve_device(device: str | None) -> str:
 
 
 def _resolve_source(name_or_path) -> Path | str:
-    source = name_or_path or os.environ.get("COURSE_MODEL") or COURSE_MODEL_DIR
+    source = name_or_path
+    if source is None:  # "" is a mistake to report, not a request for the default
+        source = os.environ.get("COURSE_MODEL") or COURSE_MODEL_DIR
     if not isinstance(source, (str, Path)) or not str(source).strip():
         raise ValueError(
             f"name_or_path={name_or_path!r} is not a path or hub id — the loader needs to know where "

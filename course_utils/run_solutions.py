@@ -26,6 +26,7 @@ from .make_exercises import main as make_exercises
 def execute(path: Path, timeout: int = 600) -> float:
     """Run one notebook top to bottom in a fresh kernel, save it with outputs; return seconds."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the Makefile: threads only slow a tiny model
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
     NotebookClient(nb, timeout=timeout, kernel_name="python3",
