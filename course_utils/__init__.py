@@ -1,12 +1,20 @@
 """SFT Failure Lab's helper package: one module per idea a lesson teaches.
 
-- ``model``       load the embedded course model (or a real one)     — every lesson
-- ``data``        toy chat datasets, tokenization with labels         — every lesson
-- ``train``       the instrumented training loop, a CPU SFTTrainer    — every lesson
-- ``viz``         curves with thresholds, the token viewer            — every lesson
-- ``checks``      the exercise-checker framework                      — every exercise
-- ``tour``        environment check, lesson 00's checker              — lesson 00
-- ``templates``   chat templates, {% generation %}, TRL's exact match  — lesson 04
+- ``model``           load the embedded course model (or a real one)         — every lesson
+- ``data``            toy chat datasets, tokenization with labels             — every lesson
+- ``train``           the instrumented training loop, a CPU SFTTrainer        — every lesson
+- ``viz``             curves with thresholds, the token viewer                — every lesson
+- ``checks``          the exercise-checker framework                          — every exercise
+- ``build_course_model``, ``make_exercises``, ``run_solutions``: the maintainers' scripts
+- ``tour``            environment check, lesson 00's checker                 — lesson 00
+- ``accumulation``    unscaled accumulation, clipping, the clip rate          — lesson 01
+- ``eos``             end-of-turn vs eos, stop rates, the pad == eos trap     — lesson 02
+- ``padding``         right/left/packed collates, logit leaks, mask heatmaps  — lesson 03
+- ``templates``       chat templates, {% generation %}, TRL's exact match     — lesson 04
+- ``truncation``      fully masked labels, NaN micro-batches, a starving packer — lesson 05
+- ``nan_detective``   QLoRA NaN causes, hooks, the stop-on-non-finite callback — lesson 06
+- ``token_weighting`` token-weighted accumulation, Trainer gradients          — lesson 07
+- ``ddp_grad``        the torchrun worker of lesson 07 (two processes, gloo)  — lesson 07
 
 Importing the package turns off Hugging Face telemetry (TRL sends it from a background thread).
 """

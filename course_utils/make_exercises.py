@@ -41,6 +41,7 @@ def exercise_notebook(solution_path: Path):
             cell.source = strip_solutions(cell.source)
             cell.outputs = []
             cell.execution_count = None
+            cell.metadata.pop("execution", None)  # timestamps of the solution's run
         cell.pop("id", None)  # stable output: cell ids would churn on every regeneration
     nb.metadata.pop("widgets", None)
     nb.nbformat_minor = 4  # ids need minor >= 5; without them the file stays valid at 4.4

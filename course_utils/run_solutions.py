@@ -29,7 +29,8 @@ def execute(path: Path, timeout: int = 600) -> float:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the Makefile: threads only slow a tiny model
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
-    NotebookClient(nb, timeout=timeout, kernel_name="python3",
+    # record_timing=False: no per-cell timestamps in the metadata, so a re-run only changes outputs.
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     seconds = time.perf_counter() - start
     nbformat.write(nb, path)
