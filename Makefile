@@ -1,12 +1,14 @@
 # SFT Failure Lab — every command a learner, an instructor or CI needs.
 #   make lab     set up .venv (first time only) and open the exercise notebooks in JupyterLab
-#   make test    set up .venv (first time only) and run the whole suite: unit tests + every
-#                solution notebook under nbval
+#   make test    set up .venv (first time only) and run the whole suite: unit tests, every
+#                solution notebook under nbval, every exercise notebook run with its stubs
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8888
+# Test processes: each notebook runs whole in one of them (--dist loadfile). 2 = the CI machine's cores.
+JOBS   ?= 2
 LAB_ARGS ?=
 # Jupyter refuses to run as root unless told to (containers, CI): allow it only then.
 ROOT_ARG := $(if $(filter 0,$(shell id -u)),--allow-root)
@@ -34,7 +36,7 @@ lab: install
 test: install
 	$(PY) -m pytest tests solutions --nbval-lax --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300 \
-	  --durations=12 -q
+	  -n $(JOBS) --dist loadfile --durations=12 -q
 
 unit: install
 	$(PY) -m pytest tests -q

@@ -405,9 +405,9 @@ MYSTERY_CONFIG = {"lr": 0.01, "optimizer": "adamw", "batch_size": 8, "max_length
 
 
 def mystery_batches(tokenizer) -> list[dict]:
-    """The mystery run's micro-batches: chats from two sources, concatenated without shuffling.
+    """The mystery run's micro-batches, in the order the run sees them (from two data sources).
 
-    The second source has long retrieved contexts; ``max_length`` cuts them from the right.
+    Read the code only after you have made your diagnosis with the tools: it gives the answer away.
     """
     from .data import make_batches, make_messages
 
