@@ -282,20 +282,12 @@ def weights_finite(model) -> bool:
 # ------------------------------------------------------------------------------------------------
 
 def sft_run(model, tokenizer, dataset, callback=None, **config):
-    """Train a TRL ``SFTTrainer`` (``course_utils.make_sft_trainer``) quietly; return the trainer.
-
-    Quiet: the per-step log printer is removed (read ``train.logged(trainer)`` instead) and
-    transformers' deprecation notice for ``gradient_checkpointing`` is silenced. ``bf16=False``
-    unless you pass it: TRL 1.16 defaults to bf16 autocast, which would hide the dtype under test.
+    """Train a TRL ``SFTTrainer`` (``course_utils.make_sft_trainer``: quiet, fp32 unless you pass
+    ``bf16``/``fp16``) with an optional callback; return the trainer. Read ``train.logged(trainer)``.
     """
-    from transformers import PrinterCallback
-
     from .train import make_sft_trainer
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        trainer = make_sft_trainer(model, tokenizer, dataset, **{"bf16": False, **config})
-    trainer.remove_callback(PrinterCallback)
+    trainer = make_sft_trainer(model, tokenizer, dataset, **config)
     if callback is not None:
         trainer.add_callback(callback)
     trainer.train()

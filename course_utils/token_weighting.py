@@ -23,8 +23,6 @@ The loss pieces come from ``course_utils.train`` (``token_losses``, ``micro_batc
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import random
 import subprocess
@@ -275,15 +273,16 @@ def trainer_step_grad(dataset, *, per_device_train_batch_size: int, gradient_acc
     that is exactly the accumulated gradient (clipping is off with ``max_grad_norm=0``, so nothing
     touched it). ``count_items=False`` makes ``Trainer._get_num_items_in_batch`` return ``None``,
     which restores the pre-v4.46 path: each micro-batch's mean loss, divided by the number of
-    accumulation steps in ``Trainer.training_step``. ``bf16=False`` overrides ``SFTConfig``'s default
-    (``bf16=True``: CPU autocast in bfloat16, ~1e-2 gradient noise) so the comparison can be tight.
+    accumulation steps in ``Trainer.training_step``. ``bf16=True`` restores ``SFTConfig``'s own default
+    (CPU autocast in bfloat16, ~1e-2 gradient noise), which ``make_sft_trainer`` turns off.
     Returns ``{"grad", "num_items", "micro_batches"}``: the count the Trainer passed to
     ``compute_loss`` (or None) and the micro-batches exactly as the Trainer fed them to the model.
     """
     from transformers import TrainerCallback
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
     from .model import load_course_model
+    from .train import make_sft_trainer
 
     model, tokenizer = load_course_model()
     captured: dict = {"micro_batches": []}
@@ -303,17 +302,13 @@ def trainer_step_grad(dataset, *, per_device_train_batch_size: int, gradient_acc
             captured["num_items"] = count
             return count
 
-    args = SFTConfig(output_dir=tempfile.mkdtemp(prefix="sft-lab-07-"), report_to="none", max_steps=1,
-                     per_device_train_batch_size=per_device_train_batch_size,
-                     gradient_accumulation_steps=gradient_accumulation_steps, assistant_only_loss=True,
-                     learning_rate=1e-3, optim="sgd", max_grad_norm=0.0, weight_decay=0.0, bf16=bf16,
-                     save_strategy="no", gradient_checkpointing=False, seed=seed,
-                     use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, disable_tqdm=True,
-                     logging_steps=1)
-    trainer = Trainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                      callbacks=[GradAtBoundary()])
-    with contextlib.redirect_stdout(io.StringIO()):  # the Trainer prints log dicts; the grad is the result
-        trainer.train()
+    trainer = make_sft_trainer(model, tokenizer, dataset, trainer_cls=Trainer, max_steps=1,
+                               per_device_train_batch_size=per_device_train_batch_size,
+                               gradient_accumulation_steps=gradient_accumulation_steps,
+                               assistant_only_loss=True, learning_rate=1e-3, optim="sgd",
+                               max_grad_norm=0.0, weight_decay=0.0, bf16=bf16, seed=seed)
+    trainer.add_callback(GradAtBoundary())
+    trainer.train()
     num_items = captured.get("num_items")
     return {"grad": captured["grad"], "num_items": None if num_items is None else int(num_items),
             "micro_batches": captured["micro_batches"]}
