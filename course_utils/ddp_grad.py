@@ -70,6 +70,9 @@ def main(argv=None) -> None:
     if rank == 0:
         torch.save({**results, "n_tokens": counts, "world_size": world, "seed": args.seed,
                     "batch_size": args.batch_size}, args.out)
+    # Tear down in order: DDP's reducer holds the process group, and destroying the group under a live
+    # reducer can abort a rank at exit ("terminate called without an active exception"), seen once in CI.
+    del ddp
     dist.barrier()
     dist.destroy_process_group()
 
