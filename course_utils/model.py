@@ -56,13 +56,16 @@ def _resolve_source(name_or_path) -> Path | str:
             "repository — restore it with `git checkout course_utils/course_model` or rebuild it "
             "with `python -m course_utils.build_course_model`."
         )
-    if _offline():
-        raise ValueError(
-            f"{source!r} is not a local directory, and HF_HUB_OFFLINE=1 forbids downloading it — "
-            "a hub id needs the network (or a filled cache) — unset COURSE_MODEL and call "
-            "load_course_model() to use the embedded course model, or pass a local path."
-        )
-    return str(source)
+    return str(source)  # a hub id: from the cache when offline, else downloaded by transformers
+
+
+def _not_available_offline(source) -> ValueError:
+    return ValueError(
+        f"{source!r} is not a local directory nor in the Hugging Face cache, and HF_HUB_OFFLINE=1 forbids "
+        "downloading it — a hub id needs the network once — run with HF_HUB_OFFLINE=0 (e.g. `make lab "
+        "HF_HUB_OFFLINE=0 COURSE_MODEL=...`), or unset COURSE_MODEL and call load_course_model() to use "
+        "the embedded course model, or pass a local path."
+    )
 
 
 def load_course_model(name_or_path=None, device: str | None = None, **model_kwargs):
@@ -78,7 +81,12 @@ def load_course_model(name_or_path=None, device: str | None = None, **model_kwar
 
     source = _resolve_source(name_or_path)
     device = _resolve_device(device)
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except OSError as exc:  # transformers' "couldn't connect / not in cache" for a hub id
+        if isinstance(source, str) and _offline():
+            raise _not_available_offline(source) from exc
+        raise
     if "device_map" not in model_kwargs:
         model_kwargs["device_map"] = device
     model = AutoModelForCausalLM.from_pretrained(source, **model_kwargs)
