@@ -6,7 +6,7 @@ import logging
 import pytest
 import torch
 
-from course_utils import IGNORE_INDEX, load_course_model
+from course_utils import IGNORE_INDEX
 from course_utils.eos import (
     captured_log,
     check_graded_span_has_stop,
@@ -23,13 +23,7 @@ from course_utils.eos import (
 
 
 @pytest.fixture(scope="module")
-def course():
-    model, tok = load_course_model()
-    return model, tok
-
-
-@pytest.fixture(scope="module")
-def tok(course):
+def tok(course):  # `course` is the session-wide (model, tokenizer) of tests/conftest.py
     return course[1]
 
 
