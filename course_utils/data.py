@@ -20,6 +20,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+from . import validate
+
 IGNORE_INDEX = -100  # the label value that torch's cross-entropy (and transformers) skip
 
 WORDS = (
@@ -33,19 +35,12 @@ TASKS = ("add", "reverse", "mixed")
 
 
 def _check_choice(name: str, value, allowed: Sequence) -> None:
-    if value not in allowed:
-        raise ValueError(
-            f"{name}={value!r} is not one of {list(allowed)} — the course only ships these toy "
-            f"tasks, so it can build them offline and deterministically — pass one of them."
-        )
+    validate.choice(name, value, allowed, why="the course only ships these toy tasks and forms, so it can "
+                    "build them offline and deterministically")
 
 
 def _check_int(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"{name}={value!r} must be an integer >= {minimum} — it is a count — "
-            f"pass e.g. {name}={max(minimum, 1)}."
-        )
+    validate.integer(name, value, minimum=minimum)
 
 
 def filler_text(rng: random.Random, n_words: int) -> str:

@@ -15,6 +15,23 @@ COURSE_MODEL_DIR = Path(__file__).parent / "course_model"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
+def course_seed() -> int:
+    """The seed every lesson's randomness comes from: ``$COURSE_SEED``, default 0.
+
+    The one place the seed is read, so that ``make robustness`` can rerun every lesson with other
+    data, initialisations and orders, and a claim that holds only for seed 0 shows up.
+    """
+    raw = os.environ.get("COURSE_SEED", "0").strip() or "0"
+    try:
+        seed = int(raw)
+    except ValueError:
+        seed = -1
+    if seed < 0:
+        raise ValueError(f"COURSE_SEED={raw!r} is not a non-negative integer — it seeds every lesson's data, "
+                         "initialisation and order — set e.g. COURSE_SEED=1, or unset it for 0.")
+    return seed
+
+
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
 

@@ -52,8 +52,13 @@ def check_environment(load_model: bool = True) -> list[tuple[str, bool, str]]:
     device = os.environ.get("COURSE_DEVICE") or "cpu"
     rows.append(("device", device == "cpu" or torch.cuda.is_available(),
                  f"{device} (CUDA available: {torch.cuda.is_available()})"))
-    rows.append(("offline (HF_HUB_OFFLINE=1)", os.environ.get("HF_HUB_OFFLINE") == "1",
-                 os.environ.get("HF_HUB_OFFLINE", "unset")))
+    # What breaks a lesson is a model that must be downloaded, not the variable itself: with the
+    # shipped models (local files) any HF_HUB_OFFLINE works; importing course_utils defaults it to 1.
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+    source = os.environ.get("COURSE_MODEL") or "the shipped model"
+    local = source == "the shipped model" or os.path.isdir(os.path.expanduser(source)) or "/" not in source
+    rows.append(("nothing downloads at run time", offline or local,
+                 f"HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', 'unset')}, model: {source}"))
     if load_model:
         from .model import load_course_model
 

@@ -13,27 +13,35 @@ Used by lessons 00-07.
 from __future__ import annotations
 
 import math
-import os
 import tempfile
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 
-from .data import IGNORE_INDEX
+from . import validate
+from .losses import count_supervised, model_logits, params_finite, summed_ignore_index
 
 NORMALISATIONS = ("mean", "token")
+PROGRESS_DELAY_S = 2.0  # a bar appears only when a run takes longer than this: fast cells stay clean
 
 
-def set_seed(seed: int = 0) -> None:
-    """Seed python, numpy and torch, so that a lesson's numbers repeat on every run."""
+def set_seed(seed: int | None = None) -> int:
+    """Seed python, numpy and torch, so that a lesson's numbers repeat on every run; returns the seed.
+
+    ``None``: the course seed (``$COURSE_SEED``, default 0), so ``make robustness`` can vary it.
+    """
     import random
 
     import numpy as np
 
+    from .model import course_seed
+
+    seed = course_seed() if seed is None else validate.integer("seed", seed, minimum=0, why="it seeds RNGs")
+
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+    return seed
 
 
 def token_losses(model, batch: dict) -> tuple[torch.Tensor, int]:
@@ -41,11 +49,9 @@ def token_losses(model, batch: dict) -> tuple[torch.Tensor, int]:
 
     The shift is explicit: the logit at position t predicts the label at t+1.
     """
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits
-    labels = batch["labels"][:, 1:]
-    summed = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels.flatten(),
-                             ignore_index=IGNORE_INDEX, reduction="sum")
-    return summed, int((labels != IGNORE_INDEX).sum())
+    validate.batch("batch", batch)
+    summed = summed_ignore_index(model_logits(model, batch), batch["labels"])
+    return summed, count_supervised(batch["labels"])
 
 
 def micro_batch_loss(summed: torch.Tensor, n_tokens: int, *, normalise: str, accum_steps: int,
@@ -57,44 +63,50 @@ def micro_batch_loss(summed: torch.Tensor, n_tokens: int, *, normalise: str, acc
     ``"token"``: the sum divided by the valid tokens of *all* micro-batches of the step, so every
     token weighs the same, as in one big batch (lesson 07).
     """
+    validate.choice("normalise", normalise, NORMALISATIONS, why="the loop knows these two normalisations")
+    validate.positive_int("accum_steps", accum_steps, why="it is the number of micro-batches per step")
     if normalise == "token":
         return summed / step_tokens
-    loss = summed / n_tokens  # 0/0 = NaN when the micro-batch has no targets (lesson 05)
+    # 0/0 = NaN when the micro-batch has no targets, yet the gradient stays 0: ignore_index's
+    # backward writes exact zeros (lesson 05 contrasts this with masking by multiplication)
+    loss = summed / n_tokens
     return loss / accum_steps if divide_by_accum else loss
 
 
-def _check_train_args(micro_batches, accum_steps, steps, normalise, optimizer, max_grad_norm) -> None:
-    if not isinstance(micro_batches, Sequence) or len(micro_batches) == 0:
-        raise ValueError("micro_batches must be a non-empty list of batches (dicts with input_ids, "
-                         "labels) — the loop cycles through them — build them with data.make_batches().")
-    for name, value in (("accum_steps", accum_steps), ("steps", steps)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive integer — it counts micro-batches "
-                             f"or optimizer steps — pass e.g. {name}=4.")
-    if normalise not in NORMALISATIONS:
-        raise ValueError(f"normalise={normalise!r} is not one of {NORMALISATIONS} — the loop knows "
-                         "these two loss normalisations — see micro_batch_loss's docstring.")
-    if optimizer not in ("adamw", "sgd"):
-        raise ValueError(f"optimizer={optimizer!r} is not 'adamw' or 'sgd' — the lessons compare "
-                         "these two — pass one of them.")
-    if max_grad_norm is not None and not max_grad_norm > 0:
-        raise ValueError(f"max_grad_norm={max_grad_norm!r} must be positive or None (no clipping) — "
-                         "clipping to 0 would erase every update — pass e.g. 1.0.")
+def _check_train_args(micro_batches, accum_steps, steps, normalise, optimizer, lr, max_grad_norm) -> None:
+    validate.positive_int("accum_steps", accum_steps, why="it counts micro-batches per optimizer step")
+    validate.positive_int("steps", steps, why="it counts optimizer steps")
+    validate.choice("normalise", normalise, NORMALISATIONS,
+                    why="the loop knows these two loss normalisations")
+    validate.choice("optimizer", optimizer, ("adamw", "sgd"), why="the lessons compare these two")
+    validate.number("lr", lr, positive=True, why="a learning rate of 0 or less trains nothing or backwards")
+    validate.number("max_grad_norm", max_grad_norm, positive=True, allow_none=True,
+                    why="clipping to 0 would erase every update; None turns clipping off")
+    validate.batches("micro_batches", micro_batches)
 
 
 def train(model, micro_batches: Sequence[dict], *, steps: int, accum_steps: int = 1, lr: float = 1e-3,
           optimizer: str = "adamw", max_grad_norm: float | None = None, normalise: str = "mean",
           divide_by_accum: bool = True, weight_decay: float = 0.0, eps: float = 1e-8,
-          on_step: Callable[[int, torch.nn.Module], None] | None = None) -> list[dict]:
+          on_step: Callable[[int, torch.nn.Module], None] | None = None,
+          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+          skip_empty: bool = False, progress: bool = True) -> list[dict]:
     """Train for ``steps`` optimizer steps of ``accum_steps`` micro-batches each.
 
     Micro-batches are taken in order, cycling. Returns one record per step: ``loss`` (the mean of
     the micro-batch losses, as a logger would show it), ``grad_norm`` (before clipping),
     ``clipped``, ``n_tokens`` (supervised tokens in the step) and ``nonfinite`` (micro-batches
-    whose loss was inf or NaN). ``on_step(step, model)`` runs after each update, e.g. to snapshot
-    parameters.
+    whose loss was inf or NaN), ``skipped`` (micro-batches not run) and ``weights_finite``.
+    ``on_step(step, model)`` runs after each update, e.g. to snapshot parameters.
+
+    ``loss_fn(logits, labels)``: a per-micro-batch mean written your way (lesson 05 passes the
+    masked means of ``losses``) instead of ``normalise``; it is divided by ``accum_steps`` like the
+    default. ``skip_empty=True`` is the guard against empty micro-batches: one without a supervised
+    token is not run at all. ``progress`` shows a bar once a run has taken a couple of seconds.
     """
-    _check_train_args(micro_batches, accum_steps, steps, normalise, optimizer, max_grad_norm)
+    from tqdm.auto import tqdm
+
+    _check_train_args(micro_batches, accum_steps, steps, normalise, optimizer, lr, max_grad_norm)
     params = [p for p in model.parameters() if p.requires_grad]
     if optimizer == "adamw":
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, eps=eps)
@@ -102,17 +114,27 @@ def train(model, micro_batches: Sequence[dict], *, steps: int, accum_steps: int 
         opt = torch.optim.SGD(params, lr=lr)
     model.train()
     records, cursor = [], 0
+    bar = tqdm(total=steps, desc="train", unit="step", leave=False, delay=PROGRESS_DELAY_S,
+               disable=not progress)
     for step in range(steps):
         group = [micro_batches[(cursor + k) % len(micro_batches)] for k in range(accum_steps)]
         cursor += accum_steps
-        step_tokens = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in group)
-        losses, nonfinite = [], 0
+        step_tokens = sum(count_supervised(b["labels"]) for b in group)
+        losses, nonfinite, skipped = [], 0, 0
         for batch in group:
-            summed, n_tokens = token_losses(model, batch)
-            loss = micro_batch_loss(summed, n_tokens, normalise=normalise, accum_steps=accum_steps,
-                                    divide_by_accum=divide_by_accum, step_tokens=step_tokens)
+            if skip_empty and count_supervised(batch["labels"]) == 0:
+                skipped += 1  # the guard: no targets, so no forward, no backward, no NaN
+                continue
+            if loss_fn is not None:
+                value_t = loss_fn(model_logits(model, batch), batch["labels"])
+                loss = value_t / accum_steps if divide_by_accum else value_t
+                value = value_t.item()
+            else:
+                summed, n_tokens = token_losses(model, batch)
+                loss = micro_batch_loss(summed, n_tokens, normalise=normalise, accum_steps=accum_steps,
+                                        divide_by_accum=divide_by_accum, step_tokens=step_tokens)
+                value = summed.item() / n_tokens if n_tokens else float("nan")
             loss.backward()  # each .backward() adds to .grad: the step's gradient is a sum
-            value = summed.item() / max(n_tokens, 1) if n_tokens else float("nan")
             nonfinite += not math.isfinite(loss.item())
             losses.append(value)
         if max_grad_norm is not None:
@@ -122,11 +144,15 @@ def train(model, micro_batches: Sequence[dict], *, steps: int, accum_steps: int 
         grad_norm = float(grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        records.append({"step": step + 1, "loss": sum(losses) / len(losses), "grad_norm": grad_norm,
+        records.append({"step": step + 1, "loss": sum(losses) / len(losses) if losses else float("nan"),
+                        "grad_norm": grad_norm,
                         "clipped": max_grad_norm is not None and grad_norm > max_grad_norm,
-                        "n_tokens": step_tokens, "nonfinite": nonfinite})
+                        "n_tokens": step_tokens, "nonfinite": nonfinite, "skipped": skipped,
+                        "weights_finite": params_finite(model)})
         if on_step is not None:
             on_step(step + 1, model)
+        bar.update()
+    bar.close()
     model.eval()
     return records
 
@@ -138,47 +164,73 @@ def clip_rate(records: list[dict]) -> float:
     return sum(r["clipped"] for r in records) / len(records)
 
 
-def make_sft_trainer(model, tokenizer, train_dataset, *, trainer_cls=None, **config):
+def _progress_callback():
+    """A Trainer callback that shows a bar once a run takes a couple of seconds, and prints nothing
+    else (the Trainer's own ``ProgressCallback`` also prints every log dict)."""
+    from tqdm.auto import tqdm
+    from transformers import TrainerCallback
+
+    class QuietProgress(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.bar = tqdm(total=state.max_steps, desc="SFTTrainer", unit="step", leave=False,
+                            delay=PROGRESS_DELAY_S)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.bar.update()
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self.bar.close()
+
+    return QuietProgress()
+
+
+def make_sft_trainer(model, tokenizer, train_dataset, *, trainer_cls=None, progress: bool = True, **config):
     """A TRL ``SFTTrainer`` with CPU-friendly defaults; any ``SFTConfig`` field can be overridden.
 
     Defaults: 20 steps, batch 8, lr 3e-3 (a tiny model wants a large one), log every step, no
     activation (gradient) checkpointing (it only slows a 0.5 M model), no checkpoints,
-    ``report_to="none"``, seeded, outputs in a temporary directory, and quiet (``disable_tqdm=True``
-    also drops the printed log dicts; read ``trainer.state.log_history`` or ``logged()``), and fp32:
-    ``SFTConfig`` defaults to ``bf16=True``, which on a CPU means bf16 autocast — extra noise that
-    would blur comparisons with the hand-written loop. ``trainer_cls`` swaps in a subclass (e.g. one
-    with a custom ``compute_loss``, lesson 01).
+    ``report_to="none"``, seeded (``course_seed()``), outputs in a temporary directory, and quiet:
+    no printed log dicts (read ``trainer.state.log_history`` or ``logged()``), no dataset-map bars
+    while it is built (restored afterwards), a progress bar only once training takes a couple of
+    seconds (``progress=False``: none). And fp32: ``SFTConfig`` defaults to ``bf16=True``, which on
+    a CPU means bf16 autocast — extra noise that would blur comparisons with the hand-written loop.
+    ``trainer_cls`` swaps in a subclass (e.g. one with a custom ``compute_loss``, lesson 01).
 
     TRL 1.16 replaces ``model.forward`` with a fused-loss forward (``add_fused_lm_head``): a
     ``copy.deepcopy`` of ``model`` taken afterwards still runs, and trains, the original's modules.
     Pass ``copy.deepcopy(model)`` here if you use the model again after building the trainer.
     """
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    from transformers import PrinterCallback, ProgressCallback
     from trl import SFTConfig, SFTTrainer
+
+    from .model import course_seed
+    from .quiet import quiet_libraries
 
     defaults = dict(
         output_dir=tempfile.mkdtemp(prefix="sft-lab-"), report_to="none", max_steps=20,
         per_device_train_batch_size=8, learning_rate=3e-3, lr_scheduler_type="constant",
-        logging_steps=1, save_strategy="no", activation_checkpointing=False, seed=0,
+        logging_steps=1, save_strategy="no", activation_checkpointing=False, seed=course_seed(),
         use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, disable_tqdm=True, bf16=False,
     )
     unknown = set(config) - set(SFTConfig.__dataclass_fields__)
     if unknown:
         raise ValueError(f"unknown SFTConfig field(s) {sorted(unknown)} — make_sft_trainer passes keyword "
                          "arguments to trl.SFTConfig — check the spelling against SFTConfig's docs.")
-    args = SFTConfig(**{**defaults, **config})
-    if args.disable_tqdm:  # quiet means quiet: no dataset-map bars and no printed log dicts either
-        import datasets
-        from transformers import PrinterCallback
-
-        datasets.disable_progress_bars()
+    merged = {**defaults, **config}
+    if merged["max_steps"] is not None and merged["max_steps"] != -1:
+        validate.positive_int("max_steps", merged["max_steps"], why="it counts optimizer steps (-1: epochs)")
+    args = SFTConfig(**merged)
     trainer_cls = trainer_cls or SFTTrainer
     if not (isinstance(trainer_cls, type) and issubclass(trainer_cls, SFTTrainer)):
         raise ValueError(f"trainer_cls={trainer_cls!r} is not a subclass of trl.SFTTrainer — the defaults "
                          "are SFTConfig fields — subclass SFTTrainer (e.g. to override compute_loss).")
-    trainer = trainer_cls(model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer)
+    with quiet_libraries(logs=False):  # no dataset-map bars while TRL prepares the data; restored after
+        trainer = trainer_cls(model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer)
     if args.disable_tqdm:
         trainer.remove_callback(PrinterCallback)  # the log stays in trainer.state.log_history
+        trainer.remove_callback(ProgressCallback)
+        if progress:
+            trainer.add_callback(_progress_callback())
     return trainer
 
 

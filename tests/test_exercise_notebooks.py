@@ -1,10 +1,18 @@
-"""A learner's first Restart & Run All: every exercise notebook runs to the end with its stubs.
+"""A learner's first Restart & Run All: every exercise notebook runs to the end with its stubs, and
+nothing in it hands over an answer.
 
 The stubs raise NotImplementedError only when called by a checker, which reports "not implemented
-yet" instead of raising; no later cell may depend on the learner's function. This runs each
-generated notebook in a fresh kernel (~2 min for all), as a learner would before writing any code.
+yet" instead of raising; no later cell may depend on the learner's function. Each generated
+notebook runs in a fresh kernel, as a learner would before writing any code.
+
+Then the give-away probe runs in that same kernel: for every checker call ``check_x(learner_fn, …)``
+it calls the checker again with every *other* callable the learner can reach — the notebook's
+names, and the public functions of every ``course_utils`` module bound in it. None may pass: if one
+does, the exercise's answer is already in the learner's copy (imported, or defined in a cell).
 """
 
+import ast
+import json
 from pathlib import Path
 
 import nbformat
@@ -13,15 +21,109 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISES = sorted((ROOT / "notebooks").glob("*.ipynb"))
+STUB_MARK = "NotImplementedError"
+
+PROBE = r'''
+import contextlib as _cl, io as _io, json as _json, signal as _signal, types as _types
+
+def _probe(calls, learner_names):
+    def candidates():
+        seen = set()
+        for name, value in list(globals().items()):
+            if name.startswith("_") or name in learner_names:
+                continue
+            if isinstance(value, _types.ModuleType) and value.__name__.startswith("course_utils"):
+                for attr, fn in vars(value).items():
+                    if (not attr.startswith("_") and isinstance(fn, _types.FunctionType)
+                            and fn.__module__ == value.__name__ and not attr.startswith("check_")):
+                        yield f"{name}.{attr}", fn
+            elif isinstance(value, _types.FunctionType) and not name.startswith("check_") and (
+                    value.__module__ == "__main__" or value.__module__.startswith("course_utils")):
+                if id(value) not in seen:
+                    seen.add(id(value))
+                    yield name, value
+
+    def _timeout(*_):
+        raise TimeoutError("probe candidate took too long")
+
+    passes = []
+    _signal.signal(_signal.SIGALRM, _timeout)
+    for call in calls:
+        code = compile(call, "<probe>", "eval")
+        for label, fn in candidates():
+            _signal.alarm(4)
+            try:
+                with _cl.redirect_stdout(_io.StringIO()), _cl.redirect_stderr(_io.StringIO()):
+                    result = eval(code, {**globals(), "_candidate": fn})
+                if bool(result):
+                    passes.append([call, label])
+            except BaseException:
+                pass
+            finally:
+                _signal.alarm(0)
+    print("PROBE" + _json.dumps(passes))
+'''
+
+
+def _learner_names(nb) -> set[str]:
+    """Functions the learner writes: those defined in a cell that holds a stub."""
+    names = set()
+    for cell in nb.cells:
+        if cell.cell_type == "code" and STUB_MARK in cell.source:
+            try:
+                tree = ast.parse(cell.source)
+            except SyntaxError:
+                continue
+            names |= {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    return names
+
+
+def _checker_calls(nb, learner: set[str]) -> list[str]:
+    """``check_x(learner_fn, …)`` calls, rewritten as ``check_x(_candidate, …)``."""
+    calls = []
+    for cell in nb.cells:
+        if cell.cell_type != "code" or "check_" not in cell.source:
+            continue
+        lines = cell.source.splitlines()
+        source = "\n".join(line for line in lines if not line.lstrip().startswith(("%", "!")))
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call) or not node.args or not isinstance(node.args[0], ast.Name):
+                continue
+            func = ast.unparse(node.func)
+            if func.split(".")[-1].startswith("check_") and node.args[0].id in learner:
+                node.args[0] = ast.Name("_candidate", ast.Load())
+                calls.append(ast.unparse(node))
+    return calls
 
 
 @pytest.mark.parametrize("path", EXERCISES, ids=lambda p: p.name)
-def test_exercise_notebook_survives_run_all(path):
+def test_exercise_notebook_survives_run_all_and_gives_nothing_away(path):
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=300, kernel_name="python3", record_timing=False,
+    learner = _learner_names(nb)
+    calls = _checker_calls(nb, learner)
+    probe = nbformat.v4.new_code_cell(PROBE + f"\n_probe({calls!r}, {sorted(learner)!r})")
+    nb.cells.append(probe)
+    NotebookClient(nb, timeout=600, kernel_name="python3", record_timing=False,
                    resources={"metadata": {"path": str(path.parent)}}).execute()  # raises on any error
-    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
-    n_exercises = sum("NotImplementedError" in c.source for c in nb.cells if c.cell_type == "code")
+    printed = "".join(o.get("text", "") for c in nb.cells[:-1] if c.cell_type == "code" for o in c.outputs)
+    n_exercises = sum(STUB_MARK in c.source for c in nb.cells[:-1] if c.cell_type == "code")
     assert n_exercises >= 1 and printed.count("not implemented yet") >= n_exercises, \
         "each stubbed exercise's checker says it is not implemented yet"
     assert "✅" not in printed, "no checker may pass on a stub"
+    assert calls, "each exercise notebook calls its checkers on the learner's functions"
+    out = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+    passes = json.loads(out[out.index("PROBE") + len("PROBE"):].strip())
+    assert not passes, f"the exercise copy already holds an answer (checker call, callable): {passes}"
+
+
+def test_probe_finds_calls_and_learner_functions():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("def mine(x):\n    raise NotImplementedError('Exercise')"),
+                nbformat.v4.new_code_cell("# NBVAL_CHECK_OUTPUT\nres = lesson.check_mine(mine, tok)\n")]
+    learner = _learner_names(nb)
+    assert learner == {"mine"}
+    assert _checker_calls(nb, learner) == ["lesson.check_mine(_candidate, tok)"]

@@ -1,0 +1,124 @@
+"""The next-token loss, written the ways real code writes it, and what each does with no target.
+
+Used by lessons 01, 05, 06 and 07 (and the training loop in ``train``). The same masked mean can be
+written three ways, and they differ only on a micro-batch whose every label is ``-100`` — exactly
+the micro-batch that truncation and packing produce (lesson 05):
+
+- ``mean_ignore_index``: ``F.cross_entropy(..., ignore_index=-100)`` (mean reduction). No target:
+  loss 0/0 = **NaN**, but its backward writes exact zeros at ignored positions: **gradients 0**.
+- ``mean_by_multiplication``: ``(nll * mask).sum() / mask.sum()``. No target: loss NaN *and* NaN
+  gradients (d(s/0)/ds = inf, times the mask's 0 = NaN); one AdamW step makes every weight NaN.
+- ``mean_clamped``: ``sum / count.clamp(min=1)`` (TRL 1.16's ``compute_loss``). No target: a
+  **silent 0.0** with zero gradients.
+
+The distinction that matters is masking by multiplication vs ``ignore_index``, not how the
+division is written: ``summed_ignore_index(...) / 0`` is NaN with zero gradients too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from . import validate
+from .data import IGNORE_INDEX
+
+
+def count_supervised(labels: torch.Tensor) -> int:
+    """Tokens that carry loss in a ``[batch, seq]`` label tensor: labels after the one-token shift
+    (the logit at t predicts the label at t+1, so column 0 is never a target) that are not -100."""
+    if isinstance(labels, dict):
+        labels = labels.get("labels")
+    validate.tensor("labels", labels, ndim=2, integer_dtype=True)
+    return int((labels[:, 1:] != IGNORE_INDEX).sum())
+
+
+def shifted(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flattened ``(logits[:, :-1], labels[:, 1:])`` in float32: the pairs the loss compares."""
+    validate.tensor("logits", logits, ndim=3, integer_dtype=False)
+    validate.tensor("labels", labels, ndim=2, integer_dtype=True)
+    if logits.shape[:2] != labels.shape:
+        raise ValueError(f"logits have shape {tuple(logits.shape)} but labels {tuple(labels.shape)} — "
+                         "every position needs one label — "
+                         "pass the labels of the batch the logits came from.")
+    return logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten()
+
+
+def summed_ignore_index(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Sum of the per-token losses over supervised tokens (``reduction="sum"``, ``ignore_index``)."""
+    flat_logits, flat_labels = shifted(logits, labels)
+    return F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def mean_ignore_index(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``F.cross_entropy(reduction="mean", ignore_index=-100)``: NaN with no target, zero gradients."""
+    flat_logits, flat_labels = shifted(logits, labels)
+    return F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX)
+
+
+def _nll_and_mask(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    flat_logits, flat_labels = shifted(logits, labels)
+    mask = (flat_labels != IGNORE_INDEX).float()
+    # clamp(min=0) only makes -100 a legal index for gather; the mask zeroes those terms
+    logp = flat_logits.log_softmax(-1).gather(-1, flat_labels.clamp(min=0)[:, None])[:, 0]
+    return -logp, mask
+
+
+def mean_by_multiplication(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The masked mean many hand-written loops use: ``(nll * mask).sum() / mask.sum()``.
+
+    With no target: 0/0 = NaN, and the backward multiplies 1/0 = inf by the mask's zeros: NaN grads.
+    """
+    nll, mask = _nll_and_mask(logits, labels)
+    return (nll * mask).sum() / mask.sum()
+
+
+def mean_clamped(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The guard: ``sum / count.clamp(min=1)``. Equal to the mean where targets exist; with none, a
+    finite 0 with zero gradients (the micro-batch contributes nothing — and the log shows 0.0)."""
+    nll, mask = _nll_and_mask(logits, labels)
+    return (nll * mask).sum() / mask.sum().clamp(min=1)
+
+
+MASKED_MEANS = {"ignore_index": mean_ignore_index, "multiplication": mean_by_multiplication,
+                "clamped": mean_clamped}
+
+
+def model_logits(model, batch: dict) -> torch.Tensor:
+    """The model's logits on a collated batch (its attention mask passed when it has one)."""
+    validate.batch("batch", batch, need=("input_ids",))
+    validate.ids_fit_model(model, batch["input_ids"])
+    return model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits
+
+
+@torch.no_grad()
+def eval_loss(model, batches: Sequence[dict]) -> float:
+    """Token-weighted cross-entropy of ``model`` on held-out ``batches`` (nats per supervised token).
+
+    NaN when the model's weights are NaN. Batches with no supervised token at all are an error, not
+    a 0.0 or a NaN: an evaluation that measured nothing must not look like a number.
+    """
+    validate.batches("batches", batches)
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for b in batches:
+        total += float(summed_ignore_index(model_logits(model, b), b["labels"]))
+        count += count_supervised(b["labels"])
+    model.train(was_training)
+    if count == 0:
+        raise ValueError("eval_loss: no batch has a supervised token (every label is -100) — there is "
+                         "nothing to evaluate — check max_length and the label masking of the held-out set.")
+    return total / count
+
+
+def params_finite(model, *, trainable_only: bool = False) -> bool:
+    """True when every parameter (or every trainable one) is finite: no NaN, no inf.
+
+    ``trainable_only=True`` for LoRA runs, where the frozen (possibly quantised) base is not
+    touched by the optimiser and only the adapters can turn NaN.
+    """
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters()
+               if p.requires_grad or not trainable_only)

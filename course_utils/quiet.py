@@ -1,0 +1,95 @@
+"""Hear a library's warnings on purpose, or silence its chatter for one block — and restore it.
+
+Used by lessons 02-07 and ``train.make_sft_trainer``. No helper of the course changes process-wide
+state for good: progress bars, logging levels and handlers are changed inside these context
+managers and put back on exit, so what a learner sees never depends on which cell ran first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+
+
+@contextlib.contextmanager
+def captured_log(name: str = "transformers", level: int = logging.WARNING):
+    """Collect what logger ``name`` (and its children) log at ``level`` and above into a list,
+    instead of printing it to stderr. The lesson then shows the message it is about.
+
+    For transformers, ``warning_once``'s memory is cleared first (a warning the process already
+    showed is shown again) and the verbosity is raised to WARNING for the block, since a lesson may
+    have silenced it; everything is restored on exit.
+    """
+    messages: list[str] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    logger = logging.getLogger(name)
+    handler = _Collect(level=level)
+    previous_level, previous_propagate = logger.level, logger.propagate
+    hf_verbosity = None
+    if name.split(".")[0] == "transformers":
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.warning_once.cache_clear()
+        hf_verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_warning()
+    if logger.getEffectiveLevel() > level:
+        logger.setLevel(level)
+    logger.addHandler(handler)
+    logger.propagate = False  # the library's own stderr handlers sit on parents: keep them quiet
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = previous_propagate
+        if hf_verbosity is not None:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.set_verbosity(hf_verbosity)
+        logger.setLevel(previous_level)
+
+
+@contextlib.contextmanager
+def quiet_libraries(*, logs: bool = True, capture_output: bool = False):
+    """Silence transformers/datasets/TRL banners and dataset-map progress bars for one block.
+
+    ``logs=False`` keeps the libraries' warnings (only the bars go); ``capture_output=True`` also swallows what the block prints (e.g. a Trainer's log dicts);
+    the lesson reads the records instead. Progress bars and verbosity are restored on exit.
+    """
+    import datasets
+    import transformers
+
+    verbosity = transformers.logging.get_verbosity()
+    trl_logger = logging.getLogger("trl")
+    trl_level = trl_logger.level
+    bars_were_on = datasets.is_progress_bar_enabled()
+    if logs:
+        transformers.logging.set_verbosity_error()
+        trl_logger.setLevel(logging.ERROR)
+    datasets.disable_progress_bars()
+    try:
+        if capture_output:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                yield
+        else:
+            yield
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        trl_logger.setLevel(trl_level)
+        if bars_were_on:
+            datasets.enable_progress_bars()
+
+
+def library_state() -> dict:
+    """What ``quiet_libraries`` and ``captured_log`` promise to restore (a test compares it)."""
+    import datasets
+    import transformers
+
+    return {"datasets_bars": datasets.is_progress_bar_enabled(),
+            "transformers_verbosity": transformers.logging.get_verbosity(),
+            "trl_level": logging.getLogger("trl").level,
+            "transformers_propagate": logging.getLogger("transformers").propagate}

@@ -1,0 +1,147 @@
+"""Argument checks shared by every public helper: one message style, what — why — how to fix.
+
+A learner who passes the wrong thing should read one sentence that names the argument, says what
+was expected and why, and how to fix it — not a traceback from deep inside torch. Every module of
+the course validates through these functions (one copy of each check), so the messages agree.
+Each returns the value it checked, so a call reads ``steps = positive_int("steps", steps)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+
+def integer(name: str, value, *, minimum: int = 1, why: str = "it is a count") -> int:
+    """``value`` as an ``int`` >= ``minimum`` (bools are refused: ``True`` is not a count)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} must be an integer >= {minimum} — {why} — "
+                         f"pass e.g. {name}={max(minimum, 1)}.")
+    return value
+
+
+def positive_int(name: str, value, *, why: str = "it is a count") -> int:
+    """An integer >= 1 (steps, accumulation steps, batch sizes, ranks…)."""
+    return integer(name, value, minimum=1, why=why)
+
+
+def number(name: str, value, *, minimum: float | None = None, positive: bool = False,
+           allow_none: bool = False, why: str = "") -> float | None:
+    """A finite real number (``positive``: > 0; ``minimum``: >= it); ``None`` where allowed."""
+    if value is None and allow_none:
+        return None
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+          and (not positive or value > 0) and (minimum is None or value >= minimum))
+    if not ok:
+        rule = "> 0" if positive else (f">= {minimum}" if minimum is not None else "finite")
+        none = " or None" if allow_none else ""
+        raise ValueError(f"{name}={value!r} must be a finite number {rule}{none}"
+                         f"{' — ' + why if why else ''} — pass e.g. {name}=1.0.")
+    return float(value)
+
+
+def choice(name: str, value, allowed: Sequence, *, why: str = "the helper knows only these") -> object:
+    """``value`` if it is one of ``allowed``, else a what/why/fix error listing them."""
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not one of {list(allowed)} — {why} — pass one of them.")
+    return value
+
+
+def non_empty(name: str, value, *, what: str = "items", fix: str = "") -> Sequence:
+    """A non-empty list or tuple (a sequence the helper iterates over)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) == 0:
+        got = "an empty sequence" if isinstance(value, Sequence) and not value else type(value).__name__
+        raise ValueError(f"{name} must be a non-empty list of {what}, got {got} — the helper iterates "
+                         f"over them — {fix or 'pass at least one.'}")
+    return value
+
+
+def tensor(name: str, value, *, ndim: int | None = None, integer_dtype: bool | None = None):
+    """A ``torch.Tensor`` of ``ndim`` dimensions (and an integer or floating dtype where asked)."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        hint = " (a Python list? wrap it in torch.tensor(...))" if isinstance(value, (list, tuple)) else ""
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}{hint} — the helper "
+                        "does tensor arithmetic on it — pass a tensor.")
+    if ndim is not None and value.ndim != ndim:
+        raise ValueError(f"{name} has shape {tuple(value.shape)} but must have {ndim} dimensions "
+                         f"({'[batch, seq]' if ndim == 2 else '[batch, seq, vocab]' if ndim == 3 else ''}) — "
+                         "shapes decide which token is which — add or remove the batch dimension.")
+    if integer_dtype is True and value.is_floating_point():
+        raise TypeError(f"{name} has dtype {value.dtype} but must hold integer token ids or labels — "
+                        "ids index the vocabulary — use dtype=torch.long.")
+    if integer_dtype is False and not value.is_floating_point():
+        raise TypeError(f"{name} has dtype {value.dtype} but must be floating point (logits) — "
+                        "a loss needs real numbers — pass the model's .logits.")
+    return value
+
+
+def batch(name: str, value, *, need: Iterable[str] = ("input_ids", "labels")) -> dict:
+    """A *collated* batch: a dict of 2-D integer tensors of one shape, holding at least ``need``.
+
+    The most common slip is passing ``tokenize_chat`` outputs (lists of ids) where a collated batch
+    is expected: the message says which function collates them.
+    """
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], dict):
+        raise TypeError(f"{name} is a list of {len(value)} examples, not a collated batch — the helper "
+                        "needs [batch, seq] tensors — call collate_right(examples, pad_id) (or "
+                        "make_batches) first.")
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} must be a dict of tensors (input_ids, labels, attention_mask), got "
+                        f"{type(value).__name__} — the helper reads those keys — build it with "
+                        "collate_right() or make_batches().")
+    missing = [k for k in need if k not in value]
+    if missing:
+        raise ValueError(f"{name} has no {missing} (keys: {sorted(value)}) — the helper needs them — "
+                         "collate with labels, e.g. collate_right(tokenize_chat(...) outputs).")
+    shape = None
+    for key in ("input_ids", "labels", "attention_mask", "position_ids"):
+        if key not in value:
+            continue
+        if isinstance(value[key], list):
+            raise TypeError(f"{name}[{key!r}] is a list, not a tensor — the batch is not collated — "
+                            "call collate_right(examples, pad_id) first.")
+        tensor(f"{name}[{key!r}]", value[key], ndim=2, integer_dtype=True)
+        if shape is None:
+            shape = value[key].shape
+        elif value[key].shape != shape:
+            raise ValueError(f"{name}[{key!r}] has shape {tuple(value[key].shape)} but input_ids has "
+                             f"{tuple(shape)} — each position needs its own label and mask — collate "
+                             "them together.")
+    return value
+
+
+def batches(name: str, value, *, need: Iterable[str] = ("input_ids", "labels")) -> Sequence[dict]:
+    """A non-empty list of collated batches (each checked by ``batch``)."""
+    if isinstance(value, dict):
+        raise TypeError(f"{name} is a single batch — the helper takes a list of them — wrap it: [batch].")
+    non_empty(name, value, what="collated batches", fix="build them with make_batches().")
+    for i, b in enumerate(value):
+        batch(f"{name}[{i}]", b, need=need)
+    return value
+
+
+def ids_fit_model(model, input_ids, *, name: str = "input_ids") -> None:
+    """Token ids must index the model's embedding: a tokenizer from another model does not fit."""
+    model = getattr(model, "module", model)  # DistributedDataParallel wraps the model
+    if not hasattr(model, "get_input_embeddings"):
+        return
+    vocab = model.get_input_embeddings().num_embeddings
+    if input_ids.numel() and (int(input_ids.max()) >= vocab or int(input_ids.min()) < 0):
+        raise ValueError(f"{name} holds token id {int(input_ids.max())} but the model has only {vocab} "
+                         "embeddings — the ids come from a tokenizer that does not belong to this model — "
+                         "load model and tokenizer together (load_course_model()).")
+
+
+def model_and_tokenizer(model, tokenizer) -> None:
+    """A tokenizer whose ids the model can embed (the pair came from one checkpoint)."""
+    if not hasattr(model, "get_input_embeddings") or not callable(getattr(tokenizer, "encode", None)):
+        got = f"({type(model).__name__}, {type(tokenizer).__name__})"
+        raise TypeError(f"expected (model, tokenizer), got {got}"
+                        " — the helper tokenizes text and runs the model — pass load_course_model()'s pair.")
+    vocab = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > vocab:
+        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model only {vocab} embeddings "
+                         "— they come from different checkpoints — load them together with "
+                         "load_course_model(), or call model.resize_token_embeddings(len(tokenizer)).")

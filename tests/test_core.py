@@ -1,0 +1,145 @@
+"""The core's promises: one documented behaviour per idea, no lasting global side effects, and
+what/why/fix errors for the slips learners make most (un-collated batch, zero steps, wrong pair)."""
+
+import math
+
+import pytest
+import torch
+
+from course_utils import losses, validate
+from course_utils.checks import Case, Diagnosis, Hints, check_diagnosis, run_check
+from course_utils.data import IGNORE_INDEX, collate_right, make_messages, tokenize_chat
+from course_utils.quiet import captured_log, library_state, quiet_libraries
+from course_utils.train import make_sft_trainer, train
+
+
+def _batch(tokenizer, n=2, seed=0):
+    examples = [tokenize_chat(tokenizer, m) for m in make_messages("add", n=n, seed=seed)]
+    return collate_right(examples, tokenizer.pad_token_id)
+
+
+def test_masked_means_agree_with_targets_and_differ_without(course):
+    model, tokenizer = course
+    batch = _batch(tokenizer)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    values = [float(f(logits, batch["labels"])) for f in losses.MASKED_MEANS.values()]
+    assert max(values) - min(values) < 1e-5, "the three masked means agree when targets exist"
+    empty = torch.full_like(batch["labels"], IGNORE_INDEX)
+    grads = {}
+    for name, fn in losses.MASKED_MEANS.items():
+        leaf = logits.clone().requires_grad_()
+        value = fn(leaf, empty)
+        value.backward()
+        grad = leaf.grad
+        grads[name] = (float(value.detach()), bool(torch.isnan(grad).any()), float(grad.abs().max()))
+    assert math.isnan(grads["ignore_index"][0]) and grads["ignore_index"][2] == 0.0
+    assert math.isnan(grads["multiplication"][0]) and grads["multiplication"][1]
+    assert grads["clamped"][0] == 0.0 and grads["clamped"][2] == 0.0
+
+
+def test_eval_loss_one_behaviour_for_nothing_to_evaluate(course):
+    model, tokenizer = course
+    batch = _batch(tokenizer)
+    assert math.isfinite(losses.eval_loss(model, [batch]))
+    with pytest.raises(ValueError, match="no batch has a supervised token"):
+        losses.eval_loss(model, [{**batch, "labels": torch.full_like(batch["labels"], IGNORE_INDEX)}])
+    with pytest.raises(ValueError, match="non-empty list"):
+        losses.eval_loss(model, [])
+
+
+def test_count_supervised_takes_labels_or_batch():
+    labels = torch.tensor([[IGNORE_INDEX, 5, IGNORE_INDEX, 7], [3, 4, IGNORE_INDEX, IGNORE_INDEX]])
+    assert losses.count_supervised(labels) == 3 == losses.count_supervised({"labels": labels})
+
+
+def test_shape_mismatch_is_an_error_not_a_number():
+    with pytest.raises(ValueError, match="every position needs one label"):
+        losses.mean_clamped(torch.randn(2, 5, 11), torch.zeros(2, 3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("kwargs", [{"steps": 0}, {"steps": 2, "accum_steps": 0}, {"steps": 2, "lr": 0},
+                                    {"steps": 2, "max_grad_norm": -1}, {"steps": True}])
+def test_train_rejects_zero_and_negative_settings(course, kwargs):
+    model, tokenizer = course
+    with pytest.raises(ValueError, match=r" — .* — "):
+        train(model, [_batch(tokenizer)], **kwargs)
+
+
+def test_uncollated_batch_gets_one_clear_sentence(course):
+    model, tokenizer = course
+    examples = [tokenize_chat(tokenizer, m) for m in make_messages("add", n=2)]
+    with pytest.raises(TypeError, match="call collate_right"):
+        train(model, [examples], steps=1)
+
+
+def test_mismatched_model_and_tokenizer_ids(course):
+    model, _ = course
+    vocab = model.get_input_embeddings().num_embeddings
+    ids = torch.tensor([[1, vocab + 5]])
+    with pytest.raises(ValueError, match="does not belong to this model"):
+        losses.model_logits(model, {"input_ids": ids, "labels": ids})
+
+
+def test_make_sft_trainer_rejects_zero_steps(course):
+    model, tokenizer = course
+    with pytest.raises(ValueError, match="max_steps=0"):
+        make_sft_trainer(model, tokenizer, None, max_steps=0)
+
+
+def test_helpers_leave_library_state_as_they_found_it(course):
+    import copy
+
+    import datasets
+
+    from course_utils import make_chat_dataset
+
+    model, tokenizer = course
+    before = library_state()
+    assert before["datasets_bars"], "progress bars are on by default"
+    trainer = make_sft_trainer(copy.deepcopy(model), tokenizer, make_chat_dataset("add", n=16), max_steps=2)
+    trainer.train()
+    with quiet_libraries(capture_output=True):
+        assert not datasets.is_progress_bar_enabled()
+    with captured_log("transformers") as messages:
+        import transformers
+
+        transformers.logging.get_logger("transformers.test").warning("heard")
+    assert messages == ["heard"]
+    assert library_state() == before
+
+
+def test_validate_messages_name_the_argument():
+    with pytest.raises(ValueError, match=r"^steps=0 must be an integer >= 1 — .* — pass e.g. steps=1\.$"):
+        validate.positive_int("steps", 0)
+    with pytest.raises(ValueError, match="'sum' is not one of"):
+        validate.choice("normalise", "sum", ("mean", "token"))
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        validate.tensor("labels", [1, 2])
+
+
+def test_graded_hints_give_the_answer_last_and_only_when_asked(capsys):
+    hints = Hints("Which labels carry loss?", "Look at the token viewer in §2.",
+                  "return int((labels != -100).sum())")
+    result = run_check("demo", lambda x: 0, [Case((1,), 1)], hint=hints)
+    first = capsys.readouterr().out
+    assert not result and "Which labels" in first and "!= -100" not in first
+    levels = [result.hint() for _ in range(4)]
+    assert "question" in levels[0] and "pointer" in levels[1] and "answer" in levels[2]
+    assert levels[3] == levels[2], "the last level repeats"
+
+
+def test_diagnosis_checker_grades_fresh_cases():
+    def make_case(seed):
+        cause = ("a", "b", "c")[seed % 3]
+        return {"cause": cause, "step": seed}, Diagnosis(cause, seed)
+
+    good = check_diagnosis("d", lambda art: Diagnosis(art["cause"], art["step"]), make_case, seeds=range(6),
+                           quiet=True)
+    memorised = check_diagnosis("d", lambda art: Diagnosis("a", 0), make_case, seeds=range(6), quiet=True)
+    wrong_evidence = check_diagnosis("d", lambda art: Diagnosis(art["cause"], None), make_case,
+                                     seeds=range(3), quiet=True)
+    named = check_diagnosis("d", lambda art: Diagnosis("a", art["step"]), make_case, seeds=[1], quiet=True,
+                            misconceptions={("a", "b"): "a looks like b"})
+    assert good and not memorised and not wrong_evidence
+    assert "a looks like b" in named.message
