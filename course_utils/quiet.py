@@ -57,8 +57,9 @@ def captured_log(name: str = "transformers", level: int = logging.WARNING):
 def quiet_libraries(*, logs: bool = True, capture_output: bool = False):
     """Silence transformers/datasets/TRL banners and dataset-map progress bars for one block.
 
-    ``logs=False`` keeps the libraries' warnings (only the bars go); ``capture_output=True`` also swallows what the block prints (e.g. a Trainer's log dicts);
-    the lesson reads the records instead. Progress bars and verbosity are restored on exit.
+    ``logs=False`` keeps the libraries' warnings (only the bars go); ``capture_output=True`` also
+    swallows what the block prints (e.g. a Trainer's log dicts); the lesson reads the records
+    instead. Progress bars and verbosity are restored on exit.
     """
     import datasets
     import transformers
