@@ -40,8 +40,8 @@ def report_outcome(name: str, value: float, threshold: float, *, higher_is_bette
     if path:
         row = {"notebook": lesson or os.environ.get("COURSE_NOTEBOOK", ""), "name": name, "value": value,
                "threshold": threshold, "higher_is_better": higher_is_better, "margin": margin, "ok": ok,
-               "model": os.environ.get("COURSE_MODEL", "tiny-qwen"), "seed": os.environ.get("COURSE_SEED", "0"),
-               "threads": os.environ.get("OMP_NUM_THREADS", "")}
+               "model": os.environ.get("COURSE_MODEL", "tiny-qwen"),
+               "seed": os.environ.get("COURSE_SEED", "0"), "threads": os.environ.get("OMP_NUM_THREADS", "")}
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
     return ok
