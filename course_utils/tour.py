@@ -8,8 +8,7 @@ import random
 import re
 from importlib import metadata
 
-from .checks import Case, run_check
-from .data import IGNORE_INDEX
+from .data import IGNORE_INDEX, make_messages, tokenize_chat
 
 DISTRIBUTION = "sft-failure-lab"
 
@@ -74,39 +73,169 @@ def check_environment(load_model: bool = True) -> list[tuple[str, bool, str]]:
 
 
 # ------------------------------------------------------------------------------------------------
-# Exercise 00: count the tokens that carry loss
+# Exercise 1 (diagnosis): which tokens carry loss in a labelled example you have not seen?
 # ------------------------------------------------------------------------------------------------
 
-def _count_cases(seed: int = 1234) -> list[Case]:
-    import torch
+LABEL_CAUSES = ("correct", "whole_sequence", "stop_token_not_graded", "nothing_graded", "shifted_labels")
+LABEL_MISCONCEPTIONS = {
+    ("correct", "stop_token_not_graded"): "every assistant word is graded, but is <|im_end|>? Without it "
+                                          "the model never learns to stop (lesson 02).",
+    ("correct", "shifted_labels"): "a label must be the token at its own position; compare labels with "
+                                   "input_ids where both are set (the model shifts internally).",
+    ("whole_sequence", "shifted_labels"): "many tokens carry a label, but do the labels equal the tokens "
+                                          "at their positions?",
+    ("correct", "whole_sequence"): "look at the system and user turns: do they carry labels?",
+    ("stop_token_not_graded", "correct"): "find <|im_end|> right after the answer: it is graded here.",
+    ("nothing_graded", "correct"): "count again: labels that are not -100 exist here.",
+}
 
+
+def _messages_for(seed: int) -> list[dict]:
     rng = random.Random(seed)
+    task = rng.choice(("add", "reverse"))
+    conversation = make_messages(task, 1, seed=seed)[0]
+    if rng.random() < 0.5:  # some examples carry their own system prompt
+        conversation = [{"role": "system", "content": "You answer briefly."}] + conversation
+    return conversation
+
+
+def _labelled_case(tokenizer, seed: int):
+    """A labelled example broken in one of ``LABEL_CAUSES`` ways, and its true ``Diagnosis``."""
+    from .checks import Diagnosis
+
+    cause = LABEL_CAUSES[seed % len(LABEL_CAUSES)]
+    messages = _messages_for(seed)
+    example = tokenize_chat(tokenizer, messages, train_on_eos=cause != "stop_token_not_graded")
+    ids, labels = list(example["input_ids"]), list(example["labels"])
+    if cause == "whole_sequence":
+        labels = list(ids)
+    elif cause == "nothing_graded":
+        labels = [IGNORE_INDEX] * len(ids)
+    elif cause == "shifted_labels":  # "I shift the labels myself": each label is the *next* token
+        labels = [ids[i + 1] if i + 1 < len(ids) and lab != IGNORE_INDEX else IGNORE_INDEX
+                  for i, lab in enumerate(labels)]
+    artefact = {"input_ids": ids, "labels": labels, "tokens": tokenizer.convert_ids_to_tokens(ids)}
+    graded = sum(label != IGNORE_INDEX for label in labels)
+    return artefact, Diagnosis(cause, graded)
+
+
+def unseen_labelled_example(tokenizer, seed: int) -> dict:
+    """An example labelled by a data pipeline you have not seen — possibly broken (exercise 1).
+
+    Returns ``input_ids``, ``labels`` and ``tokens`` (the token strings). The checker grades your
+    diagnosis on other seeds, so look at the labels, not at this function.
+    """
+    from . import validate
+
+    validate.integer("seed", seed, minimum=0, why="it picks the example")
+    return _labelled_case(tokenizer, seed)[0]
+
+
+def check_label_diagnosis(fn, tokenizer):
+    """Checker for exercise 1: ``fn(example) -> Diagnosis(cause, evidence)`` with ``cause`` one of
+    ``LABEL_CAUSES`` and ``evidence`` the number of tokens that carry loss."""
+    from .checks import Hints, check_diagnosis
+
+    return check_diagnosis(
+        "diagnose_labels", fn, lambda seed: _labelled_case(tokenizer, seed), seeds=range(1000, 1010),
+        misconceptions=LABEL_MISCONCEPTIONS,
+        hint=Hints("Which positions have a label that is not -100, and is each label the token at its own "
+                   "position? Is <|im_end|> among them?",
+                   "Compare example['labels'] with example['input_ids'] position by position; the token "
+                   "viewer of §2 shows what a correct example looks like.",
+                   "graded = [i for i, l in enumerate(labels) if l != -100]; no graded -> nothing_graded; "
+                   "a graded label != input_ids[i] -> shifted_labels; a graded <|im_start|> -> "
+                   "whole_sequence; <|im_end|> after the answer not graded -> stop_token_not_graded; "
+                   "else correct. Evidence: len(graded)."))
+
+
+# ------------------------------------------------------------------------------------------------
+# Exercise 2 (fix): label an example yourself, assistant tokens only
+# ------------------------------------------------------------------------------------------------
+
+def _whitespace(tokenizer, token_id: int) -> bool:
+    return tokenizer.decode([token_id]).strip() == ""
+
+
+def _label_cases(tokenizer) -> list:
+    from .checks import Case
+
     cases = []
-    for rows, width in ((1, 7), (3, 12), (4, 30)):
-        labels = torch.tensor([[rng.randrange(500) if rng.random() < 0.4 else IGNORE_INDEX
-                                for _ in range(width)] for _ in range(rows)])
-        labels[0, :2] = IGNORE_INDEX  # a prompt always starts masked
-        cases.append(Case((labels,), int((labels != IGNORE_INDEX).sum()), label=f"{rows}x{width} labels"))
-    all_masked = torch.full((2, 5), IGNORE_INDEX)
-    cases.append(Case((all_masked,), 0, label="every label is -100"))
+    for seed, extra_turn in ((2001, False), (2002, True), (2003, False), (2004, True)):
+        messages = _messages_for(seed)
+        if extra_turn:  # a second exchange: every assistant turn carries loss
+            messages = messages + make_messages("add", 1, seed=seed + 7)[0]
+        example = tokenize_chat(tokenizer, messages)
+        tag = "multi_turn" if extra_turn else "single_turn"
+        ids = list(example["input_ids"])
+        label = f"{'two exchanges' if extra_turn else 'one exchange'}, seed {seed}"
+        cases.append(Case((tokenizer, ids), (ids, list(example["labels"])), label=label, tag=tag))
     return cases
 
 
-def _diagnose_count(got, case: Case):
-    labels = case.args[0]
-    if got == int((labels == IGNORE_INDEX).sum()):
-        return "you counted the -100 labels: those are the tokens that carry NO loss."
-    if got == labels.numel():
-        return "you counted every position; only labels != -100 carry loss."
-    if got == int((labels[:, 1:] != IGNORE_INDEX).sum()):
-        return "close: you skipped the first column. Count every label that is not -100."
-    return None
+def _compare_labels(tokenizer):
+    """Accept every correct variant: the graded set must hold each answer token and its <|im_end|>,
+    may add or leave out the whitespace around them, and nothing else; labels equal the tokens."""
+    def compare(got, expected) -> str | None:
+        ids, expected = expected
+        if not isinstance(got, (list, tuple)) or len(got) != len(expected):
+            return f"expected a list of {len(expected)} labels (one per token), got {got!r:.120}"
+        graded = {i for i, label in enumerate(got) if label != IGNORE_INDEX}
+        reference = {i for i, label in enumerate(expected) if label != IGNORE_INDEX}
+        core = {i for i in reference if not _whitespace(tokenizer, ids[i])}
+        wrong = [i for i in graded if int(got[i]) != ids[i]]
+        if wrong:
+            return f"position {wrong[0]}: label {got[wrong[0]]} but the token there is {ids[wrong[0]]}"
+        if not core <= graded:
+            missing = tokenizer.decode([ids[min(core - graded)]])
+            return f"{len(core - graded)} assistant token(s) carry no loss, e.g. {missing!r}"
+        if graded - reference:
+            extra = tokenizer.decode([ids[min(graded - reference)]])
+            n_extra = len(graded - reference)
+            return f"{n_extra} token(s) outside the assistant's answers carry loss, e.g. {extra!r}"
+        return None
+    return compare
 
 
-def check_count_trained_tokens(fn):
-    """Checker for lesson 00's exercise: ``fn(labels) -> int`` counts labels that are not -100."""
-    return run_check("count_trained_tokens", fn, _count_cases(), diagnose=_diagnose_count,
-                     compare=lambda got, exp: None if got == exp and not isinstance(got, bool)
-                     else f"expected {exp}, got {got!r}",
-                     hint="a token carries loss exactly when its label is not -100; "
-                          "`(labels != -100).sum()` counts them (return a Python int).")
+def _diagnose_labels(tokenizer):
+    eot = None
+
+    def diagnose(got, case) -> str | None:
+        nonlocal eot
+        from .data import end_of_turn_id
+
+        eot = eot if eot is not None else end_of_turn_id(tokenizer)
+        ids = case.args[1]
+        if not isinstance(got, (list, tuple)) or len(got) != len(ids):
+            return None
+        graded = [i for i, label in enumerate(got) if label != IGNORE_INDEX]
+        if graded and all(int(got[i]) == ids[i + 1] for i in graded if i + 1 < len(ids)) and \
+                any(int(got[i]) != ids[i] for i in graded):
+            return ("your labels are shifted by one: don't shift them, the model does "
+                    "(logit t predicts label t+1).")
+        if len(graded) == len(ids):
+            return "you graded the whole sequence: system and user tokens would carry loss too."
+        if all(ids[i] != eot for i in graded):
+            return ("<|im_end|> after each answer carries no loss: the model would never learn to stop "
+                    "(lesson 02).")
+        if case.tag == "multi_turn" and any(
+                int(e) != IGNORE_INDEX and int(g) == IGNORE_INDEX for g, e in zip(got, case.expected[1])):
+            return "only part of the conversation's answers is graded: every assistant turn carries loss."
+        return None
+    return diagnose
+
+
+def check_assistant_only_labels(fn, tokenizer):
+    """Checker for exercise 2: ``fn(tokenizer, input_ids) -> labels`` grades exactly the assistant's
+    answers and their ``<|im_end|>`` (whitespace around them either way), -100 elsewhere."""
+    from .checks import Hints, run_check
+
+    return run_check(
+        "assistant_only_labels", lambda tok, ids: fn(tok, list(ids)), _label_cases(tokenizer),
+        compare=_compare_labels(tokenizer), diagnose=_diagnose_labels(tokenizer),
+        hint=Hints("Which token opens an assistant turn, and which one closes it? What should a label be at "
+                   "a position that carries loss?",
+                   "Print tokenizer.convert_ids_to_tokens(input_ids) for one example, find '<|im_start|>' "
+                   "followed by 'assistant', and the next '<|im_end|>'.",
+                   "walk the tokens; after <|im_start|> + assistant (+ newline) set labels[i] = input_ids[i] "
+                   "up to and including the next <|im_end|>; -100 everywhere else."))

@@ -8,7 +8,6 @@ import torch
 from course_utils import IGNORE_INDEX, clip_rate, make_chat_dataset, make_messages, tokenize_chat
 from course_utils.checks import Case, close, run_check
 from course_utils.data import collate_right, make_batches
-from course_utils.tour import check_count_trained_tokens
 from course_utils.train import train
 from course_utils.viz import plot_curves, token_viewer
 
@@ -138,17 +137,6 @@ def test_run_check_reports_stub_wrong_and_error(capsys):
     assert run_check("double", lambda x: 2 * x, cases)
     with pytest.raises(ValueError, match="function itself"):
         run_check("double", 4, cases)
-
-
-def test_lesson00_checker(capsys):
-    assert check_count_trained_tokens(lambda labels: int((labels != IGNORE_INDEX).sum()))
-    assert not check_count_trained_tokens(lambda labels: int((labels == IGNORE_INDEX).sum()))
-    assert "NO loss" in capsys.readouterr().out
-
-    def stub(labels):
-        raise NotImplementedError("Exercise: write your solution here")
-
-    assert not check_count_trained_tokens(stub)
 
 
 def test_token_viewer_and_plot(tokenizer):
