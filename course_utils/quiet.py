@@ -37,6 +37,11 @@ def captured_log(name: str = "transformers", level: int = logging.WARNING):
         hf_logging.warning_once.cache_clear()
         hf_verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_warning()
+    # the libraries' own stderr handlers sit on their root loggers ("transformers", "trl"): mute them here
+    library_root = logging.getLogger(name.split(".")[0])
+    saved_handlers = list(library_root.handlers)
+    for h in saved_handlers:
+        library_root.removeHandler(h)
     if logger.getEffectiveLevel() > level:
         logger.setLevel(level)
     logger.addHandler(handler)
@@ -50,6 +55,8 @@ def captured_log(name: str = "transformers", level: int = logging.WARNING):
             from transformers.utils import logging as hf_logging
 
             hf_logging.set_verbosity(hf_verbosity)
+        for h in saved_handlers:
+            library_root.addHandler(h)
         logger.setLevel(previous_level)
 
 
@@ -93,4 +100,5 @@ def library_state() -> dict:
     return {"datasets_bars": datasets.is_progress_bar_enabled(),
             "transformers_verbosity": transformers.logging.get_verbosity(),
             "trl_level": logging.getLogger("trl").level,
-            "transformers_propagate": logging.getLogger("transformers").propagate}
+            "transformers_propagate": logging.getLogger("transformers").propagate,
+            "transformers_handlers": list(logging.getLogger("transformers").handlers)}

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import copy
 import difflib
-import logging
+import random
 import tempfile
-from contextlib import contextmanager
 
-from .checks import Case, run_check
+from .checks import Case, Diagnosis, Hints, check_diagnosis, run_check
 
 # Qwen2.5-Instruct's default system prompt, and the one the Qwen2.5 base checkpoints ship instead.
 INSTRUCT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
@@ -82,32 +81,6 @@ def add_generation_markers(template: str) -> str:
 # Probes: the assistant mask transformers computes, and what it logs
 # ---------------------------------------------------------------------------------------------
 
-@contextmanager
-def captured_transformers_warnings(logger_name: str = "transformers"):
-    """Collect the messages transformers logs at WARNING and above inside the block (a list).
-
-    Resets ``warning_once``'s memory first, so a warning the process already showed is shown again.
-    """
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.warning_once.cache_clear()
-    records: list[str] = []
-
-    class _Collect(logging.Handler):
-        def emit(self, record):
-            records.append(record.getMessage())
-
-    handler, logger = _Collect(level=logging.WARNING), logging.getLogger(logger_name)
-    previous = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_warning()  # a lesson may have silenced transformers; this probe must hear it
-    logger.addHandler(handler)
-    try:
-        yield records
-    finally:
-        logger.removeHandler(handler)
-        hf_logging.set_verbosity(previous)
-
-
 def assistant_mask(tokenizer, messages: list[dict], chat_template: str | None = None) -> dict:
     """``input_ids`` and ``assistant_masks`` as transformers computes them from ``{% generation %}``.
 
@@ -122,26 +95,6 @@ def masked_tokens(tokenizer, input_ids, mask) -> list[str]:
     """The tokens (as text) that carry loss, in order: what a learner reads to check a mask."""
     return [tokenizer.convert_tokens_to_string([t])
             for t, m in zip(tokenizer.convert_ids_to_tokens(list(input_ids)), mask, strict=True) if m]
-
-
-def trl_can_train(tokenizer) -> bool:
-    """Whether SFTTrainer accepts this tokenizer's template with ``assistant_only_loss=True``.
-
-    The same test SFTTrainer makes: a template with ``{% generation %}`` is used as is; otherwise
-    ``get_training_chat_template`` must find a patched copy (exact string match) or it raises.
-    """
-    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
-
-    template = tokenizer.chat_template
-    if template is None:
-        return False
-    if has_generation_markers(template):
-        return True
-    try:
-        get_training_chat_template(tokenizer)
-    except ValueError:
-        return False
-    return True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,13 +205,17 @@ def check_generation_template(fn, tokenizer=None):
         return None
 
     return run_check("generation_template", fn, cases, compare=compare, diagnose=diagnose,
-                     hint="split the loop: for assistant messages emit '<|im_start|>assistant', then "
-                          "{% generation %}'\\n' + content + '<|im_end|>\\n'{% endgeneration %}; other roles "
-                          "as before.")
+                     hint=Hints("Which part of an assistant turn does the model produce at inference, and "
+                                "which part does the prompt already contain?",
+                                "Compare with the Fix C cell: add_generation_markers(base_template) wraps "
+                                "the output of the assistant branch; print its diff there.",
+                                "split the loop: for assistant messages emit '<|im_start|>assistant', then "
+                                "{% generation %}'\\n' + content + '<|im_end|>\\n'{% endgeneration %}; other "
+                                "roles as before."))
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 2: predict whether TRL can patch a tokenizer's template
+# The templates of section 4, and exercise 2: diagnose an assistant-only set-up you have not seen
 # ---------------------------------------------------------------------------------------------
 
 def _course_tokenizer():
@@ -269,8 +226,15 @@ def _course_tokenizer():
     return AutoTokenizer.from_pretrained(COURSE_MODEL_DIR)
 
 
+def with_template(tokenizer, template: str):
+    """A shallow copy of ``tokenizer`` carrying ``template`` (the original is left alone)."""
+    tok = copy.copy(tokenizer)
+    tok.chat_template = template
+    return tok
+
+
 def patch_cases(tokenizer) -> list[tuple[str, object]]:
-    """``(label, tokenizer copy)`` pairs whose templates TRL does or does not accept."""
+    """``(label, tokenizer copy)`` pairs whose templates TRL does or does not accept (section 4)."""
     from trl.chat_template_utils import (
         gemma4_chat_template,
         llama3_chat_template,
@@ -290,46 +254,103 @@ def patch_cases(tokenizer) -> list[tuple[str, object]]:
         "Gemma-4 template": gemma4_chat_template,
         "Instruct template, CRLF line endings": qwen2_5_chat_template.replace("\n", "\r\n"),
     }
-    cases = []
-    for label, template in templates.items():
-        tok = copy.copy(tokenizer)  # a shallow copy: setting chat_template leaves the original alone
-        tok.chat_template = template
-        cases.append((label, tok))
-    return cases
+    return [(label, with_template(tokenizer, t)) for label, t in templates.items()]
 
 
-def check_can_trl_patch(fn, tokenizer=None):
-    """Checker for exercise 2: ``fn(tokenizer) -> bool`` predicts whether assistant_only_loss will train."""
+TEMPLATE_CAUSES = ("refused_exact_match", "markers_mark_nothing", "stop_token_not_graded",
+                   "whole_sequence_graded", "trains_correctly")
+TEMPLATE_MISCONCEPTIONS = {
+    ("trains_correctly", "refused_exact_match"):
+        "it looks like Qwen2.5's template, but TRL compares strings exactly: ask get_training_chat_template, "
+        "don't eyeball it.",
+    ("refused_exact_match", "markers_mark_nothing"):
+        "this template has {% generation %} markers, so TRL does not look it up: render a conversation and "
+        "look at the mask.",
+    ("trains_correctly", "stop_token_not_graded"):
+        "the answer is graded, but is <|im_end|>? Lesson 02 shows what an ungraded stop token costs.",
+    ("trains_correctly", "whole_sequence_graded"):
+        "check assistant_only_loss first: without it TRL grades every token (lesson 00).",
+}
+
+
+def _unmarked_near_miss(rng: random.Random) -> str:
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    return rng.choice([base_variant(qwen2_5_chat_template), qwen2_5_chat_template + "\n",
+                       qwen2_5_chat_template.replace("\n", "\r\n"),
+                       qwen2_5_chat_template.replace(INSTRUCT_SYSTEM, "You are a concise assistant.")])
+
+
+def _markers_without_stop(template: str) -> str:
+    """Markers that close before ``<|im_end|>``: the answer is graded, the stop token is not."""
+    marked = add_generation_markers(template)
+    return marked.replace("{{- '\\n' + message.content + '<|im_end|>\\n' }}\n        {%- endgeneration %}",
+                          "{{- '\\n' + message.content }}\n        {%- endgeneration %}\n"
+                          "        {{- '<|im_end|>\\n' }}")
+
+
+def _markers_in_tool_branch_only(template: str) -> str:
+    """Markers that exist but wrap nothing our chats render (an empty generation block)."""
+    return template.replace("{{- '<|im_start|>' + message.role }}",
+                            "{{- '<|im_start|>' + message.role }}{%- generation %}{%- endgeneration %}")
+
+
+def _template_case(tokenizer, seed: int):
+    """An assistant-only SFT set-up broken (or not) in one of ``TEMPLATE_CAUSES`` ways, and the truth."""
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    from .data import make_messages
+
+    rng = random.Random(seed)
+    cause = TEMPLATE_CAUSES[seed % len(TEMPLATE_CAUSES)]
+    conversation = make_messages(rng.choice(("add", "reverse")), 1, seed=seed)[0]
+    base = base_variant(qwen2_5_chat_template)
+    assistant_only = cause != "whole_sequence_graded"
+    either = rng.choice([base, qwen2_5_chat_template])
+    template = {"refused_exact_match": _unmarked_near_miss(rng),
+                "markers_mark_nothing": _markers_in_tool_branch_only(either),
+                "stop_token_not_graded": _markers_without_stop(either),
+                "whole_sequence_graded": either,
+                "trains_correctly": rng.choice([qwen2_5_chat_template, add_generation_markers(base)])}[cause]
+    tok = with_template(tokenizer, template)
+    if cause == "whole_sequence_graded":
+        evidence = len(tok.apply_chat_template(conversation, tokenize=True, return_dict=True)["input_ids"])
+    elif cause in ("refused_exact_match", "markers_mark_nothing"):
+        evidence = 0
+    else:
+        from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+        used = template if has_generation_markers(template) else get_training_chat_template(tok)
+        evidence = sum(assistant_mask(tok, conversation, chat_template=used)["assistant_masks"])
+    setup = {"tokenizer": tok, "assistant_only_loss": assistant_only, "conversation": conversation}
+    return setup, Diagnosis(cause, evidence)
+
+
+def unseen_setup(tokenizer, seed: int) -> dict:
+    """An SFT set-up you have not seen (exercise 2): ``tokenizer`` (with its chat template),
+    ``assistant_only_loss`` and one ``conversation`` of its dataset. The checker grades your diagnosis
+    on other seeds: read the set-up, not this function."""
+    from . import validate
+
+    validate.integer("seed", seed, minimum=0, why="it picks the set-up")
+    return _template_case(tokenizer, seed)[0]
+
+
+def check_template_diagnosis(fn, tokenizer=None):
+    """Checker for exercise 2: ``fn(setup) -> Diagnosis(cause, evidence)``, ``cause`` one of
+    ``TEMPLATE_CAUSES``, ``evidence`` the number of tokens of the conversation that would carry loss
+    (0 when SFTTrainer refuses or the mask is empty)."""
     tokenizer = tokenizer if tokenizer is not None else _course_tokenizer()
-    cases = [Case((tok,), trl_can_train(tok), label=label) for label, tok in patch_cases(tokenizer)]
-
-    def compare(got, expected):
-        if not isinstance(got, bool):
-            return f"expected a bool, got {type(got).__name__}"
-        return None if got == expected else f"expected {expected}, got {got}"
-
-    def diagnose(got, case):
-        label = case.label
-        near_miss = any(k in label for k in ("base", "newline", "CRLF")) and "markers" not in label
-        if got is True and near_miss:
-            return ("TRL compares the template with its shipped copies character for character: a changed "
-                    "system prompt, one extra newline or other line endings is an unknown template. "
-                    "No stripping or normalising.")
-        if got is False and ("markers" in label or "training" in label):
-            return ("a template that already has {% generation %} markers needs no patch: SFTTrainer uses it "
-                    "as is (trl.chat_template_utils.has_generation_markers).")
-        if got is False and "Llama" in label:
-            return ("TRL knows ~30 families, not only Qwen2.5: compare with every template that has a "
-                    "training variant (or simply try trl.chat_template_utils.get_training_chat_template).")
-        if got is True and "Gemma-4" in label:
-            return ("TRL ships gemma4_chat_template (to parse tool calls) but no "
-                    "gemma4_training_chat_template: recognised is not patchable. Ask "
-                    "get_training_chat_template, or pair each *_chat_template with its "
-                    "*_training_chat_template.")
-        return None
-
-    return run_check("can_trl_patch", fn, cases, compare=compare, diagnose=diagnose,
-                     hint="return True when the template has {% generation %} markers, or when "
-                          "trl.chat_template_utils.get_training_chat_template(tokenizer) returns without "
-                          "raising ValueError.")
-
+    return check_diagnosis(
+        "diagnose_template", fn, lambda seed: _template_case(tokenizer, seed), seeds=range(3000, 3010),
+        misconceptions=TEMPLATE_MISCONCEPTIONS,
+        hint=Hints("Before any mask: does this set-up ask for assistant-only loss at all, and does its "
+                   "template carry {% generation %} markers, or will TRL have to look it up?",
+                   "Tools: has_generation_markers(template), get_training_chat_template(tokenizer) (raises "
+                   "ValueError when it cannot patch), assistant_mask(tokenizer, conversation, "
+                   "chat_template=...) and masked_tokens(...) from section 8.",
+                   "not assistant_only_loss -> whole_sequence_graded (evidence: all tokens); no markers and "
+                   "get_training_chat_template raises -> refused_exact_match (0); else mask = "
+                   "assistant_mask(...) with the template TRL would use; sum 0 -> markers_mark_nothing; "
+                   "<|im_end|> not masked -> stop_token_not_graded; else trains_correctly "
+                   "(evidence: the mask's sum)."))

@@ -4,6 +4,9 @@ import pytest
 from trl.chat_template_utils import get_training_chat_template, has_generation_markers, qwen2_5_chat_template
 
 from course_utils import templates
+from course_utils.answers import lesson04 as answers
+from course_utils.checks import Diagnosis
+from course_utils.quiet import captured_log
 from course_utils.templates import (
     BASE_SYSTEM,
     INSTRUCT_SYSTEM,
@@ -11,10 +14,9 @@ from course_utils.templates import (
     add_generation_markers,
     assistant_mask,
     base_variant,
-    check_can_trl_patch,
     check_generation_template,
+    check_template_diagnosis,
     masked_tokens,
-    trl_can_train,
 )
 
 CONVERSATION = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "5"}]
@@ -33,6 +35,18 @@ HEADER_INSIDE = (_HEAD + "{% generation %}{{ '<|im_start|>assistant\\n' + messag
                  "'<|im_end|>\\n' }}{% endgeneration %}" + _TAIL)
 AFTER_NEWLINE = (_HEAD + "{{ '<|im_start|>assistant\\n' }}{% generation %}"
                  "{{ message['content'] + '<|im_end|>\\n' }}{% endgeneration %}" + _TAIL)
+
+
+# A second correct answer: the same mask, written with whitespace control and a loop-level role test
+REFERENCE_2 = (
+    "{%- for message in messages %}{%- if loop.first and messages[0]['role'] != 'system' %}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
+    "{%- set is_assistant = message['role'] == 'assistant' %}"
+    "{{- '<|im_start|>' + message['role'] }}"
+    "{%- if is_assistant %}{% generation %}{{- '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endgeneration %}"
+    "{%- else %}{{- '\\n' + message['content'] + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
 
 
 def _stub(*args):
@@ -72,16 +86,14 @@ def test_markers_keep_the_text_and_mask_like_trls_patch(tokenizer):
     assert trained == masked_tokens(tokenizer, trl["input_ids"], trl["assistant_masks"])
 
 
-def test_trl_can_train_is_an_exact_match(tokenizer):
-    verdicts = {label: trl_can_train(tok) for label, tok in templates.patch_cases(tokenizer)}
-    assert verdicts["Qwen2.5-Instruct template"] and verdicts["Llama-3 template"]
-    assert not verdicts["Qwen2.5 base template"] and not verdicts["Instruct template + trailing newline"]
-    assert verdicts["base template with our generation markers"]
+def test_patch_cases_leave_the_shared_tokenizer_alone(tokenizer):
+    labels = [label for label, _ in templates.patch_cases(tokenizer)]
+    assert "Qwen2.5 base template" in labels and len(labels) == 9
     assert tokenizer.chat_template == qwen2_5_chat_template, "patch_cases changed the shared tokenizer"
 
 
 def test_unmarked_template_gives_an_all_zero_mask_and_a_warning(tokenizer):
-    with templates.captured_transformers_warnings() as log:
+    with captured_log("transformers") as log:
         out = assistant_mask(tokenizer, CONVERSATION, chat_template=base_variant(qwen2_5_chat_template))
     assert sum(out["assistant_masks"]) == 0
     assert any("{% generation %}" in m for m in log)
@@ -98,8 +110,10 @@ def test_other_family_tokenizer_leaves_the_shared_one_alone(tokenizer, tmp_path)
 # Exercise 1 checker
 # ------------------------------------------------------------------------------------------------
 
-def test_generation_checker_accepts_the_reference(tokenizer):
-    assert check_generation_template(lambda: REFERENCE, tokenizer)
+@pytest.mark.parametrize("template", [REFERENCE, REFERENCE_2], ids=["reference", "whitespace-control"])
+def test_generation_checker_accepts_every_correct_template(tokenizer, template):
+    assert check_generation_template(lambda: template, tokenizer)
+    assert answers.qwen2_training_template() == REFERENCE
 
 
 def test_generation_checker_rejects_a_stub(tokenizer):
@@ -121,42 +135,58 @@ def test_generation_checker_names_the_mistake(tokenizer, template, hint):
 
 
 # ------------------------------------------------------------------------------------------------
-# Exercise 2 checker
+# Exercise 2 checker (diagnosis)
 # ------------------------------------------------------------------------------------------------
 
-def test_patch_checker_accepts_the_reference(tokenizer):
-    assert check_can_trl_patch(trl_can_train, tokenizer)
+def _diagnose_by_rendering_first(setup):
+    """A second correct diagnosis: renders with TRL's patched template inside a try, masks first."""
+    tok, conv = setup["tokenizer"], setup["conversation"]
+    if not setup["assistant_only_loss"]:
+        return Diagnosis("whole_sequence_graded", len(tok.apply_chat_template(conv, tokenize=True,
+                                                                               return_dict=True)["input_ids"]))
+    try:
+        template = tok.chat_template if has_generation_markers(tok.chat_template) else \
+            get_training_chat_template(tok)
+    except ValueError:
+        return Diagnosis("refused_exact_match", 0)
+    out = assistant_mask(tok, conv, chat_template=template)
+    kept = masked_tokens(tok, out["input_ids"], out["assistant_masks"])
+    cause = ("markers_mark_nothing" if not kept else
+             "trains_correctly" if "<|im_end|>" in kept else "stop_token_not_graded")
+    return Diagnosis(cause, len(kept))
 
 
-def test_patch_checker_rejects_a_stub(tokenizer):
-    result = check_can_trl_patch(_stub, tokenizer)
-    assert not result and "not implemented" in result.message
+@pytest.mark.parametrize("fn", [answers.diagnose_template, _diagnose_by_rendering_first],
+                         ids=["reference", "render-first"])
+def test_template_diagnosis_accepts_correct_logic(tokenizer, fn):
+    assert check_template_diagnosis(fn, tokenizer)
 
 
-def test_patch_checker_flags_normalised_comparison(tokenizer):
-    def stripped(tok):
-        template = tok.chat_template
-        return has_generation_markers(template) or template.strip() == qwen2_5_chat_template.strip()
-    result = check_can_trl_patch(stripped, tokenizer)
-    assert not result and "character for character" in result.message
+def _eyeballs_the_template(setup):
+    looks_like_qwen = "<|im_start|>" in setup["tokenizer"].chat_template
+    return Diagnosis("trains_correctly" if looks_like_qwen else "refused_exact_match", 0)
 
 
-def test_patch_checker_flags_every_shipped_template(tokenizer):
-    import trl.chat_template_utils as ctu
-
-    shipped = {v for k, v in vars(ctu).items()
-               if k.endswith("_chat_template") and "training" not in k and isinstance(v, str)}
-    result = check_can_trl_patch(lambda tok: has_generation_markers(tok.chat_template)
-                                 or tok.chat_template in shipped, tokenizer)
-    assert not result and "recognised is not patchable" in result.message
+def _trusts_markers(setup):
+    if has_generation_markers(setup["tokenizer"].chat_template):
+        return Diagnosis("trains_correctly", 0)
+    return answers.diagnose_template(setup)
 
 
-def test_patch_checker_flags_ignoring_markers(tokenizer):
-    result = check_can_trl_patch(lambda tok: tok.chat_template == qwen2_5_chat_template, tokenizer)
-    assert not result and ("generation %} markers needs no patch" in result.message
-                           or "not only Qwen2.5" in result.message)
+@pytest.mark.parametrize(("fn", "phrase"), [
+    (_stub, "not implemented"),
+    (_eyeballs_the_template, "is not what broke"),
+    (_trusts_markers, "is not what broke"),
+    (lambda setup: "trains_correctly", "expected a Diagnosis"),
+    (lambda setup: Diagnosis(answers.diagnose_template(setup).cause, -1), "evidence"),
+])
+def test_template_diagnosis_rejects_wrong_logic(tokenizer, fn, phrase):
+    result = check_template_diagnosis(fn, tokenizer)
+    assert not result and phrase in result.message
 
 
-def test_patch_checker_wants_a_bool(tokenizer):
-    result = check_can_trl_patch(lambda tok: "yes", tokenizer)
-    assert not result and "expected a bool" in result.message
+def test_template_diagnosis_generator_covers_every_cause(tokenizer):
+    causes = {templates._template_case(tokenizer, seed)[1].cause for seed in range(3000, 3010)}
+    assert causes == set(templates.TEMPLATE_CAUSES)
+    with pytest.raises(ValueError, match="seed"):
+        templates.unseen_setup(tokenizer, -3)
