@@ -51,7 +51,7 @@ exercises: install   # regenerate notebooks/ from solutions/
 check-exercises: install
 	$(PY) -m course_utils.make_exercises --check
 
-model: install       # rebuild the embedded course model (deterministic)
+model: install       # rebuild both shipped course models, tiny-qwen and tiny-llama (deterministic)
 	$(PY) -m course_utils.build_course_model
 
 lint: install
