@@ -249,7 +249,8 @@ def build(out_dir: Path | None = None, steps: int | None = None, verbose: bool =
     docs = recipe.corpus(recipe.n_docs, recipe.seed)
     # The tokenizer also sees rendered chats (default system prompt included), so that the chat
     # scaffolding costs a few tokens rather than ~60 bytes-as-tokens per conversation.
-    conversations = make_messages("mixed", 400, seed=recipe.chat_seed, context_words=recipe.chat_context_words)
+    conversations = make_messages("mixed", 400, seed=recipe.chat_seed,
+                                  context_words=recipe.chat_context_words)
     chats = _render(qwen2_5_chat_template(), conversations)
     tokenizer = train_tokenizer(docs + chats, recipe)
 

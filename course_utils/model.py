@@ -127,8 +127,9 @@ def load_course_model(name_or_path=None, device: str | None = None, **model_kwar
 
     ``name_or_path``: ``None`` for ``$COURSE_MODEL`` (default ``"tiny-qwen"``), a shipped model's
     short name (``"tiny-qwen"``, ``"tiny-llama"``), a local directory, or a hub id.
-    ``device``: ``"cpu"``, ``"cuda"``… (default ``$COURSE_DEVICE`` or ``"cpu"``). Extra keyword arguments go to ``AutoModelForCausalLM.from_pretrained`` (e.g.
-    ``quantization_config`` in lesson 06). The model comes back in eval mode, as
+    ``device``: ``"cpu"``, ``"cuda"``… (default ``$COURSE_DEVICE`` or ``"cpu"``). Extra keyword
+    arguments go to ``AutoModelForCausalLM.from_pretrained`` (e.g. ``quantization_config`` in
+    lesson 06). The model comes back in eval mode, as
     ``from_pretrained`` leaves it; call ``model.train()`` before a hand-written training loop.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
