@@ -30,11 +30,12 @@ logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
 
 from .data import IGNORE_INDEX, make_batches, make_chat_dataset, make_messages, tokenize_chat  # noqa: E402
 from .model import COURSE_MODEL_DIR, course_model_name, course_seed, load_course_model, token_id  # noqa: E402
+from .outcomes import report_outcome  # noqa: E402
 from .train import clip_rate, make_sft_trainer, set_seed, train  # noqa: E402
 
 __all__ = [
     "COURSE_MODEL_DIR", "IGNORE_INDEX", "clip_rate", "course_model_name", "course_seed",
     "load_course_model", "make_batches",
-    "make_chat_dataset", "make_messages", "make_sft_trainer", "set_seed", "token_id",
+    "make_chat_dataset", "make_messages", "make_sft_trainer", "report_outcome", "set_seed", "token_id",
     "tokenize_chat", "train",
 ]

@@ -1,0 +1,121 @@
+"""Outcome claims: a measured value against a threshold, with its margin, collected for the record.
+
+A lesson makes two kinds of claim (README, "What holds where"):
+
+- *exact* claims hold by construction on any model (a gradient ratio of K, zero gradients from an
+  all-ignored cross-entropy); the notebook asserts them directly, tightly;
+- *outcome* claims are what a trained model does (it stops, it diverges, the clip fires). Their
+  threshold comes from the run's own measurements, and how far the value clears it — the margin —
+  is what tells a robust claim from a lucky one. Such a claim goes through ``report_outcome``::
+
+      ok = report_outcome("stop rate after the fix", stop_rate, 0.9)
+      assert ok, "with <|im_end|> graded, the model stops"
+
+``report_outcome`` prints one line (value, threshold, margin) and, when ``$COURSE_OUTCOMES`` names a
+file, appends the claim to it as one JSON line; ``python -m course_utils.robustness`` sets that
+variable for every notebook × configuration and builds ROBUSTNESS.md from the lines.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One checked outcome claim; true when the value clears its threshold (``margin >= 0``)."""
+
+    name: str
+    value: float
+    threshold: float
+    higher_is_better: bool
+    margin: float  # value - threshold when higher is better, else threshold - value; NaN fails
+
+    def __bool__(self) -> bool:
+        return self.margin >= 0  # False for a NaN margin: a NaN measurement never passes
+
+    def __str__(self) -> str:
+        sign = ">=" if self.higher_is_better else "<="
+        verdict = "holds" if self else "FAILS"
+        return (f"outcome {self.name!r}: {self.value:.4g} {sign} {self.threshold:.4g} "
+                f"(margin {self.margin:+.4g}) {verdict}")
+
+
+def _number(argument: str, value, allow_nan: bool) -> float:
+    try:  # a Python/numpy number or a one-element tensor; bools are facts, not measurements
+        number = None if isinstance(value, (bool, str)) else float(value)
+    except (TypeError, ValueError, RuntimeError):
+        number = None
+    if number is None:
+        raise ValueError(
+            f"{argument}={value!r} is not a number — an outcome claim compares one measurement with a "
+            "threshold; a yes/no fact is an exact claim — pass a float (e.g. a rate), or assert the "
+            "fact directly."
+        )
+    if not allow_nan and not math.isfinite(number):
+        raise ValueError(
+            f"{argument}={value!r} is not finite — a threshold must be a number the value can be "
+            "compared with — derive it from a finite measurement of the run."
+        )
+    return number
+
+
+def _context(lesson: str | None) -> dict:
+    """Who made the claim: lesson, model, seed and thread count, for the robustness table."""
+    from .model import course_model_name, course_seed
+
+    try:
+        import torch
+
+        threads = torch.get_num_threads()
+    except ImportError:  # pragma: no cover - torch is a dependency; keep the record anyway
+        threads = os.environ.get("OMP_NUM_THREADS")
+    lesson = lesson or os.environ.get("COURSE_NOTEBOOK") or os.environ.get("JPY_SESSION_NAME")
+    return {"lesson": Path(lesson).name if lesson else None, "model": course_model_name(),
+            "seed": course_seed(), "threads": threads}
+
+
+def report_outcome(name: str, value, threshold, *, higher_is_better: bool = True,
+                   lesson: str | None = None, verbose: bool = True) -> Outcome:
+    """Check ``value`` against ``threshold``; return an ``Outcome`` that is true when it holds.
+
+    ``higher_is_better=True`` means the claim is ``value >= threshold`` (a stop rate), False means
+    ``value <= threshold`` (a loss, a clip rate after a fix). ``lesson`` names the notebook
+    (default: ``$COURSE_NOTEBOOK``, which the robustness runner sets). Prints the claim with its
+    margin unless ``verbose=False``; appends it as a JSON line to ``$COURSE_OUTCOMES`` when set.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(
+            f"name={name!r} is not a non-empty string — it labels the claim in the robustness "
+            "table — pass a short description such as 'stop rate after the fix'."
+        )
+    if not isinstance(higher_is_better, bool):
+        raise ValueError(
+            f"higher_is_better={higher_is_better!r} is not True/False — it says which side of the "
+            "threshold passes — pass True for 'value >= threshold', False for 'value <= threshold'."
+        )
+    value = _number("value", value, allow_nan=True)
+    threshold = _number("threshold", threshold, allow_nan=False)
+    margin = value - threshold if higher_is_better else threshold - value
+    outcome = Outcome(name, value, threshold, higher_is_better, margin)
+    if verbose:
+        print(outcome)
+    path = os.environ.get("COURSE_OUTCOMES")
+    if path:
+        record = {**_context(lesson), "name": name, "value": value, "threshold": threshold,
+                  "higher_is_better": higher_is_better, "margin": margin, "passed": bool(outcome)}
+        with open(path, "a", encoding="utf-8") as file:
+            file.write(json.dumps(record, allow_nan=True) + "\n")
+    return outcome
+
+
+def read_outcomes(path) -> list[dict]:
+    """The claims ``report_outcome`` appended to ``path`` (one JSON object per line; [] if absent)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
