@@ -39,8 +39,8 @@ SEEDS = (0, 1, 2)
 THREADS = (1, 2)
 # CI's reduced matrix (issue 12): the second model at seed 0; the first at seed 1 with 2 threads.
 PRESETS = {"ci": (("tiny-llama", 0, 1), ("tiny-qwen", 1, 2))}
-NBVAL_ARGS = ("--nbval-lax", "--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
-              "--nbval-cell-timeout=300", "-q", "-p", "no:cacheprovider")
+NBVAL_ARGS = ("--nbval-lax", "--nbval-current-env", "--nbval-cell-timeout=300", "-q",
+              "-p", "no:cacheprovider", "--nbval-sanitize-with", str(ROOT / "tests" / "nbval_sanitize.cfg"))
 DEFAULT_OUT = ROOT / "ROBUSTNESS.md"
 
 
@@ -145,8 +145,8 @@ def run_one(notebook: Path, config: Config, workdir: Path, timeout: int = 900) -
     junit, outcomes = workdir / f"{stem}.xml", workdir / f"{stem}.jsonl"
     env = {**os.environ, **config.env(), "COURSE_OUTCOMES": str(outcomes), "COURSE_NOTEBOOK": notebook.name,
            "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, "-m", "pytest", str(notebook.relative_to(ROOT)), *NBVAL_ARGS,
-               f"--junitxml={junit}"]
+    target = notebook.relative_to(ROOT) if notebook.is_relative_to(ROOT) else notebook
+    command = [sys.executable, "-m", "pytest", str(target), *NBVAL_ARGS, f"--junitxml={junit}"]
     start = time.perf_counter()
     try:
         proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

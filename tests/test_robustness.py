@@ -93,3 +93,26 @@ def test_main_rejects_mixed_selection(capsys):
     with pytest.raises(SystemExit):
         robustness.main(["--configs", "ci", "--seeds", "0"])
     assert "--configs replaces" in capsys.readouterr().err
+
+
+def test_run_one_collects_failing_cells_and_outcomes_from_a_real_kernel(tmp_path):
+    """End to end on a three-cell notebook: the env reaches the kernel, outcomes and failures come back."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("import os\nfrom course_utils.outcomes import report_outcome\n"
+                                  "assert os.environ['COURSE_SEED'] == '2'\n"
+                                  "assert os.environ['OMP_NUM_THREADS'] == '1'"),
+        nbformat.v4.new_code_cell("ok = report_outcome('margin claim', 0.7, 0.5)\nassert ok, 'holds'"),
+        nbformat.v4.new_code_cell("assert report_outcome('bad claim', 0.2, 0.5), 'the claim fails'"),
+    ]
+    path = tmp_path / "toy.ipynb"
+    nbformat.write(nb, path)
+    result = robustness.run_one(path, Config("tiny-llama", 2, 1), tmp_path, timeout=300)
+    assert not result.passed
+    assert result.failures == [("Cell 2", "AssertionError: the claim fails")]
+    keys = ("name", "passed", "model", "seed", "threads", "lesson")
+    seen = [tuple(o[k] for k in keys) for o in result.outcomes]
+    assert seen == [("margin claim", True, "tiny-llama", 2, 1, "toy.ipynb"),
+                    ("bad claim", False, "tiny-llama", 2, 1, "toy.ipynb")]
