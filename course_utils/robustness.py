@@ -8,7 +8,8 @@
 A lesson's claim must hold on any CPU, thread count, seed and small model (issue 12). Each
 notebook × configuration runs in its own process under nbval, exactly as ``make test`` runs it
 (the committed notebooks are never written), with ``COURSE_MODEL``, ``COURSE_SEED`` and
-``OMP_NUM_THREADS`` set, and ``COURSE_OUTCOMES`` pointing at a file where the notebook's
+``OMP_NUM_THREADS`` set (two runs at a time, but never more threads than ``--jobs`` in all), and
+``COURSE_OUTCOMES`` pointing at a file where the notebook's
 ``report_outcome`` calls append each outcome claim (value, threshold, margin). The table of
 pass/fail and margins is built from those files, never typed: the full matrix writes it to
 ROBUSTNESS.md (a subset writes only where ``--out`` says). Exits 1 if any run fails.
@@ -25,9 +26,11 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,13 +163,47 @@ def run_one(notebook: Path, config: Config, workdir: Path, timeout: int = 900) -
     return RunResult(notebook.name, config, returncode == 0, seconds, failures, read_outcomes(outcomes))
 
 
+class _ThreadBudget:
+    """At most ``total`` torch threads running at once, so a 2-thread run never shares 2 cores.
+
+    Oversubscribed, a tiny model's run spends its time in thread hand-offs: lesson 00 with 2
+    threads beside another run took 200 s instead of ~40 s on a busy 2-core machine (measured).
+    """
+
+    def __init__(self, total: int):
+        self.total, self.free = total, total
+        self.condition = threading.Condition()
+
+    @contextmanager
+    def hold(self, threads: int):
+        need = min(threads, self.total)
+        with self.condition:
+            self.condition.wait_for(lambda: self.free >= need)
+            self.free -= need
+        try:
+            yield
+        finally:
+            with self.condition:
+                self.free += need
+                self.condition.notify_all()
+
+
 def run_matrix(notebooks: list[Path], configs: list[Config], jobs: int = 2, timeout: int = 900,
                progress=print) -> list[RunResult]:
-    """Every notebook × configuration, ``jobs`` processes at a time; results in a stable order."""
+    """Every notebook × configuration, ``jobs`` processes (and ``jobs`` threads) at a time.
+
+    Results come back in a stable order (configuration, then notebook).
+    """
     tasks = [(nb, c) for c in configs for nb in notebooks]
+    budget = _ThreadBudget(jobs)
+
+    def task(nb: Path, config: Config, workdir: Path) -> RunResult:
+        with budget.hold(config.threads):
+            return run_one(nb, config, workdir, timeout)
+
     results = {}
     with tempfile.TemporaryDirectory(prefix="robustness-") as tmp, ThreadPoolExecutor(jobs) as pool:
-        futures = {pool.submit(run_one, nb, c, Path(tmp), timeout): i for i, (nb, c) in enumerate(tasks)}
+        futures = {pool.submit(task, nb, c, Path(tmp)): i for i, (nb, c) in enumerate(tasks)}
         for done, future in enumerate(as_completed(futures), 1):
             result = results[futures[future]] = future.result()
             verdict = "pass" if result.passed else f"FAIL ({len(result.failures)} cells)"
@@ -266,7 +303,8 @@ def main(argv=None) -> int:
     parser.add_argument("--configs", help=f"a preset ({', '.join(PRESETS)}) or MODEL:SEED:THREADS,... "
                         "instead of --models/--seeds/--threads")
     parser.add_argument("--notebooks", nargs="+", help="file-name prefixes, e.g. 00 03 (default: all)")
-    parser.add_argument("--jobs", type=int, default=2, help="processes at a time (default 2)")
+    parser.add_argument("--jobs", type=int, default=2,
+                        help="processes, and torch threads in all, at a time (default 2)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per notebook run")
     parser.add_argument("--out", type=Path, help="markdown file to write (default: ROBUSTNESS.md for the "
                         "full matrix, none for a subset)")

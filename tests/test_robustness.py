@@ -116,3 +116,27 @@ def test_run_one_collects_failing_cells_and_outcomes_from_a_real_kernel(tmp_path
     seen = [tuple(o[k] for k in keys) for o in result.outcomes]
     assert seen == [("margin claim", True, "tiny-llama", 2, 1, "toy.ipynb"),
                     ("bad claim", False, "tiny-llama", 2, 1, "toy.ipynb")]
+
+
+def test_thread_budget_never_runs_more_threads_than_jobs(monkeypatch):
+    """Two 1-thread runs share 2 slots; a 2-thread run goes alone (oversubscription is slow)."""
+    import threading
+    import time
+
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def fake_run_one(nb, config, workdir, timeout):
+        with lock:
+            running[0] += min(config.threads, 2)  # a 3-thread run takes every slot
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= min(config.threads, 2)
+        return RunResult(nb.name, config, True, 0.05)
+
+    monkeypatch.setattr(robustness, "run_one", fake_run_one)
+    notebooks = robustness.select_notebooks(["00", "01", "02"])
+    results = robustness.run_matrix(notebooks, [QWEN, LLAMA, Config("tiny-qwen", 0, 3)], jobs=2,
+                                    progress=lambda line: None)
+    assert peak[0] == 2 and len(results) == 9
+    assert [(r.notebook[:2], r.config) for r in results][:3] == [("00", QWEN), ("01", QWEN), ("02", QWEN)]
