@@ -4,6 +4,7 @@
     python -m course_utils.robustness --configs ci     # CI's reduced matrix (2 configs)
     python -m course_utils.robustness --models tiny-llama --seeds 0 --threads 1 --notebooks 00 03
     python -m course_utils.robustness --configs tiny-qwen:1:2,tiny-llama:0:1 --out /tmp/r.md
+    python -m course_utils.robustness --configs /path/to/another/model:0:1   # any COURSE_MODEL
 
 A lesson's claim must hold on any CPU, thread count, seed and small model (issue 12). Each
 notebook × configuration runs in its own process under nbval, exactly as ``make test`` runs it
@@ -301,7 +302,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, help=f"default: {' '.join(map(str, SEEDS))}")
     parser.add_argument("--threads", nargs="+", type=int, help=f"default: {' '.join(map(str, THREADS))}")
     parser.add_argument("--configs", help=f"a preset ({', '.join(PRESETS)}) or MODEL:SEED:THREADS,... "
-                        "instead of --models/--seeds/--threads")
+                        "instead of --models/--seeds/--threads; MODEL may be any COURSE_MODEL value, "
+                        "e.g. a saved model's directory")
     parser.add_argument("--notebooks", nargs="+", help="file-name prefixes, e.g. 00 03 (default: all)")
     parser.add_argument("--jobs", type=int, default=2,
                         help="processes, and torch threads in all, at a time (default 2)")
@@ -310,6 +312,9 @@ def main(argv=None) -> int:
                         "full matrix, none for a subset)")
     args = parser.parse_args(argv)
     try:
+        if args.jobs < 1:
+            raise ValueError(f"--jobs {args.jobs} runs nothing — it is how many processes run at once — "
+                             "pass 1 or more (2 on a 2-core machine).")
         if args.configs and (args.models or args.seeds or args.threads):
             raise ValueError("--configs replaces --models/--seeds/--threads — they would contradict — "
                              "give one or the other.")
