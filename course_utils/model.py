@@ -105,7 +105,7 @@ def course_seed() -> int:
     raw = os.environ.get("COURSE_SEED", "").strip()
     if not raw:
         return 0
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):
         raise ValueError(
             f"COURSE_SEED={raw!r} is not a non-negative integer — it seeds every lesson's data, "
             "initialisation and batch order — set it to e.g. COURSE_SEED=0, or unset it."

@@ -180,7 +180,7 @@ def test_course_seed_reads_the_environment(monkeypatch, raw, seed):
     assert course_seed() == seed
 
 
-@pytest.mark.parametrize("raw", ["-1", "1.5", "one", "0x1"])
+@pytest.mark.parametrize("raw", ["-1", "1.5", "one", "0x1", "²"])
 def test_course_seed_rejects_bad_values_with_what_why_fix(monkeypatch, raw):
     monkeypatch.setenv("COURSE_SEED", raw)
     with pytest.raises(ValueError) as excinfo:
@@ -218,3 +218,11 @@ def test_directory_without_config_is_rejected(tmp_path: Path):
 def test_unknown_recipe_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="tiny-llama"):
         build(tmp_path, recipe="tiny-gpt")
+
+
+def test_a_missing_shipped_model_says_how_to_restore_it(monkeypatch, tmp_path):
+    from course_utils import model as model_module
+
+    monkeypatch.setitem(model_module.SHIPPED_MODELS, "tiny-llama", tmp_path / "gone")
+    with pytest.raises(FileNotFoundError, match="build_course_model"):
+        load_course_model("tiny-llama")
