@@ -2,6 +2,8 @@
 #   make lab     set up .venv (first time only) and open the exercise notebooks in JupyterLab
 #   make test    set up .venv (first time only) and run the whole suite: unit tests, every
 #                solution notebook under nbval, every exercise notebook run with its stubs
+#   make robustness  every solution notebook on both shipped models x COURSE_SEED 0,1,2 x 1,2 threads
+#                (12 configurations, ~15 min on 2 cores); writes ROBUSTNESS.md
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -10,6 +12,7 @@ PORT   ?= 8888
 # Test processes: each notebook runs whole in one of them (--dist loadfile). 2 = the CI machine's cores.
 JOBS   ?= 2
 LAB_ARGS ?=
+ROBUSTNESS_ARGS ?=
 # Jupyter refuses to run as root unless told to (containers, CI): allow it only then.
 ROOT_ARG := $(if $(filter 0,$(shell id -u)),--allow-root)
 # Offline by design: nothing in the course downloads at run time.
@@ -20,7 +23,8 @@ export TOKENIZERS_PARALLELISM := false
 # SFTTrainer run 10-30x slower (measured). Override with `make test OMP_NUM_THREADS=4`.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install lab test unit notebooks exercises check-exercises model lint timings clean
+.PHONY: install lab test unit notebooks robustness robustness-ci exercises check-exercises model lint \
+	timings clean
 
 install: $(STAMP)
 
@@ -45,13 +49,19 @@ notebooks: install   # only the solution notebooks, under nbval
 	$(PY) -m pytest solutions --nbval-lax --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300 -q
 
+robustness: install  # the full matrix; a subset: make robustness ROBUSTNESS_ARGS="--notebooks 02 --seeds 1"
+	$(PY) -m course_utils.robustness --jobs $(JOBS) $(ROBUSTNESS_ARGS)
+
+robustness-ci: install  # CI's reduced matrix: tiny-llama seed 0 1 thread; tiny-qwen seed 1 2 threads
+	$(PY) -m course_utils.robustness --configs ci --jobs $(JOBS)
+
 exercises: install   # regenerate notebooks/ from solutions/
 	$(PY) -m course_utils.make_exercises
 
 check-exercises: install
 	$(PY) -m course_utils.make_exercises --check
 
-model: install       # rebuild the embedded course model (deterministic)
+model: install       # rebuild both shipped course models, tiny-qwen and tiny-llama (deterministic)
 	$(PY) -m course_utils.build_course_model
 
 lint: install

@@ -10,11 +10,12 @@ The core (lesson modules import only these; a helper a second lesson needs moves
 - ``validate``        what/why/fix argument checks shared by every helper     — every module
 - ``viz``             curves with thresholds, the token viewer                — every lesson
 - ``checks``          the exercise-checker framework (graded hints, diagnoses) — every exercise
+- ``outcomes``        outcome claims with their margins (``report_outcome``)  — every lesson
 - ``answers``         reference answers of the exercises (never imported by a notebook)
 
 Lesson modules:
 
-- ``build_course_model``, ``make_exercises``, ``run_solutions``: the maintainers' scripts
+- ``build_course_model``, ``make_exercises``, ``run_solutions``, ``robustness``: the maintainers' scripts
 - ``tour``            environment check, lesson 00's checker                 — lesson 00
 - ``accumulation``    unscaled accumulation, clipping, the clip rate          — lesson 01
 - ``eos``             end-of-turn vs eos, stop rates, the pad == eos trap     — lesson 02
@@ -43,13 +44,14 @@ logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
     lambda record: "kernels-community" not in record.getMessage())
 
 from .data import IGNORE_INDEX, make_batches, make_chat_dataset, make_messages, tokenize_chat  # noqa: E402
-from .model import COURSE_MODEL_DIR, course_seed, load_course_model, token_id  # noqa: E402
+from .model import COURSE_MODEL_DIR, course_model_name, course_seed, load_course_model, token_id  # noqa: E402
+from .outcomes import report_outcome  # noqa: E402
 from .train import clip_rate, make_sft_trainer, set_seed  # noqa: E402
 
 # ``train`` (the loop) is not re-exported: it would hide the submodule ``course_utils.train``
 # (``import course_utils.train as T`` would give the function). Use ``from course_utils.train import train``.
 __all__ = [
-    "COURSE_MODEL_DIR", "IGNORE_INDEX", "clip_rate", "course_seed", "load_course_model", "make_batches",
-    "make_chat_dataset", "make_messages", "make_sft_trainer", "set_seed", "token_id",
-    "tokenize_chat",
+    "COURSE_MODEL_DIR", "IGNORE_INDEX", "clip_rate", "course_model_name", "course_seed",
+    "load_course_model", "make_batches", "make_chat_dataset", "make_messages", "make_sft_trainer",
+    "report_outcome", "set_seed", "token_id", "tokenize_chat",
 ]

@@ -1,31 +1,121 @@
-"""Build the embedded course model from nothing, deterministically, in about half a minute.
+"""Build the shipped course models from nothing, deterministically, in well under a minute each.
 
-    python -m course_utils.build_course_model              # rewrites course_utils/course_model
-    python -m course_utils.build_course_model --out /tmp/m # somewhere else (the test does this)
+    python -m course_utils.build_course_model                      # rebuilds every shipped model
+    python -m course_utils.build_course_model --model tiny-llama   # one of them
+    python -m course_utils.build_course_model --model tiny-qwen --out /tmp/m   # elsewhere (tests)
 
-What it makes: a byte-level BPE tokenizer (at most 2,048 tokens; this corpus gives ~520) with
-Qwen2.5's three special tokens and,
-as chat template, the exact Qwen2.5 template string that the installed TRL ships; and a
-Qwen2-architecture causal LM (~0.6 M parameters, tied embeddings) pretrained briefly on the
-plain-text corpus of ``course_utils.data.pretraining_corpus``. Like a base checkpoint, it knows
-the tasks but not the chat format, and its generation config stops on ``<|endoftext|>`` only
-(Qwen2.5 base does the same), which lesson 02 is about.
+One builder, one ``Recipe`` per model. Every model gets: a byte-level BPE tokenizer trained on its
+own text, Qwen2.5's three special tokens (``<|endoftext|>`` as eos and pad, ``<|im_start|>``,
+``<|im_end|>``) and, as chat template, the exact Qwen2.5 template string that the installed TRL
+ships, so every lesson applies to every model; and a small causal LM pretrained briefly on plain
+text only. Like a base checkpoint, it knows the tasks but not the chat format, and its generation
+config stops on ``<|endoftext|>`` only (Qwen2.5 base does the same), which lesson 02 is about.
+
+The two shipped recipes differ on purpose, so that a lesson's claim that holds on both is not a
+property of one model (issue 12):
+
+- ``tiny-qwen``  (``course_utils/course_model``): Qwen2, 2 layers, width 128, tied embeddings;
+  Qwen2's pre-tokenizer (digits split one by one); trained on ``data.pretraining_corpus``.
+- ``tiny-llama`` (``course_utils/course_model_llama``): Llama, 3 layers, width 96, one KV head,
+  untied embeddings; GPT-2's pre-tokenizer (digit runs stay together, so ``42`` can be one
+  token); trained on ``prose_corpus`` below: other sentences, a larger word list, other seeds.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import random
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .data import make_messages, pretraining_corpus
-from .model import COURSE_MODEL_DIR, SPECIAL_TOKENS
+from .data import WORDS, make_messages, pretraining_corpus
+from .model import SHIPPED_MODELS, SPECIAL_TOKENS
 
-VOCAB_SIZE = 2048
-SEQ_LEN = 128
-MODEL_SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that makes one model: its text, its tokenizer, its architecture, its training.
+
+    ``model_type`` is any transformers causal-LM type (``AutoConfig.for_model``); ``shape`` holds
+    that architecture's own config keys. ``pretokenizer`` is ``"qwen2"`` (the pipeline
+    ``Qwen2Tokenizer`` rebuilds on load, see ``train_tokenizer``) or ``"gpt2"`` (GPT-2's byte-level
+    split, saved as a plain ``tokenizer.json`` that loads verbatim).
+    """
+
+    name: str
+    model_type: str
+    shape: dict
+    corpus: Callable[[int, int], list[str]]  # (n_docs, seed) -> plain-text documents
+    pretokenizer: str = "qwen2"
+    vocab_size: int = 2048
+    n_docs: int = 6000
+    chat_seed: int = 1       # rendered chats the tokenizer also sees (scaffolding in few tokens)
+    chat_context_words: int = 5
+    seed: int = 0            # corpus, weight init and batch order
+    seq_len: int = 128
+    steps: int = 400
+    batch_size: int = 16
+    lr: float = 3e-3
+    config_extra: dict = field(default_factory=dict)
+
+
+# A second vocabulary for tiny-llama: the lessons' words plus as many others, so its BPE merges
+# (and token counts of the lessons' data) differ from tiny-qwen's.
+PROSE_WORDS = tuple(WORDS) + tuple(
+    "river stone cloud field garden window door table chair lamp book paper letter song bird fish "
+    "horse mouse rabbit wolf bear frog snow rain wind storm leaf root seed flower grass forest "
+    "quick heavy light sharp round empty full early late tall short wide narrow deep".split()
+)
+VERBS = "sees finds carries follows watches keeps paints counts hides lifts".split()
+
+
+def prose_corpus(n_docs: int = 5000, seed: int = 0) -> list[str]:
+    """tiny-llama's pretraining text: the two tasks and filler prose, in other words than tiny-qwen's.
+
+    Plain text only (no chat markup), like ``data.pretraining_corpus``, so that SFT has to teach
+    the chat format and when to stop; the tasks are phrased differently on purpose.
+    """
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n_docs):
+        kind = rng.random()
+        if kind < 0.3:
+            a, b = rng.randrange(60), rng.randrange(60)
+            phrase = rng.choice(("adding {a} and {b} gives {s}.", "the sum of {a} and {b} equals {s}.",
+                                 "{a} and {b} make {s} together."))
+            docs.append(phrase.format(a=a, b=b, s=a + b))
+        elif kind < 0.6:
+            words = [rng.choice(PROSE_WORDS) for _ in range(rng.randint(2, 6))]
+            docs.append(f"read backwards, {' '.join(words)} becomes {' '.join(reversed(words))}.")
+        else:
+            sentence = []
+            for _ in range(rng.randint(1, 3)):
+                a, b, c, d = (rng.choice(PROSE_WORDS) for _ in range(4))
+                sentence.append(f"a {a} {b} {rng.choice(VERBS)} the {c} {d}")
+            docs.append(", and ".join(sentence).capitalize() + ".")
+    return docs
+
+
+RECIPES = {
+    "tiny-qwen": Recipe(
+        name="tiny-qwen", model_type="qwen2", corpus=pretraining_corpus,
+        shape=dict(hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=1024),
+        config_extra=dict(tie_word_embeddings=True, rope_theta=10000.0),
+    ),
+    "tiny-llama": Recipe(
+        name="tiny-llama", model_type="llama", corpus=prose_corpus, pretokenizer="gpt2",
+        vocab_size=1024, n_docs=5000, chat_seed=7, chat_context_words=3, seed=1, seq_len=96,
+        steps=350, batch_size=16, lr=4e-3,
+        shape=dict(hidden_size=96, intermediate_size=256, num_hidden_layers=3, num_attention_heads=3,
+                   num_key_value_heads=1, max_position_embeddings=1024),
+        config_extra=dict(tie_word_embeddings=False, rms_norm_eps=1e-5, rope_theta=50000.0),
+    ),
+}
 
 
 def qwen2_5_chat_template() -> str:
@@ -43,49 +133,82 @@ def _render(template: str, conversations) -> list[str]:
     return [compiled.render(messages=m, add_generation_prompt=False) for m in conversations]
 
 
-def train_tokenizer(texts: list[str]):
-    """A BPE with exactly the pipeline ``Qwen2Tokenizer`` rebuilds on load, so ids round-trip.
+def _recipe(recipe) -> Recipe:
+    if isinstance(recipe, Recipe):
+        return recipe
+    if recipe not in RECIPES:
+        raise ValueError(
+            f"recipe={recipe!r} is not a shipped model — the builder knows only its recipes — "
+            f"pass one of {sorted(RECIPES)} or a Recipe(...)."
+        )
+    return RECIPES[recipe]
 
-    transformers 5 reconstructs Qwen2 tokenizers (NFC, Qwen's split regex, ByteLevel without its
-    own regex); a BPE trained with any other pre-tokenizer would tokenize differently after
-    ``save_pretrained`` + ``from_pretrained``, silently.
-    """
+
+def _trained_bpe(texts: list[str], recipe: Recipe):
+    """A raw ``tokenizers`` BPE with the recipe's pre-tokenizer, trained on ``texts``."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import Qwen2Tokenizer
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
     bpe = Tokenizer(models.BPE())
     bpe.normalizer = normalizers.NFC()
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    if recipe.pretokenizer == "qwen2":
+        from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+        bpe.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    elif recipe.pretokenizer == "gpt2":
+        bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        raise ValueError(
+            f"pretokenizer={recipe.pretokenizer!r} is unknown — it decides how text is split before "
+            "BPE, and only two are tested to round-trip — use 'qwen2' or 'gpt2'."
+        )
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=list(SPECIAL_TOKENS),
+    trainer = trainers.BpeTrainer(vocab_size=recipe.vocab_size, special_tokens=list(SPECIAL_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     bpe.train_from_iterator(texts, trainer=trainer)
-    import json
+    return bpe
 
-    # Qwen2Tokenizer takes (vocab, merges) and rebuilds the rest of the pipeline itself.
-    serialised = json.loads(bpe.to_str())["model"]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in serialised["merges"]]
-    tokenizer = Qwen2Tokenizer(vocab=serialised["vocab"], merges=merges, unk_token=None,
-                               eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+
+def train_tokenizer(texts: list[str], recipe="tiny-qwen"):
+    """A byte-level BPE over ``texts`` that round-trips through ``save_pretrained`` + ``AutoTokenizer``.
+
+    transformers 5 reconstructs Qwen2 tokenizers on load (NFC, Qwen's split regex, ByteLevel
+    without its own regex); a BPE trained with any other pre-tokenizer and saved as a
+    ``Qwen2Tokenizer`` would tokenize differently after reload, silently. So a ``"qwen2"`` recipe
+    trains with exactly that pipeline and saves as ``Qwen2Tokenizer``; a ``"gpt2"`` recipe saves
+    as a generic ``TokenizersBackend``, which loads ``tokenizer.json`` as written.
+    """
+    from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
+
+    recipe = _recipe(recipe)
+    bpe = _trained_bpe(texts, recipe)
+    if recipe.pretokenizer == "qwen2":
+        # Qwen2Tokenizer takes (vocab, merges) and rebuilds the rest of the pipeline itself.
+        serialised = json.loads(bpe.to_str())["model"]
+        merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in serialised["merges"]]
+        tokenizer = Qwen2Tokenizer(vocab=serialised["vocab"], merges=merges, unk_token=None,
+                                   eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    else:
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>",
+                                            pad_token="<|endoftext|>")
     tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS[1:])})
     tokenizer.chat_template = qwen2_5_chat_template()
-    tokenizer.model_max_length = MODEL_SHAPE["max_position_embeddings"]
+    tokenizer.model_max_length = recipe.shape["max_position_embeddings"]
     return tokenizer
 
 
-def pretrain(model, rows, steps: int = 400, batch_size: int = 16, lr: float = 3e-3) -> list[float]:
+def pretrain(model, rows, steps: int = 400, batch_size: int = 16, lr: float = 3e-3,
+             seed: int = 0) -> list[float]:
     """Plain next-token pretraining with AdamW and a cosine schedule; returns the loss per step."""
     import torch
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / steps))))
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(seed)
     losses = []
     model.train()
     for _ in range(steps):
@@ -101,28 +224,45 @@ def pretrain(model, rows, steps: int = 400, batch_size: int = 16, lr: float = 3e
     return losses
 
 
-def build(out_dir: Path = COURSE_MODEL_DIR, steps: int = 400, verbose: bool = True):
-    """Build tokenizer and model into ``out_dir``; returns ``(model, tokenizer, losses)``."""
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+def build(out_dir: Path | None = None, steps: int | None = None, verbose: bool = True,
+          recipe="tiny-qwen"):
+    """Build ``recipe``'s tokenizer and model into ``out_dir``; returns ``(model, tokenizer, losses)``.
 
+    ``recipe``: a name from ``RECIPES`` or a ``Recipe`` (e.g. a throwaway model of another
+    architecture for a robustness check). ``out_dir`` defaults to the shipped directory of a
+    shipped recipe; ``steps`` to the recipe's.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    recipe = _recipe(recipe)
+    if out_dir is None:
+        if recipe.name not in SHIPPED_MODELS:
+            raise ValueError(
+                f"recipe {recipe.name!r} has no shipped directory — only {sorted(SHIPPED_MODELS)} "
+                "ship with the course — pass out_dir=..."
+            )
+        out_dir = SHIPPED_MODELS[recipe.name]
+    steps = recipe.steps if steps is None else steps
     start = time.perf_counter()
-    torch.manual_seed(0)
-    docs = pretraining_corpus(n_docs=6000, seed=0)
+    torch.manual_seed(recipe.seed)
+    docs = recipe.corpus(recipe.n_docs, recipe.seed)
     # The tokenizer also sees rendered chats (default system prompt included), so that the chat
     # scaffolding costs a few tokens rather than ~60 bytes-as-tokens per conversation.
-    chats = _render(qwen2_5_chat_template(), make_messages("mixed", 400, seed=1, context_words=5))
-    tokenizer = train_tokenizer(docs + chats)
+    conversations = make_messages("mixed", 400, seed=recipe.chat_seed,
+                                  context_words=recipe.chat_context_words)
+    chats = _render(qwen2_5_chat_template(), conversations)
+    tokenizer = train_tokenizer(docs + chats, recipe)
 
     stream = tokenizer("\n".join(docs), add_special_tokens=False, verbose=False)["input_ids"]
-    n_rows = len(stream) // SEQ_LEN
-    rows = torch.tensor(stream[: n_rows * SEQ_LEN]).view(n_rows, SEQ_LEN)
+    n_rows = len(stream) // recipe.seq_len
+    rows = torch.tensor(stream[: n_rows * recipe.seq_len]).view(n_rows, recipe.seq_len)
 
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    config = Qwen2Config(vocab_size=len(tokenizer), tie_word_embeddings=True, rope_theta=10000.0,
-                         bos_token_id=None, eos_token_id=eos, pad_token_id=eos, **MODEL_SHAPE)
-    model = Qwen2ForCausalLM(config)
-    losses = pretrain(model, rows, steps=steps)
+    config = AutoConfig.for_model(recipe.model_type, vocab_size=len(tokenizer), bos_token_id=None,
+                                  eos_token_id=eos, pad_token_id=eos, **recipe.shape, **recipe.config_extra)
+    model = AutoModelForCausalLM.from_config(config)
+    losses = pretrain(model, rows, steps=steps, batch_size=recipe.batch_size, lr=recipe.lr, seed=recipe.seed)
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=eos, do_sample=False)
 
     out_dir = Path(out_dir)
@@ -131,18 +271,25 @@ def build(out_dir: Path = COURSE_MODEL_DIR, steps: int = 400, verbose: bool = Tr
     tokenizer.save_pretrained(out_dir)
     if verbose:
         n_params = sum(p.numel() for p in model.parameters())
-        print(f"course model: {n_params / 1e6:.2f} M parameters, vocab {len(tokenizer)}, "
-              f"{n_rows} rows x {SEQ_LEN} tokens; loss {losses[0]:.2f} -> {losses[-1]:.2f}; "
-              f"{time.perf_counter() - start:.1f} s -> {out_dir}")
+        print(f"{recipe.name} ({recipe.model_type}): {n_params / 1e6:.2f} M parameters, vocab "
+              f"{len(tokenizer)}, {n_rows} rows x {recipe.seq_len} tokens; loss {losses[0]:.2f} -> "
+              f"{losses[-1]:.2f}; {time.perf_counter() - start:.1f} s -> {out_dir}")
     return model, tokenizer, losses
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=COURSE_MODEL_DIR, help="output directory")
-    parser.add_argument("--steps", type=int, default=400, help="pretraining steps")
+    parser.add_argument("--model", choices=sorted(RECIPES), action="append",
+                        help="which shipped model to build (repeatable; default: all)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output directory (default: the model's shipped directory; one --model only)")
+    parser.add_argument("--steps", type=int, default=None, help="pretraining steps (default: the recipe's)")
     args = parser.parse_args(argv)
-    build(args.out, steps=args.steps)
+    names = args.model or sorted(RECIPES)
+    if args.out is not None and len(names) != 1:
+        parser.error("--out needs exactly one --model")
+    for name in names:
+        build(args.out, steps=args.steps, recipe=name)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,16 @@
-"""Load the course model: the embedded tiny Qwen2 by default, a real checkpoint when asked.
+"""Load the course model (a shipped tiny one by default, a real checkpoint when asked) and the seed.
 
-Used by every lesson. ``load_course_model()`` returns the ~0.6 M-parameter model that ships in
-``course_utils/course_model`` (built by ``python -m course_utils.build_course_model``). Set
-``COURSE_MODEL=Qwen/Qwen2.5-0.5B`` (a hub id or a local path) and ``COURSE_DEVICE=cuda`` to run the
-same notebooks on a real model; nothing is downloaded unless you ask for such a model.
+Used by every lesson. ``load_course_model()`` returns one of the two small models that ship in
+the repository (built by ``python -m course_utils.build_course_model``), chosen by ``COURSE_MODEL``:
+
+- ``tiny-qwen`` (default): Qwen2 architecture, ~0.6 M parameters, ``course_utils/course_model``;
+- ``tiny-llama``: Llama architecture, other width/depth and its own BPE vocabulary trained on other
+  text, ``course_utils/course_model_llama``. Both carry Qwen2.5's special tokens and chat template,
+  so every lesson applies to both; a claim that holds on both is not a property of one model.
+
+``COURSE_MODEL`` may also be a local directory or a hub id (``Qwen/Qwen2.5-0.5B``; with
+``COURSE_DEVICE=cuda`` for a GPU); nothing is downloaded unless you ask for such a model.
+``course_seed()`` reads ``COURSE_SEED`` (default 0): the one place a lesson's randomness comes from.
 """
 
 from __future__ import annotations
@@ -12,24 +19,13 @@ import os
 from pathlib import Path
 
 COURSE_MODEL_DIR = Path(__file__).parent / "course_model"
+# Short names a learner can put in COURSE_MODEL; the first is the default.
+SHIPPED_MODELS = {
+    "tiny-qwen": COURSE_MODEL_DIR,
+    "tiny-llama": Path(__file__).parent / "course_model_llama",
+}
+DEFAULT_MODEL = "tiny-qwen"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-
-
-def course_seed() -> int:
-    """The seed every lesson's randomness comes from: ``$COURSE_SEED``, default 0.
-
-    The one place the seed is read, so that ``make robustness`` can rerun every lesson with other
-    data, initialisations and orders, and a claim that holds only for seed 0 shows up.
-    """
-    raw = os.environ.get("COURSE_SEED", "0").strip() or "0"
-    try:
-        seed = int(raw)
-    except ValueError:
-        seed = -1
-    if seed < 0:
-        raise ValueError(f"COURSE_SEED={raw!r} is not a non-negative integer — it seeds every lesson's data, "
-                         "initialisation and order — set e.g. COURSE_SEED=1, or unset it for 0.")
-    return seed
 
 
 def _offline() -> bool:
@@ -49,16 +45,31 @@ def _resolve_device(device: str | None) -> str:
     return device
 
 
+def _requested_model(name_or_path):
+    """What the caller asked for: the argument, else ``$COURSE_MODEL``, else the default name."""
+    if name_or_path is None:  # "" is a mistake to report, not a request for the default
+        return os.environ.get("COURSE_MODEL") or DEFAULT_MODEL
+    return name_or_path
+
+
 def _resolve_source(name_or_path) -> Path | str:
-    source = name_or_path
-    if source is None:  # "" is a mistake to report, not a request for the default
-        source = os.environ.get("COURSE_MODEL") or COURSE_MODEL_DIR
+    source = _requested_model(name_or_path)
     if not isinstance(source, (str, Path)) or not str(source).strip():
         raise ValueError(
             f"name_or_path={name_or_path!r} is not a path or hub id — the loader needs to know where "
-            "the weights are — pass None for the embedded course model, a local directory, or a hub "
-            "id such as 'Qwen/Qwen2.5-0.5B'."
+            f"the weights are — pass None for the default course model, a shipped name "
+            f"({', '.join(SHIPPED_MODELS)}), a local directory, or a hub id such as 'Qwen/Qwen2.5-0.5B'."
         )
+    shipped = SHIPPED_MODELS.get(source) if isinstance(source, str) else None
+    if shipped is not None or Path(source) in SHIPPED_MODELS.values():
+        shipped = shipped or Path(source)
+        if not (shipped / "config.json").exists():
+            raise FileNotFoundError(
+                f"the shipped course model is missing from {shipped} — it ships with the repository "
+                "— restore it with `git checkout course_utils/` or rebuild it with "
+                "`python -m course_utils.build_course_model`."
+            )
+        return shipped
     path = Path(source).expanduser()
     if path.exists():
         if not (path / "config.json").exists():
@@ -67,13 +78,39 @@ def _resolve_source(name_or_path) -> Path | str:
                 "point at the directory that save_pretrained() wrote."
             )
         return path
-    if source == COURSE_MODEL_DIR:
-        raise FileNotFoundError(
-            f"the embedded course model is missing from {COURSE_MODEL_DIR} — it ships with the "
-            "repository — restore it with `git checkout course_utils/course_model` or rebuild it "
-            "with `python -m course_utils.build_course_model`."
-        )
     return str(source)  # a hub id: from the cache when offline, else downloaded by transformers
+
+
+def course_model_name(name_or_path=None) -> str:
+    """Which model ``load_course_model(name_or_path)`` loads, as a short readable string.
+
+    A shipped model's short name (``"tiny-qwen"``, ``"tiny-llama"``) — also when given by its
+    directory — else the path or hub id as given. Notebooks print it, so a run says what it ran on.
+    """
+    source = _requested_model(name_or_path)
+    if isinstance(source, str) and source in SHIPPED_MODELS:
+        return source
+    for name, directory in SHIPPED_MODELS.items():
+        if isinstance(source, (str, Path)) and Path(source).expanduser().resolve() == directory.resolve():
+            return name
+    return str(source)
+
+
+def course_seed() -> int:
+    """The course's seed: ``$COURSE_SEED`` as a non-negative integer, 0 when unset.
+
+    The single place a lesson's randomness (data, weight init, batch order) comes from, so that
+    ``COURSE_SEED=1`` checks that no claim depends on one lucky draw.
+    """
+    raw = os.environ.get("COURSE_SEED", "").strip()
+    if not raw:
+        return 0
+    if not (raw.isascii() and raw.isdigit()):
+        raise ValueError(
+            f"COURSE_SEED={raw!r} is not a non-negative integer — it seeds every lesson's data, "
+            "initialisation and batch order — set it to e.g. COURSE_SEED=0, or unset it."
+        )
+    return int(raw)
 
 
 def _not_available_offline(source) -> ValueError:
@@ -81,17 +118,18 @@ def _not_available_offline(source) -> ValueError:
         f"{source!r} is not a local directory nor in the Hugging Face cache, and HF_HUB_OFFLINE=1 forbids "
         "downloading it — a hub id needs the network once — run with HF_HUB_OFFLINE=0 (e.g. `make lab "
         "HF_HUB_OFFLINE=0 COURSE_MODEL=...`), or unset COURSE_MODEL and call load_course_model() to use "
-        "the embedded course model, or pass a local path."
+        "the default course model (or COURSE_MODEL=tiny-llama), or pass a local path."
     )
 
 
 def load_course_model(name_or_path=None, device: str | None = None, **model_kwargs):
     """Return ``(model, tokenizer)``.
 
-    ``name_or_path``: ``None`` for the embedded course model (or ``$COURSE_MODEL`` when set), a
-    local directory, or a hub id. ``device``: ``"cpu"``, ``"cuda"``… (default ``$COURSE_DEVICE``
-    or ``"cpu"``). Extra keyword arguments go to ``AutoModelForCausalLM.from_pretrained`` (e.g.
-    ``quantization_config`` in lesson 06). The model comes back in eval mode, as
+    ``name_or_path``: ``None`` for ``$COURSE_MODEL`` (default ``"tiny-qwen"``), a shipped model's
+    short name (``"tiny-qwen"``, ``"tiny-llama"``), a local directory, or a hub id.
+    ``device``: ``"cpu"``, ``"cuda"``… (default ``$COURSE_DEVICE`` or ``"cpu"``). Extra keyword
+    arguments go to ``AutoModelForCausalLM.from_pretrained`` (e.g. ``quantization_config`` in
+    lesson 06). The model comes back in eval mode, as
     ``from_pretrained`` leaves it; call ``model.train()`` before a hand-written training loop.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -1,14 +1,19 @@
-"""Outcome claims with their margins: what a trained model did, beside the threshold it had to meet.
+"""Outcome claims: a measured value against a threshold, with its margin, collected for the record.
 
-Used by every lesson that asserts an *outcome* (the model stops, the run diverges, the clip fires)
-rather than an exact mechanism. A notebook writes
+A lesson makes two kinds of claim (README, "What holds where"):
 
-    ok = report_outcome("fixed arm stops", stop_rate_fixed, threshold, higher_is_better=True)
-    assert ok, "with <|im_end|> graded the model stops"
+- *exact* claims hold by construction on any model (a gradient ratio of K, zero gradients from an
+  all-ignored cross-entropy); the notebook asserts them directly, tightly;
+- *outcome* claims are what a trained model does (it stops, it diverges, the clip fires). Their
+  threshold comes from the run's own measurements, and how far the value clears it — the margin —
+  is what tells a robust claim from a lucky one. Such a claim goes through ``report_outcome``::
 
-and, when ``$COURSE_OUTCOMES`` names a file (``make robustness`` sets it), one JSON line is appended
-with the value, the threshold and the margin, so the robustness table shows how close each claim
-came to failing on every model, seed and thread count — produced, never typed.
+      ok = report_outcome("stop rate after the fix", stop_rate, 0.9)
+      assert ok, "with <|im_end|> graded, the model stops"
+
+``report_outcome`` prints one line (value, threshold, margin) and, when ``$COURSE_OUTCOMES`` names a
+file, appends the claim to it as one JSON line; ``python -m course_utils.robustness`` sets that
+variable for every notebook × configuration and builds ROBUSTNESS.md from the lines.
 """
 
 from __future__ import annotations
@@ -16,32 +21,101 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass
+from pathlib import Path
 
 
-def report_outcome(name: str, value: float, threshold: float, *, higher_is_better: bool = True,
-                   lesson: str | None = None) -> bool:
-    """True when ``value`` meets ``threshold`` (>= if ``higher_is_better``, else <=).
+@dataclass(frozen=True)
+class Outcome:
+    """One checked outcome claim; true when the value clears its threshold (``margin >= 0``)."""
 
-    Prints one line (``name: value vs threshold, margin``) and, where ``$COURSE_OUTCOMES`` is set,
-    appends the measurement there. The margin is signed: positive means the claim held.
+    name: str
+    value: float
+    threshold: float
+    higher_is_better: bool
+    margin: float  # value - threshold when higher is better, else threshold - value; NaN fails
+
+    def __bool__(self) -> bool:
+        return self.margin >= 0  # False for a NaN margin: a NaN measurement never passes
+
+    def __str__(self) -> str:
+        sign = ">=" if self.higher_is_better else "<="
+        verdict = "holds" if self else "FAILS"
+        return (f"outcome {self.name!r}: {self.value:.4g} {sign} {self.threshold:.4g} "
+                f"(margin {self.margin:+.4g}) {verdict}")
+
+
+def _number(argument: str, value, allow_nan: bool) -> float:
+    try:  # a Python/numpy number or a one-element tensor; bools are facts, not measurements
+        number = None if isinstance(value, (bool, str)) else float(value)
+    except (TypeError, ValueError, RuntimeError):
+        number = None
+    if number is None:
+        raise ValueError(
+            f"{argument}={value!r} is not a number — an outcome claim compares one measurement with a "
+            "threshold; a yes/no fact is an exact claim — pass a float (e.g. a rate), or assert the "
+            "fact directly."
+        )
+    if not allow_nan and not math.isfinite(number):
+        raise ValueError(
+            f"{argument}={value!r} is not finite — a threshold must be a number the value can be "
+            "compared with — derive it from a finite measurement of the run."
+        )
+    return number
+
+
+def _context(lesson: str | None) -> dict:
+    """Who made the claim: lesson, model, seed and thread count, for the robustness table."""
+    from .model import course_model_name, course_seed
+
+    try:
+        import torch
+
+        threads = torch.get_num_threads()
+    except ImportError:  # pragma: no cover - torch is a dependency; keep the record anyway
+        threads = os.environ.get("OMP_NUM_THREADS")
+    lesson = lesson or os.environ.get("COURSE_NOTEBOOK") or os.environ.get("JPY_SESSION_NAME")
+    return {"lesson": Path(lesson).name if lesson else None, "model": course_model_name(),
+            "seed": course_seed(), "threads": threads}
+
+
+def report_outcome(name: str, value, threshold, *, higher_is_better: bool = True,
+                   lesson: str | None = None, verbose: bool = True) -> Outcome:
+    """Check ``value`` against ``threshold``; return an ``Outcome`` that is true when it holds.
+
+    ``higher_is_better=True`` means the claim is ``value >= threshold`` (a stop rate), False means
+    ``value <= threshold`` (a loss, a clip rate after a fix). ``lesson`` names the notebook
+    (default: ``$COURSE_NOTEBOOK``, which the robustness runner sets). Prints the claim with its
+    margin unless ``verbose=False``; appends it as a JSON line to ``$COURSE_OUTCOMES`` when set.
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name={name!r} must be a non-empty string — it labels the claim in the table — "
-                         "pass e.g. 'fixed arm stop rate'.")
-    for arg, x in (("value", value), ("threshold", threshold)):
-        if isinstance(x, bool) or not isinstance(x, (int, float)):
-            raise TypeError(f"{arg}={x!r} must be a number — an outcome is measured — pass a float.")
-    value, threshold = float(value), float(threshold)
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(
+            f"name={name!r} is not a non-empty string — it labels the claim in the robustness "
+            "table — pass a short description such as 'stop rate after the fix'."
+        )
+    if not isinstance(higher_is_better, bool):
+        raise ValueError(
+            f"higher_is_better={higher_is_better!r} is not True/False — it says which side of the "
+            "threshold passes — pass True for 'value >= threshold', False for 'value <= threshold'."
+        )
+    value = _number("value", value, allow_nan=True)
+    threshold = _number("threshold", threshold, allow_nan=False)
     margin = value - threshold if higher_is_better else threshold - value
-    ok = math.isfinite(value) and margin >= 0
-    side = ">=" if higher_is_better else "<="
-    print(f"[outcome] {name}: {value:.4g} (needs {side} {threshold:.4g}; margin {margin:+.3g})")
+    outcome = Outcome(name, value, threshold, higher_is_better, margin)
+    if verbose:
+        print(outcome)
     path = os.environ.get("COURSE_OUTCOMES")
     if path:
-        row = {"notebook": lesson or os.environ.get("COURSE_NOTEBOOK", ""), "name": name, "value": value,
-               "threshold": threshold, "higher_is_better": higher_is_better, "margin": margin, "ok": ok,
-               "model": os.environ.get("COURSE_MODEL", "tiny-qwen"),
-               "seed": os.environ.get("COURSE_SEED", "0"), "threads": os.environ.get("OMP_NUM_THREADS", "")}
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
-    return ok
+        record = {**_context(lesson), "name": name, "value": value, "threshold": threshold,
+                  "higher_is_better": higher_is_better, "margin": margin, "passed": bool(outcome)}
+        with open(path, "a", encoding="utf-8") as file:
+            file.write(json.dumps(record, allow_nan=True) + "\n")
+    return outcome
+
+
+def read_outcomes(path) -> list[dict]:
+    """The claims ``report_outcome`` appended to ``path`` (one JSON object per line; [] if absent)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -144,20 +144,3 @@ def test_diagnosis_checker_grades_fresh_cases():
     assert good and not memorised and not wrong_evidence
     assert "a looks like b" in named.message
 
-
-def test_report_outcome_prints_and_appends_the_margin(tmp_path, monkeypatch, capsys):
-    import json
-
-    from course_utils.outcomes import report_outcome
-
-    path = tmp_path / "outcomes.jsonl"
-    monkeypatch.setenv("COURSE_OUTCOMES", str(path))
-    assert report_outcome("stop rate", 0.95, 0.9)
-    assert not report_outcome("loss ratio", 0.7, 0.5, higher_is_better=False)
-    assert not report_outcome("nan", float("nan"), 0.5)
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [r["ok"] for r in rows] == [True, False, False]
-    assert abs(rows[0]["margin"] - 0.05) < 1e-12 and abs(rows[1]["margin"] + 0.2) < 1e-12
-    assert "margin +0.05" in capsys.readouterr().out
-    with pytest.raises(TypeError, match="must be a number"):
-        report_outcome("x", None, 1.0)

@@ -1,0 +1,80 @@
+"""report_outcome: the margin, the verdict, the JSON line the robustness table is built from."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from course_utils.outcomes import Outcome, read_outcomes, report_outcome
+
+
+def test_higher_is_better_passes_at_and_above_the_threshold(monkeypatch):
+    monkeypatch.delenv("COURSE_OUTCOMES", raising=False)
+    ok = report_outcome("stop rate", 0.95, 0.9, verbose=False)
+    assert ok and isinstance(ok, Outcome) and ok.margin == pytest.approx(0.05)
+    assert report_outcome("stop rate", 0.9, 0.9, verbose=False)
+    assert not report_outcome("stop rate", 0.45, 0.9, verbose=False)
+
+
+def test_lower_is_better_flips_the_sign_of_the_margin():
+    ok = report_outcome("clip rate", 0.1, 0.5, higher_is_better=False, verbose=False)
+    assert ok and ok.margin == pytest.approx(0.4)
+    bad = report_outcome("clip rate", 0.8, 0.5, higher_is_better=False, verbose=False)
+    assert not bad and bad.margin == pytest.approx(-0.3)
+
+
+def test_nan_value_never_passes():
+    outcome = report_outcome("final loss", float("nan"), 1.0, higher_is_better=False, verbose=False)
+    assert not outcome and math.isnan(outcome.margin)
+
+
+def test_accepts_tensors_and_prints_the_margin(capsys):
+    report_outcome("ratio", torch.tensor(3.0), 2)
+    line = capsys.readouterr().out
+    assert "'ratio'" in line and "3 >= 2" in line and "margin +1" in line and "holds" in line
+
+
+def test_appends_one_json_line_per_claim_with_its_context(monkeypatch, tmp_path):
+    path = tmp_path / "outcomes.jsonl"
+    monkeypatch.setenv("COURSE_OUTCOMES", str(path))
+    monkeypatch.setenv("COURSE_MODEL", "tiny-llama")
+    monkeypatch.setenv("COURSE_SEED", "2")
+    monkeypatch.setenv("COURSE_NOTEBOOK", "solutions/02_eos_never_stops.ipynb")
+    report_outcome("stop rate", 0.97, 0.9, verbose=False)
+    report_outcome("loss", 2.0, 1.0, higher_is_better=False, lesson="05_x.ipynb", verbose=False)
+    records = read_outcomes(path)
+    assert len(path.read_text().splitlines()) == 2
+    first, second = records
+    assert first["lesson"] == "02_eos_never_stops.ipynb" and second["lesson"] == "05_x.ipynb"
+    assert (first["model"], first["seed"], first["threads"]) == ("tiny-llama", 2, torch.get_num_threads())
+    assert first["name"] == "stop rate" and first["value"] == 0.97 and first["threshold"] == 0.9
+    assert first["margin"] == pytest.approx(0.07) and first["passed"] is True
+    assert second["margin"] == pytest.approx(-1.0) and second["passed"] is False
+    assert json.loads(path.read_text().splitlines()[0]) == first
+
+
+def test_nothing_is_written_without_the_environment_variable(monkeypatch, tmp_path):
+    monkeypatch.delenv("COURSE_OUTCOMES", raising=False)
+    monkeypatch.chdir(tmp_path)
+    report_outcome("x", 1.0, 0.0, verbose=False)
+    assert list(tmp_path.iterdir()) == []
+    assert read_outcomes(tmp_path / "absent.jsonl") == []
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "words"),
+    [
+        (("", 1.0, 0.5), {}, ["name=''", "non-empty"]),
+        (("x", True, 0.5), {}, ["value=True", "exact claim"]),
+        (("x", "0.9", 0.5), {}, ["value='0.9'", "not a number"]),
+        (("x", torch.ones(2), 0.5), {}, ["not a number", "one measurement"]),
+        (("x", 1.0, float("inf")), {}, ["threshold=inf", "not finite"]),
+        (("x", 1.0, 0.5), {"higher_is_better": "yes"}, ["higher_is_better='yes'", "True/False"]),
+    ],
+)
+def test_bad_input_gives_what_why_fix(args, kwargs, words):
+    with pytest.raises(ValueError) as excinfo:
+        report_outcome(*args, verbose=False, **kwargs)
+    for word in words:
+        assert word in str(excinfo.value)
