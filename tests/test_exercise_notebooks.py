@@ -127,3 +127,28 @@ def test_probe_finds_calls_and_learner_functions():
     learner = _learner_names(nb)
     assert learner == {"mine"}
     assert _checker_calls(nb, learner) == ["lesson.check_mine(_candidate, tok)"]
+
+
+def test_probe_catches_a_planted_answer(tmp_path):
+    """The give-away test can fail: an answer defined in a cell, or reachable through a course_utils
+    module bound in the notebook, is caught; the learner's stub and unrelated functions are not."""
+    setup = ("import torch\n"
+             "from course_utils import losses as L  # L.count_supervised is the planted answer\n"
+             "from course_utils.checks import Case, run_check\n"
+             "labels = torch.tensor([[-100, 3, 4], [-100, -100, 5]])\n"
+             "def check_count(fn):\n"
+             "    return run_check('count', fn, [Case((labels,), 3)])\n"
+             "def count_by_hand(lab):\n"
+             "    return int((lab[:, 1:] != -100).sum())\n")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(setup),
+                nbformat.v4.new_code_cell("def count(lab):\n    raise NotImplementedError('Exercise')"),
+                nbformat.v4.new_code_cell("check_count(count)")]
+    learner = _learner_names(nb)
+    calls = _checker_calls(nb, learner)
+    nb.cells.append(nbformat.v4.new_code_cell(PROBE + f"\n_probe({calls!r}, {sorted(learner)!r})"))
+    NotebookClient(nb, timeout=120, kernel_name="python3", record_timing=False,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    out = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+    passes = json.loads(out[out.index("PROBE") + len("PROBE"):].strip())
+    assert sorted(label for _, label in passes) == ["L.count_supervised", "count_by_hand"], passes
