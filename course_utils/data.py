@@ -45,6 +45,10 @@ def _check_int(name: str, value, minimum: int) -> None:
 
 def filler_text(rng: random.Random, n_words: int) -> str:
     """A paragraph of ``n_words`` random course words: the distractor context of long prompts."""
+    if not isinstance(rng, random.Random):
+        raise TypeError(f"rng must be a random.Random, got {type(rng).__name__} — the filler must repeat for "
+                        "a seed — pass random.Random(seed).")
+    validate.integer("n_words", n_words, minimum=0, why="it counts words")
     return " ".join(rng.choice(WORDS) for _ in range(n_words))
 
 
@@ -151,6 +155,8 @@ def assistant_char_spans(tokenizer, messages: list[dict], train_on_eos: bool = T
     Found by rendering prefixes, so it works with any template that renders a conversation as a
     prefix of its continuation.
     """
+    validate.tokenizer("tokenizer", tokenizer)
+    _check_messages(messages)
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     spans = []
     for i, message in enumerate(messages):
@@ -174,7 +180,17 @@ def end_of_turn_id(tokenizer) -> int:
     """The id of ``<|im_end|>``, the token that closes every turn in the Qwen2.5 template."""
     from .model import token_id
 
+    validate.tokenizer("tokenizer", tokenizer)
     return token_id(tokenizer, "<|im_end|>")
+
+
+def _check_messages(messages) -> None:
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        got = "an empty list" if messages == [] else type(messages).__name__
+        raise ValueError(
+            f"messages must be a non-empty list of {{'role', 'content'}} dicts, got {got} — "
+            "the chat template renders such a list — pass one conversation, e.g. make_messages()[0]."
+        )
 
 
 def tokenize_chat(tokenizer, messages: list[dict], max_length: int | None = None,
@@ -185,11 +201,8 @@ def tokenize_chat(tokenizer, messages: list[dict], max_length: int | None = None
     (1 where a token carries loss). ``max_length`` truncates from the right, as TRL does, so a
     prompt longer than ``max_length`` loses its whole answer: every label becomes ``-100``.
     """
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        raise ValueError(
-            f"messages must be a list of {{'role', 'content'}} dicts, got {type(messages).__name__} — "
-            "the chat template renders such a list — pass one conversation, e.g. make_messages()[0]."
-        )
+    validate.tokenizer("tokenizer", tokenizer)
+    _check_messages(messages)
     if max_length is not None:
         _check_int("max_length", max_length, 1)
     text, spans = assistant_char_spans(tokenizer, messages, train_on_eos)
@@ -211,7 +224,7 @@ def collate_right(examples: list[dict], pad_token_id: int):
     """
     import torch
 
-    if not examples:
+    if not isinstance(examples, (list, tuple)) or not examples:
         raise ValueError("collate_right got no examples — a batch needs at least one — pass a "
                          "non-empty list of tokenize_chat() outputs.")
     width = max(len(e["input_ids"]) for e in examples)

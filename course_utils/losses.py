@@ -120,5 +120,6 @@ def params_finite(model, *, trainable_only: bool = False) -> bool:
     ``trainable_only=True`` for LoRA runs, where the frozen (possibly quantised) base is not
     touched by the optimiser and only the adapters can turn NaN.
     """
+    validate.model("model", model)
     return all(bool(torch.isfinite(p).all()) for p in model.parameters()
                if p.requires_grad or not trainable_only)

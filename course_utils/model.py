@@ -152,6 +152,12 @@ def load_course_model(name_or_path=None, device: str | None = None, **model_kwar
 
 def token_id(tokenizer, token: str) -> int:
     """The id of a single token string, or a what/why/fix error if the vocabulary lacks it."""
+    from . import validate
+
+    validate.tokenizer("tokenizer", tokenizer)
+    if not isinstance(token, str) or not token:
+        raise TypeError(f"token must be a non-empty string, got {token!r} — it is looked up in the "
+                        "vocabulary — pass e.g. '<|im_end|>'.")
     ids = tokenizer.convert_tokens_to_ids([token])
     if not ids or ids[0] is None or (ids[0] == tokenizer.unk_token_id and token != tokenizer.unk_token):
         raise ValueError(

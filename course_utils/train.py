@@ -159,7 +159,7 @@ def train(model, micro_batches: Sequence[dict], *, steps: int, accum_steps: int 
 
 def clip_rate(records: list[dict]) -> float:
     """Fraction of optimizer steps on which gradient clipping fired."""
-    if not records:
+    if not isinstance(records, (list, tuple)) or not records:
         raise ValueError("clip_rate got no records — it is a fraction of steps — pass train()'s output.")
     return sum(r["clipped"] for r in records) / len(records)
 
@@ -212,6 +212,12 @@ def make_sft_trainer(model, tokenizer, train_dataset, *, trainer_cls=None, progr
         logging_steps=1, save_strategy="no", activation_checkpointing=False, seed=course_seed(),
         use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, disable_tqdm=True, bf16=False,
     )
+    validate.model("model", model)
+    validate.tokenizer("tokenizer", tokenizer)
+    if not hasattr(train_dataset, "column_names"):
+        raise TypeError(f"train_dataset must be a datasets.Dataset, got {type(train_dataset).__name__} — "
+                        "SFTTrainer maps and tokenizes it — build one with make_chat_dataset() or "
+                        "datasets.Dataset.from_dict(...).")
     unknown = set(config) - set(SFTConfig.__dataclass_fields__)
     if unknown:
         raise ValueError(f"unknown SFTConfig field(s) {sorted(unknown)} — make_sft_trainer passes keyword "
@@ -236,4 +242,5 @@ def make_sft_trainer(model, tokenizer, train_dataset, *, trainer_cls=None, progr
 
 def logged(trainer, key: str = "loss") -> list[float]:
     """The values of ``key`` a Trainer logged, in step order (e.g. ``"loss"``, ``"grad_norm"``)."""
+    validate.trainer("trainer", trainer)
     return [h[key] for h in trainer.state.log_history if key in h and "train_runtime" not in h]

@@ -145,3 +145,30 @@ def model_and_tokenizer(model, tokenizer) -> None:
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model only {vocab} embeddings "
                          "— they come from different checkpoints — load them together with "
                          "load_course_model(), or call model.resize_token_embeddings(len(tokenizer)).")
+
+
+def tokenizer(name: str, value):
+    """A transformers tokenizer (the second item of ``load_course_model()``)."""
+    if not (callable(getattr(value, "encode", None)) and hasattr(value, "convert_ids_to_tokens")):
+        raise TypeError(f"{name} must be a transformers tokenizer, got {type(value).__name__} — the helper "
+                        "turns text into token ids with it — pass the tokenizer from load_course_model().")
+    return value
+
+
+def model(name: str, value):
+    """A torch model (the first item of ``load_course_model()``, or a peft/DDP wrapper of one)."""
+    import torch
+
+    if not isinstance(value, torch.nn.Module):
+        raise TypeError(f"{name} must be a torch model, got {type(value).__name__} — the helper runs or "
+                        "inspects its parameters — pass the model from load_course_model().")
+    return value
+
+
+def trainer(name: str, value):
+    """A transformers ``Trainer`` (e.g. from ``make_sft_trainer``)."""
+    if not hasattr(getattr(value, "state", None), "log_history"):
+        raise TypeError(f"{name} must be a transformers Trainer, got {type(value).__name__} — the helper "
+                        "reads its log history — pass the trainer you called .train() on "
+                        "(make_sft_trainer(...)).")
+    return value

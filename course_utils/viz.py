@@ -11,6 +11,8 @@ from __future__ import annotations
 import html
 from collections.abc import Iterable, Sequence
 
+from . import validate
+
 
 def plot_curves(runs: dict[str, list[dict]], key: str = "loss", *, threshold: float | None = None,
                 threshold_label: str = "threshold", title: str | None = None, ylabel: str | None = None,
@@ -18,7 +20,7 @@ def plot_curves(runs: dict[str, list[dict]], key: str = "loss", *, threshold: fl
     """Plot ``record[key]`` per step for each named run (``train()`` records); returns the axes."""
     import matplotlib.pyplot as plt
 
-    if not runs:
+    if not isinstance(runs, dict) or not runs:
         raise ValueError("plot_curves got no runs — it draws one line per run — pass "
                          "{'label': records, ...} with records from train().")
     if ax is None:
@@ -53,6 +55,10 @@ def _box(text: str, on: bool, outlined: bool) -> str:
 
 def token_strings(tokenizer, input_ids: Iterable[int]) -> list[str]:
     """Each token as readable text: byte-level ``Ġ``/``Ċ`` shown as space and ``\\n``."""
+    validate.tokenizer("tokenizer", tokenizer)
+    if isinstance(input_ids, (str, bytes)) or not hasattr(input_ids, "__iter__"):
+        raise TypeError(f"input_ids must be a sequence of token ids, got {type(input_ids).__name__} — one id "
+                        "per token — pass e.g. example['input_ids'].")
     return [tokenizer.convert_tokens_to_string([t]).replace("\n", "\\n")
             for t in tokenizer.convert_ids_to_tokens(list(input_ids))]
 
@@ -66,11 +72,18 @@ def token_viewer(tokenizer, input_ids: Sequence[int], mask: Sequence[int], *,
     """
     from IPython.display import HTML
 
+    validate.tokenizer("tokenizer", tokenizer)
+    for name, seq in (("input_ids", input_ids), ("mask", mask)):
+        if isinstance(seq, (str, bytes)) or not hasattr(seq, "__iter__"):
+            raise TypeError(f"{name} must be a sequence of ints, got {type(seq).__name__} — one value per "
+                            "token — pass e.g. example['input_ids'] and example['labels'].")
     input_ids, mask = list(map(int, input_ids)), [int(m) for m in mask]
     if len(input_ids) != len(mask):
         raise ValueError(f"token_viewer got {len(input_ids)} ids but {len(mask)} mask values — each "
                          "token needs one mask value — pass the ids and mask of the same sequence.")
-    on = [m not in (0, -100) for m in mask]
+    # labels (any -100, or values beyond 0/1) mark by "!= -100": a label can be token id 0 (<|endoftext|>)
+    is_labels = any(m == -100 or m > 1 for m in mask)
+    on = [m != -100 if is_labels else m != 0 for m in mask]
     highlight = set(highlight)
     tokens = tokenizer.convert_ids_to_tokens(input_ids)
     boxes = "".join(_box(text, flag, tok in highlight)

@@ -83,8 +83,12 @@ def test_mismatched_model_and_tokenizer_ids(course):
 
 def test_make_sft_trainer_rejects_zero_steps(course):
     model, tokenizer = course
+    from course_utils import make_chat_dataset
+
     with pytest.raises(ValueError, match="max_steps=0"):
-        make_sft_trainer(model, tokenizer, None, max_steps=0)
+        make_sft_trainer(model, tokenizer, make_chat_dataset("add", n=4), max_steps=0)
+    with pytest.raises(TypeError, match="datasets.Dataset"):
+        make_sft_trainer(model, tokenizer, [{"messages": []}])
 
 
 def test_helpers_leave_library_state_as_they_found_it(course):
