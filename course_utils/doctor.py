@@ -216,10 +216,13 @@ def _load_model(source):
 def _generation_eos_ids(source, model_obj) -> list[int]:
     from transformers import GenerationConfig
 
-    try:
-        eos = GenerationConfig.from_pretrained(source).eos_token_id
-    except (OSError, ValueError):
-        eos = model_obj.generation_config.eos_token_id if model_obj is not None else None
+    if model_obj is not None:  # a loaded model: its generation_config is what generate() will use
+        eos = model_obj.generation_config.eos_token_id
+    else:
+        try:
+            eos = GenerationConfig.from_pretrained(source).eos_token_id
+        except (OSError, ValueError):
+            eos = None
     return [] if eos is None else [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
 
 
@@ -695,8 +698,7 @@ def _run_checks(rows, form, tokenizer, args, precision, unknown, config, source,
     eot = end_of_turn_id(tokenizer) if form != "text" else tokenizer.eos_token_id
     if model_obj is None and forward and precision["fp16"] and source is not None:
         model_obj = _load_model(source)
-    gen_eos = _generation_eos_ids(source, model_obj) if source is not None else (
-        [] if model_obj is None else _generation_eos_ids(None, model_obj))
+    gen_eos = _generation_eos_ids(source, model_obj)
     findings += check_stop_token_trained(tokenizer, prepared, eot, args, chat_template)
     findings += check_eos(tokenizer, eot, gen_eos, args)
     findings += check_pad_eos(tokenizer, prepared, eot, args)
