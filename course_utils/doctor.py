@@ -128,8 +128,8 @@ def read_jsonl(path) -> list[dict]:
     """The rows of a JSONL file; a malformed line raises ``DoctorInputError`` naming its number."""
     path = Path(path)
     if not path.is_file():
-        raise DoctorInputError(f"data file {str(path)!r} does not exist — the doctor reads the rows you would "
-                               "train on — pass the path of a .jsonl file, one JSON object per line.")
+        raise DoctorInputError(f"data file {str(path)!r} does not exist — the doctor reads the rows you "
+                               "would train on — pass the path of a .jsonl file, one JSON object per line.")
     rows = []
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
@@ -151,17 +151,18 @@ def read_jsonl(path) -> list[dict]:
 
 def _check_row(row, where: str) -> None:
     if not isinstance(row, dict):
-        raise DoctorInputError(f"{where} is a JSON {type(row).__name__}, not an object — TRL's dataset formats "
-                               "are objects — write {\"messages\": [...]} or {\"prompt\": ..., \"completion\": ...}.")
+        raise DoctorInputError(f"{where} is a JSON {type(row).__name__}, not an object — TRL's dataset "
+                               "formats are objects — write {\"messages\": [...]} or "
+                               "{\"prompt\": ..., \"completion\": ...}.")
     if "messages" in row:
         ok = isinstance(row["messages"], list) and all(
             isinstance(m, dict) and "role" in m and "content" in m for m in row["messages"])
         if not ok:
-            raise DoctorInputError(f"{where}: 'messages' must be a list of {{'role', 'content'}} objects — the "
-                                   "chat template renders such a list — fix that row.")
+            raise DoctorInputError(f"{where}: 'messages' must be a list of {{'role', 'content'}} objects — "
+                                   "the chat template renders such a list — fix that row.")
     elif not ("prompt" in row and "completion" in row) and "text" not in row:
-        raise DoctorInputError(f"{where} has keys {sorted(row)} — TRL reads 'messages', 'prompt'+'completion' "
-                               "or 'text' — rename the columns to one of these forms.")
+        raise DoctorInputError(f"{where} has keys {sorted(row)} — TRL reads 'messages', "
+                               "'prompt'+'completion' or 'text' — rename the columns to one of these forms.")
 
 
 def read_config(config) -> dict:
@@ -171,16 +172,18 @@ def read_config(config) -> dict:
     if isinstance(config, (str, Path)):
         path = Path(config)
         if not path.is_file():
-            raise DoctorInputError(f"config file {str(path)!r} does not exist — it holds your SFTConfig fields — "
-                                   "pass the path of a JSON file, or leave --config out for TRL's defaults.")
+            raise DoctorInputError(f"config file {str(path)!r} does not exist — it holds your SFTConfig "
+                                   "fields — pass the path of a JSON file, or leave --config out for TRL's "
+                                   "defaults.")
         try:
             config = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise DoctorInputError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}) — the config is "
                                    "one JSON object of SFTConfig fields — fix the file.") from None
     if not isinstance(config, dict):
-        raise DoctorInputError(f"the config is a {type(config).__name__}, not a JSON object — it maps SFTConfig "
-                               "field names to values — write e.g. {\"max_length\": 512, \"learning_rate\": 2e-5}.")
+        raise DoctorInputError(f"the config is a {type(config).__name__}, not a JSON object — it maps "
+                               "SFTConfig field names to values — write e.g. "
+                               "{\"max_length\": 512, \"learning_rate\": 2e-5}.")
     return dict(config)
 
 
@@ -248,8 +251,8 @@ def build_args(config: dict, max_length=None):
         args = SFTConfig(output_dir=tempfile.gettempdir(), report_to="none", use_cpu=True, bf16=False,
                          fp16=False, **known)
     except (TypeError, ValueError) as exc:
-        raise DoctorInputError(f"SFTConfig rejects this config: {str(exc)[:300]} — TRL would fail the same way "
-                               "before training — fix the field it names.") from None
+        raise DoctorInputError(f"SFTConfig rejects this config: {str(exc)[:300]} — TRL would fail the same "
+                               "way before training — fix the field it names.") from None
     return args, precision, unknown
 
 
@@ -367,13 +370,15 @@ def check_template(tokenizer, args, form) -> tuple[list[Finding], str | None, bo
     if not args.assistant_only_loss:
         return [], None, True
     if form != "messages":
-        return [Finding("error", "assistant-only-loss", "assistant_only_loss=True on a dataset without 'messages'",
+        return [Finding("error", "assistant-only-loss",
+                        "assistant_only_loss=True on a dataset without 'messages'",
                         "TRL raises ValueError: the option needs a conversational language-modeling dataset",
                         "use a 'messages' dataset, or drop assistant_only_loss (prompt/completion rows are "
                         "trained on the completion only by default)", "04")], None, False
     template = tokenizer.chat_template
     if not template:
-        return [Finding("error", "template-unpatchable", "assistant_only_loss=True but the tokenizer has no chat template",
+        return [Finding("error", "template-unpatchable",
+                        "assistant_only_loss=True but the tokenizer has no chat template",
                         "tokenizer.chat_template is None", "set chat_template_path to a template with "
                         "{% generation %} markers", "04")], None, False
     if has_generation_markers(template):
@@ -386,9 +391,9 @@ def check_template(tokenizer, args, form) -> tuple[list[Finding], str | None, bo
                         "assistant_only_loss=True with a chat template TRL cannot patch",
                         f"get_training_chat_template raised: {str(exc)[:120]}…; closest shipped template: "
                         f"{name} ({ratio:.1%} similar)",
-                        f"set chat_template_path to TRL's trl/chat_templates/{name}_training.jinja (it renders "
-                        f"{name}'s text with {{% generation %}} markers), or add the markers to your own template "
-                        "(lesson 04, templates.add_generation_markers)", "04")], None, False
+                        f"set chat_template_path to TRL's trl/chat_templates/{name}_training.jinja (it "
+                        f"renders {name}'s text with {{% generation %}} markers), or add the markers to your "
+                        "own template (lesson 04, templates.add_generation_markers)", "04")], None, False
 
 
 def closest_shipped_template(template: str) -> tuple[str, float]:
@@ -423,7 +428,8 @@ def check_stop_token_trained(tokenizer, prepared, eot, args, chat_template) -> l
         return []
     severity = "error" if graded < len(rows) / 2 else "warning"
     return [Finding(severity, "stop-token-untrained",
-                    f"the end-of-turn token {token!r} carries no loss in {len(rows) - graded} of {len(rows)} rows",
+                    f"the end-of-turn token {token!r} carries no loss in {len(rows) - graded} of "
+                    f"{len(rows)} rows",
                     f"graded in {graded} rows (labels from TRL's own preparation); "
                     f"trl is_chat_template_stop_token_trained={template_ok}",
                     f"put {token!r} inside {{% generation %}}…{{% endgeneration %}} (TRL's *_training.jinja "
@@ -497,12 +503,13 @@ def check_truncation(prepared, tokenizer, args, chat_template, completion_only_l
     prompts = sorted(first.values())
     median_prompt = prompts[len(prompts) // 2] if prompts else 0
     if prompts and median_prompt >= max_length:
-        findings.append(Finding("error", "max-length-below-prompts",
-                                f"max_length={max_length} is below most prompts (median {median_prompt} tokens)",
-                                f"{sum(p >= max_length for p in prompts)} of {len(prompts)} prompts are at least "
-                                f"max_length tokens long; the longest answer starts at token {prompts[-1]}",
-                                f"raise max_length above {median_prompt} (the longest needs {prompts[-1] + 1}), or "
-                                "shorten the prompts", "05"))
+        findings.append(Finding(
+            "error", "max-length-below-prompts",
+            f"max_length={max_length} is below most prompts (median {median_prompt} tokens)",
+            f"{sum(p >= max_length for p in prompts)} of {len(prompts)} prompts are at least max_length "
+            f"tokens long; the longest answer starts at token {prompts[-1]}",
+            f"raise max_length above {median_prompt} (the longest needs {prompts[-1] + 1}), or shorten the "
+            "prompts", "05"))
     tokenized = prepared.remove_columns([c for c in prepared.column_names if c not in
                                          ("input_ids", "labels", "_doctor_row")])
     cut = _prepare(tokenizer, tokenized, args, chat_template, completion_only_loss, packing=False)
@@ -519,19 +526,21 @@ def check_truncation(prepared, tokenizer, args, chat_template, completion_only_l
     if args.packing:
         packed = _prepare(tokenizer, tokenized, args, chat_template, completion_only_loss)
         empty_rows = sum(not _graded_positions(lab) for lab in packed["labels"])
-        path = (f"packing={args.packing_strategy}: TRL does not drop them; {empty_rows} of {len(packed)} packed "
-                f"rows have no graded token, so a micro-batch of {batch} has none with p="
-                f"{empty_batch_probability(len(packed), empty_rows, batch):.3g} and SFTTrainer logs a silent 0.0 "
-                "(compute_loss divides by num_tokens.clamp(min=1))")
+        p_packed = empty_batch_probability(len(packed), empty_rows, batch)
+        path = (f"packing={args.packing_strategy}: TRL does not drop them; {empty_rows} of {len(packed)} "
+                f"packed rows have no graded token, so a micro-batch of {batch} has none with p="
+                f"{p_packed:.3g} and SFTTrainer logs a silent 0.0 (compute_loss divides by "
+                "num_tokens.clamp(min=1))")
     else:
-        path = (f"SFTTrainer drops them ('Dropping fully masked examples'): it trains on {n - len(dropped)} rows, "
-                "not the ones you think; a loop without that filter that takes the mean over a micro-batch "
-                "without graded tokens gets NaN (0/0), TRL's compute_loss a silent 0.0")
+        path = (f"SFTTrainer drops them ('Dropping fully masked examples'): it trains on {n - len(dropped)} "
+                "rows, not the ones you think; a loop without that filter that takes the mean over a "
+                "micro-batch without graded tokens gets NaN (0/0), TRL's compute_loss a silent 0.0")
     severity = "error" if share >= ERROR_SHARE else "warning"
     findings.append(Finding(
         severity, "fully-truncated",
         f"{len(dropped)} of {n} rows ({share:.1%}) lose every graded token at max_length={max_length}",
-        f"row ids {dropped[:8]}; a micro-batch of {batch} such rows (no graded token at all) has p={p_empty:.3g}, "
+        f"row ids {dropped[:8]}; a micro-batch of {batch} such rows (no graded token at all) has "
+        f"p={p_empty:.3g}, "
         f"~{p_empty * n / batch:.2g} per epoch; {path}",
         f"max_length >= {max(first.values()) + 1} keeps a graded token in every row; truncation_mode="
         f"'{end_mode}' keeps {other_kept} of {n}; or drop/shorten the long prompts", "05"))
@@ -545,14 +554,16 @@ def check_packing(prepared, tokenizer, args, chat_template, completion_only_loss
     padding_free = args.padding_free or args.packing_strategy in ("bfd", "bfd_split")
     if args.packing_strategy != "wrapped" or padding_free:
         return []
-    tokenized = prepared.remove_columns([c for c in prepared.column_names if c not in ("input_ids", "labels")])
+    extra = [c for c in prepared.column_names if c not in ("input_ids", "labels")]
+    tokenized = prepared.remove_columns(extra)
     packed = _prepare(tokenizer, tokenized, args, chat_template, completion_only_loss)
     return [Finding("warning", "packing-no-boundaries",
                     "packing_strategy='wrapped' without padding_free: examples attend to each other",
                     f"TRL packs {len(prepared)} rows into {len(packed)} rows of {args.max_length} tokens "
-                    f"(~{len(prepared) / max(len(packed), 1):.1f} examples per row) with an all-ones attention mask "
-                    "and no position_ids reset",
-                    "use packing_strategy='bfd' (padding-free, boundaries kept), or set padding_free=True", "03")]
+                    f"(~{len(prepared) / max(len(packed), 1):.1f} examples per row) with an all-ones "
+                    "attention mask and no position_ids reset",
+                    "use packing_strategy='bfd' (padding-free, boundaries kept), or set padding_free=True",
+                    "03")]
 
 
 def check_padding_side(tokenizer) -> list[Finding]:
@@ -597,11 +608,12 @@ def check_precision_and_lr(config, precision, args, model_obj, tokenizer, prepar
     lr, kind = args.learning_rate, "LoRA" if lora else "full fine-tuning"
     hot = lr > high
     if lr > high * LR_FAR or lr < low / LR_FAR:
-        findings.append(Finding("warning", "learning-rate",
-                                f"learning_rate={lr:g} is far outside the usual range for {kind}",
-                                f"usual {low:g}..{high:g}; this is {lr / (high if lr > high else low):.3g}x that end",
-                                "a tiny model can take it, a real one diverges or forgets: sweep a few values "
-                                f"around {math.sqrt(low * high):.0e} and watch the loss and grad_norm", "06"))
+        ratio = lr / (high if lr > high else low)
+        findings.append(Finding(
+            "warning", "learning-rate", f"learning_rate={lr:g} is far outside the usual range for {kind}",
+            f"usual {low:g}..{high:g}; this is {ratio:.3g}x that end",
+            "a tiny model can take it, a real one diverges or forgets: sweep a few values around "
+            f"{math.sqrt(low * high):.0e} and watch the loss and grad_norm", "06"))
     if not precision["fp16"]:
         return findings
     if model_obj is None or prepared is None:
@@ -613,13 +625,13 @@ def check_precision_and_lr(config, precision, args, model_obj, tokenizer, prepar
     headroom = FP16_MAX / max(peak, 1e-30)
     near = headroom < FP16_HEADROOM
     if near or hot:
-        why = (f"activations already reach {peak:.3g} in {where} ({headroom:.3g}x below fp16's max {FP16_MAX:g})"
-               if near else f"learning_rate={lr:g} is above the usual {high:g} for {kind}: fast-growing "
+        why = (f"activations already reach {peak:.3g} in {where} ({headroom:.3g}x below fp16's max "
+               f"{FP16_MAX:g})" if near else
+               f"learning_rate={lr:g} is above the usual {high:g} for {kind}: fast-growing "
                f"weights push activations (now {peak:.3g}, in {where}) past fp16's {FP16_MAX:g} → inf → NaN")
-        findings.append(Finding("error", "fp16-overflow-risk",
-                                "fp16 training risks overflow to inf/NaN", why,
-                                "use bf16 (same range as fp32) or fp32; if fp16 is a must, lower the learning "
-                                "rate and keep max_grad_norm", "06"))
+        findings.append(Finding("error", "fp16-overflow-risk", "fp16 training risks overflow to inf/NaN", why,
+                                "use bf16 (same range as fp32) or fp32; if fp16 is a must, lower the "
+                                "learning rate and keep max_grad_norm", "06"))
     else:
         findings.append(Finding("info", "fp16-range", f"fp16: activations peak at {peak:.3g} ({where})",
                                 f"{headroom:.3g}x headroom below fp16's max {FP16_MAX:g}",
@@ -669,13 +681,15 @@ def diagnose(model, data, config=None, *, max_length: int | None = None, forward
     bars = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()
     try:
-        return _run_checks(rows, form, tokenizer, args, precision, unknown, config, source, model_obj, forward)
+        return _run_checks(rows, form, tokenizer, args, precision, unknown, config, source, model_obj,
+                           forward)
     finally:
         if bars:
             datasets.enable_progress_bars()
 
 
-def _run_checks(rows, form, tokenizer, args, precision, unknown, config, source, model_obj, forward) -> Report:
+def _run_checks(rows, form, tokenizer, args, precision, unknown, config, source, model_obj,
+                forward) -> Report:
     from datasets import Dataset
 
     tokenizer, findings = apply_chat_template_path(tokenizer, args)
@@ -692,9 +706,11 @@ def _run_checks(rows, form, tokenizer, args, precision, unknown, config, source,
             prepared = _prepare(tokenizer, dataset, args, chat_template, completion_only,
                                 max_length=None, packing=False)
         except (RuntimeError, ValueError, TypeError, KeyError) as exc:  # TRL's own refusal is the finding
-            findings.append(Finding("error", "trl-preparation", "TRL's dataset preparation fails on these rows",
-                                    f"{type(exc).__name__}: {str(exc)[:200]}", "fix the rows or the template "
-                                    "it names; SFTTrainer would stop here", "04"))
+            findings.append(Finding("error", "trl-preparation",
+                                    "TRL's dataset preparation fails on these rows",
+                                    f"{type(exc).__name__}: {str(exc)[:200]}",
+                                    "fix the rows or the template it names; SFTTrainer would stop here",
+                                    "04"))
     eot = end_of_turn_id(tokenizer) if form != "text" else tokenizer.eos_token_id
     if model_obj is None and forward and precision["fp16"] and source is not None:
         model_obj = _load_model(source)
@@ -704,15 +720,18 @@ def _run_checks(rows, form, tokenizer, args, precision, unknown, config, source,
     findings += check_pad_eos(tokenizer, prepared, eot, args)
     findings += check_truncation(prepared, tokenizer, args, chat_template, completion_only)
     findings += check_packing(prepared, tokenizer, args, chat_template, completion_only)
-    findings += check_precision_and_lr(config, precision, args, model_obj if forward else None, tokenizer, prepared)
+    findings += check_precision_and_lr(config, precision, args, model_obj if forward else None, tokenizer,
+                                       prepared)
     findings += check_padding_side(tokenizer)
     return Report(sorted(findings, key=lambda f: SEVERITIES.index(f.severity)))
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_utils.doctor",
-                                     description="Check an SFT set-up for the failures of the SFT Failure Lab.")
-    parser.add_argument("--model", required=True, help="local model directory or hub id (offline: cache only)")
+    parser = argparse.ArgumentParser(
+        prog="python -m course_utils.doctor",
+        description="Check an SFT set-up for the failures of the SFT Failure Lab.")
+    parser.add_argument("--model", required=True,
+                        help="local model directory or hub id (offline: cache only)")
     parser.add_argument("--data", required=True, help="JSONL file: 'messages' or 'prompt'/'completion' rows")
     parser.add_argument("--config", help="JSON object of trl.SFTConfig fields")
     parser.add_argument("--max-length", type=int, help="overrides the config's max_length")

@@ -10,7 +10,8 @@ trains, the three things this course showed go wrong silently:
 - **micro-batches with no graded token** (lessons 05, 07): a callback never sees the batch, so the
   watch puts a forward *pre*-hook (``with_kwargs=True``) on the model and counts the ``labels`` that
   are not ``-100`` in every training forward. TRL's ``compute_loss`` divides by
-  ``num_tokens.clamp(min=1)``, so such a micro-batch logs a silent 0.0 instead of NaN.
+  ``num_tokens.clamp(min=1)``, so such a micro-batch logs a silent 0.0 instead of NaN. (A custom
+  ``compute_loss`` that calls the model without ``labels`` is invisible to this count.)
 - **the first non-finite value** (lesson 06): forward hooks on every module find the first module
   whose output holds inf/NaN; ``register_post_accumulate_grad_hook`` on every parameter finds the
   first gradient that does, in backward order (the module nearest the loss first). With
@@ -92,20 +93,24 @@ class SFTWatch(TrainerCallback):
                 return
             tensor = _first_tensor(output)
             if tensor is not None and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                self._record_nonfinite("activation" if name else "model output", name or "<model>")
+                loss = getattr(output, "loss", None) is tensor
+                kind = "activation" if name else "loss" if loss else "model output"
+                self._record_nonfinite(kind, name or "the model's output")
         return hook
 
     def _grad_hook(self, name: str):
         def hook(param):
-            if self.nonfinite is None and param.grad is not None and not bool(torch.isfinite(param.grad).all()):
+            grad = param.grad
+            if self.nonfinite is None and grad is not None and not bool(torch.isfinite(grad).all()):
                 self._record_nonfinite("gradient", name)
         return hook
 
     # --- callback events --------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if model is None:
-            raise ValueError("SFTWatch got no model from the Trainer — it hooks the model to see micro-batches — "
-                             "add it with trainer.add_callback(watch) on a transformers Trainer.")
+            raise ValueError("SFTWatch got no model from the Trainer — it hooks the model to see "
+                             "micro-batches — add it with trainer.add_callback(watch) on a transformers "
+                             "Trainer.")
         self._max_grad_norm = args.max_grad_norm
         self._handles.append(model.register_forward_pre_hook(self._count_graded, with_kwargs=True))
         if self.locate:
@@ -181,12 +186,12 @@ class SFTWatch(TrainerCallback):
                          + ("  <- clipping on most steps: check the loss scale (lesson 01)"
                             if self.clip_rate > 0.5 else ""))
         empty = self.empty_micro_batches
-        lines.append(f"  micro-batches with no graded token: {empty}"
-                     + (" <- SFTTrainer logs a silent 0.0 for each; check truncation (lesson 05)" if empty else ""))
+        hint = " <- SFTTrainer logs a silent 0.0 for each; check truncation (lesson 05)" if empty else ""
+        lines.append(f"  micro-batches with no graded token: {empty}{hint}")
         if self.nonfinite:
             n = self.nonfinite
-            lines.append(f"  first non-finite {n['kind']} at step {n['step']} (micro-batch {n['micro_batch']}): "
-                         f"{n['where']} (lesson 06)")
+            lines.append(f"  first non-finite {n['kind']} at step {n['step']} "
+                         f"(micro-batch {n['micro_batch']}): {n['where']} (lesson 06)")
         else:
             lines.append("  no non-finite loss, activation or gradient")
         if self.stopped_because:

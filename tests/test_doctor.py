@@ -30,12 +30,12 @@ def rows(n=48, **kw):
 
 
 def base_template():
-    """Qwen2.5 base's template: Instruct's with a different default system prompt (an unknown string to TRL)."""
+    """Qwen2.5 base's template: Instruct's with another default system prompt (unknown to TRL)."""
     return qwen2_5_chat_template.replace(INSTRUCT, "You are a helpful assistant.")
 
 
 def stop_outside_template():
-    """TRL's Qwen2.5 training template with <|im_end|> moved after {% endgeneration %}: same text, never graded."""
+    """TRL's Qwen2.5 training template, <|im_end|> moved after {% endgeneration %}: never graded."""
     assert qwen2_5_training_chat_template.count(OUT_LINE) == 1
     moved = "{%- endgeneration %}\n        {%- if not message.tool_calls %}{{- '<|im_end|>\\n' }}{%- endif %}"
     return (qwen2_5_training_chat_template.replace(OUT_LINE, "{{- '\\n' + message.content }}")
@@ -71,7 +71,7 @@ def test_course_defaults_have_no_error(course):
 
 def test_unknown_config_keys_are_reported_not_fatal(course):
     report = run(course, rows(), {**GOOD, "max_lenght": 64})
-    assert "config-keys" in report.checks("warning") and "max_lenght" in report[0].what + report[-1].what + str(report)
+    assert "config-keys" in report.checks("warning") and "max_lenght" in str(report)
     assert report.exit_code == 0
 
 
@@ -104,7 +104,8 @@ def test_empty_batch_probability_is_hypergeometric():
 def test_template_trl_cannot_patch(course):
     report = run(with_template(course, base_template()), rows(), GOOD)
     finding = next(f for f in report if f.check == "template-unpatchable")
-    assert finding.severity == "error" and "qwen2_5" in finding.evidence and "qwen2_5_training.jinja" in finding.fix
+    assert finding.severity == "error" and "qwen2_5" in finding.evidence
+    assert "qwen2_5_training.jinja" in finding.fix
     assert "template-unpatchable" not in run(course, rows(), GOOD).checks()
 
 
@@ -155,7 +156,8 @@ def test_trl_preparation_failure_is_a_finding(course):
 
 def test_wrapped_packing_without_boundaries(course):
     cfg = {**GOOD, "packing": True, "max_length": 256}
-    assert "packing-no-boundaries" in run(course, rows(), {**cfg, "packing_strategy": "wrapped"}).checks("warning")
+    wrapped = run(course, rows(), {**cfg, "packing_strategy": "wrapped"})
+    assert "packing-no-boundaries" in wrapped.checks("warning")
     assert "packing-no-boundaries" not in run(course, rows(), {**cfg, "packing_strategy": "bfd"}).checks()
 
 
@@ -175,7 +177,8 @@ def test_learning_rate_far_outside_range(course):
 
 
 def test_fp16_with_hot_learning_rate_or_activations_near_the_range(course):
-    assert "fp16-overflow-risk" in run(course, rows(), {**GOOD, "fp16": True, "learning_rate": 0.05}).checks("error")
+    hot_lr = run(course, rows(), {**GOOD, "fp16": True, "learning_rate": 0.05})
+    assert "fp16-overflow-risk" in hot_lr.checks("error")
     calm = run(course, rows(), {**GOOD, "fp16": True})
     assert "fp16-overflow-risk" not in calm.checks() and "fp16-range" in calm.checks("info")
     model, tok = course
@@ -221,8 +224,10 @@ HELD_OUT = {
                                   config={**GOOD, "max_length": 80}), "fully-truncated"),
     "base template + assistant_only_loss": (dict(template=base_template()), "template-unpatchable"),
     "end-of-turn never graded": (dict(template=stop_outside_template()), "stop-token-untrained"),
-    "fp16 + hot learning rate": (dict(config={**GOOD, "fp16": True, "learning_rate": 1e-2}), "fp16-overflow-risk"),
-    "no assistant turns": (dict(data=[{"messages": r["messages"][:1]} for r in rows()]), "no-assistant-turns"),
+    "fp16 + hot learning rate": (dict(config={**GOOD, "fp16": True, "learning_rate": 1e-2}),
+                                 "fp16-overflow-risk"),
+    "no assistant turns": (dict(data=[{"messages": r["messages"][:1]} for r in rows()]),
+                           "no-assistant-turns"),
 }
 
 
@@ -245,7 +250,8 @@ def test_malformed_jsonl_row_exits_2_with_its_line_number(tmp_path, course, caps
     assert "line 3" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("case", ["missing data", "missing model", "config not an object", "row not TRL form"])
+@pytest.mark.parametrize("case", ["missing data", "missing model", "config not an object",
+                                  "row not TRL form"])
 def test_bad_input_exits_2_with_what_why_fix(case, tmp_path, course, capsys):
     argv = _setup(tmp_path, course)
     if case == "missing data":
