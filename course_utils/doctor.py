@@ -45,6 +45,7 @@ FP16_HEADROOM = 16.0  # activations within 16x of fp16's max leave no room for t
 LR_RANGES = {"full": (1e-6, 1e-4), "lora": (1e-5, 1e-3)}
 LR_FAR = 10.0
 PEFT_KEYS = ("use_peft", "lora_r", "peft_config", "lora_alpha")  # TRL ModelConfig fields a config may carry
+STAND_IN_SIMILARITY = 0.9  # above it, the closest shipped training template stands in for the measurement
 ERROR_SHARE = 0.01  # fully truncated rows: an error from 1 % of the data, a warning below
 
 
@@ -340,14 +341,18 @@ def check_config_keys(unknown) -> list[Finding]:
                     "check the spelling against SFTConfig's fields (or drop them); the doctor ignored them")]
 
 
+def rows_without_answer(rows, form) -> list[int]:
+    """Ids of rows with nothing for the model to say: no assistant message, or an empty completion."""
+    if form == "messages":
+        return [i for i, r in enumerate(rows) if not any(m["role"] == "assistant" for m in r["messages"])]
+    if form.startswith("prompt_completion"):
+        return [i for i, r in enumerate(rows) if not r["completion"]]
+    return []
+
+
 def check_assistant_turns(rows, form, args) -> list[Finding]:
     """Rows that have nothing for the model to say: no assistant message, or an empty completion."""
-    if form == "messages":
-        empty = [i for i, r in enumerate(rows) if not any(m["role"] == "assistant" for m in r["messages"])]
-    elif form.startswith("prompt_completion"):
-        empty = [i for i, r in enumerate(rows) if not r["completion"]]
-    else:
-        return []
+    empty = rows_without_answer(rows, form)
     if not empty:
         return []
     share = len(empty) / len(rows)
@@ -386,14 +391,24 @@ def check_template(tokenizer, args, form) -> tuple[list[Finding], str | None, bo
     try:
         return [], get_training_chat_template(tokenizer), True
     except ValueError as exc:
+        from trl import chat_template_utils
+
         name, ratio = closest_shipped_template(template)
-        return [Finding("error", "template-unpatchable",
+        findings = [Finding("error", "template-unpatchable",
                         "assistant_only_loss=True with a chat template TRL cannot patch",
                         f"get_training_chat_template raised: {str(exc)[:120]}…; closest shipped template: "
                         f"{name} ({ratio:.1%} similar)",
                         f"set chat_template_path to TRL's trl/chat_templates/{name}_training.jinja (it "
                         f"renders {name}'s text with {{% generation %}} markers), or add the markers to your "
-                        "own template (lesson 04, templates.add_generation_markers)", "04")], None, False
+                        "own template (lesson 04, templates.add_generation_markers)", "04")]
+        if ratio < STAND_IN_SIMILARITY:
+            return findings, None, False
+        # Measure the rest as if the suggested fix were applied, so one run shows every problem.
+        findings.append(Finding("info", "measured-with-stand-in",
+                                f"the other checks used {name}_training.jinja in place of your template",
+                                f"your template is {ratio:.1%} similar to {name}'s",
+                                "re-run the doctor after fixing the template", "04"))
+        return findings, getattr(chat_template_utils, f"{name}_training_chat_template"), True
 
 
 def closest_shipped_template(template: str) -> tuple[str, float]:
@@ -617,9 +632,11 @@ def check_precision_and_lr(config, precision, args, model_obj, tokenizer, prepar
     if not precision["fp16"]:
         return findings
     if model_obj is None or prepared is None:
-        findings.append(Finding("warning", "fp16-range", "fp16=True, activation range not measured",
-                                "no weights in the model directory (or no tokenized rows)",
-                                "prefer bf16 where the hardware has it", "06"))
+        findings.append(Finding("error" if hot else "warning", "fp16-overflow-risk" if hot else "fp16-range",
+                                "fp16=True" + (f" with learning_rate={lr:g} above the usual {high:g}" if hot
+                                               else ", activation range not measured"),
+                                "no weights in the model directory (or no tokenized rows) to measure the range",
+                                "use bf16 (same range as fp32) or fp32, and a usual learning rate", "06"))
         return findings
     peak, where = max_activation(model_obj, tokenizer, prepared)
     headroom = FP16_MAX / max(peak, 1e-30)
@@ -700,9 +717,11 @@ def _run_checks(rows, form, tokenizer, args, precision, unknown, config, source,
     if completion_only is None:
         completion_only = form.startswith("prompt_completion")
     prepared = None
-    if trainable and not any(f.severity == "error" and f.check == "no-assistant-turns" for f in findings):
+    # rows without an answer are reported above; the rest is measured without them (TRL would refuse them)
+    skip = set(rows_without_answer(rows, form)) if args.assistant_only_loss else set()
+    if trainable and len(skip) < len(rows):
         try:
-            dataset = Dataset.from_list([{**r, "_doctor_row": i} for i, r in enumerate(rows)])
+            dataset = Dataset.from_list([{**r, "_doctor_row": i} for i, r in enumerate(rows) if i not in skip])
             prepared = _prepare(tokenizer, dataset, args, chat_template, completion_only,
                                 max_length=None, packing=False)
         except (RuntimeError, ValueError, TypeError, KeyError) as exc:  # TRL's own refusal is the finding
