@@ -145,19 +145,22 @@ def trl_training_template_path() -> str:
 # ---------------------------------------------------------------------------------------------
 
 HINTS = {
-    "template-unpatchable": "TRL recognises a template by exact string (lesson 04): the base model's template "
-                            "differs from Instruct's in one sentence. Give SFTTrainer a template with "
-                            "{% generation %} markers: config['chat_template_path'] = TRL's qwen2_5_training.jinja.",
+    "template-unpatchable": "TRL recognises a template by exact string (lesson 04): the base model's "
+                            "template differs from Instruct's in one sentence. Give SFTTrainer a template "
+                            "with {% generation %} markers: config['chat_template_path'] = TRL's "
+                            "qwen2_5_training.jinja.",
     "fully-truncated": "rows whose prompt fills max_length lose every graded token (lesson 05) and TRL drops "
-                       "them without a word. Which rows does the doctor list? Raise max_length above the "
-                       "longest prompt, or drop exactly those rows.",
+                       "them without a word. Measure each prompt with the template TRL trains with (the "
+                       "training template's system prompt is longer than the base one) and drop what does "
+                       "not fit.",
     "max-length-below-prompts": "max_length must exceed a typical prompt (lesson 05), not only the answer.",
     "no-assistant-turns": "look at the roles of the rows the doctor lists: to the chat template 'gpt' is not "
                           "'assistant'. Renaming keeps the rows; dropping them throws data away.",
     "fp16-overflow-risk": "fp16 tops out at 65504 (lesson 06): use fp32 on a CPU (or bf16 on a GPU) and a "
                           "learning rate this model trains with (the config's base rate, 3e-3).",
     "packing-no-boundaries": "wrapped packing lets examples attend to each other (lesson 03): "
-                             "packing_strategy='bfd' keeps the boundaries, packing=False avoids the question.",
+                             "packing_strategy='bfd' keeps the boundaries, packing=False avoids the "
+                             "question.",
     "eos-mismatch": "generate() stops only on generation_config.eos_token_id (lesson 02): set "
                     "config['eos_token'] = '<|im_end|>', the token the template ends a turn with.",
     "stop-token-untrained": "the end-of-turn token must sit inside {% generation %} (lesson 02).",
@@ -184,12 +187,17 @@ def _evaluate(got, setup: Setup) -> tuple[str | None, str | None]:
     """(difference, misconception) for the learner's ``(config, rows)`` on ``setup``."""
     from .doctor import DoctorInputError, diagnose
 
-    if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], dict) and isinstance(got[1], list)):
+    shape_ok = isinstance(got, tuple) and len(got) == 2
+    if not (shape_ok and isinstance(got[0], dict) and isinstance(got[1], list)):
         return f"expected (config dict, list of rows), got {type(got).__name__}", "return config, rows"
     config, rows = got
     if config.get("assistant_only_loss") is not True:
-        return ("assistant_only_loss is off", "turning assistant_only_loss off hides the template error but trains "
-                "the model on the prompts and the system text: keep it, and fix the template instead.")
+        return ("assistant_only_loss is off", "turning assistant_only_loss off hides the template error but "
+                "trains the model on the prompts and the system text: keep it, and fix the template instead.")
+    if config.get("max_length") != setup.config["max_length"]:
+        return (f"max_length={config.get('max_length')} (the budget is {setup.config['max_length']})",
+                "the exercise keeps the memory budget: max_length stays. Find the rows that do not fit "
+                "(measure each prompt with the template TRL will train with) and drop those.")
     if config.get("learning_rate", 0) > 1e-2:
         return (f"learning_rate={config['learning_rate']}", "0.05 is the hot rate of lesson 06: fp32 only "
                 "postpones the divergence. Use the base config's 3e-3.")
@@ -204,7 +212,8 @@ def _evaluate(got, setup: Setup) -> tuple[str | None, str | None]:
                                                           and f.check not in ALLOWED_WARNINGS)]
     if bad:
         first = bad[0]
-        return f"the doctor still reports {first.severity} {first.check}: {first.what}", HINTS.get(first.check)
+        difference = f"the doctor still reports {first.severity} {first.check}: {first.what}"
+        return difference, HINTS.get(first.check)
     return None, None
 
 
