@@ -635,7 +635,8 @@ def check_precision_and_lr(config, precision, args, model_obj, tokenizer, prepar
         findings.append(Finding("error" if hot else "warning", "fp16-overflow-risk" if hot else "fp16-range",
                                 "fp16=True" + (f" with learning_rate={lr:g} above the usual {high:g}" if hot
                                                else ", activation range not measured"),
-                                "no weights in the model directory (or no tokenized rows) to measure the range",
+                                "no weights in the model directory (or no tokenized rows) to measure the "
+                                "range",
                                 "use bf16 (same range as fp32) or fp32, and a usual learning rate", "06"))
         return findings
     peak, where = max_activation(model_obj, tokenizer, prepared)
@@ -721,7 +722,8 @@ def _run_checks(rows, form, tokenizer, args, precision, unknown, config, source,
     skip = set(rows_without_answer(rows, form)) if args.assistant_only_loss else set()
     if trainable and len(skip) < len(rows):
         try:
-            dataset = Dataset.from_list([{**r, "_doctor_row": i} for i, r in enumerate(rows) if i not in skip])
+            kept = [{**r, "_doctor_row": i} for i, r in enumerate(rows) if i not in skip]
+            dataset = Dataset.from_list(kept)
             prepared = _prepare(tokenizer, dataset, args, chat_template, completion_only,
                                 max_length=None, packing=False)
         except (RuntimeError, ValueError, TypeError, KeyError) as exc:  # TRL's own refusal is the finding
