@@ -26,6 +26,7 @@ misconception behind what is still wrong.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import random
 import tempfile
@@ -175,10 +176,16 @@ CHECK_CASES = ((1001, ("base_template", "long_prompts", "renamed_roles")),
                (1002, ("fp16_hot_lr", "long_prompts", "wrapped_packing")))
 
 
+@functools.lru_cache(maxsize=4)
+def _hidden_setup(seed: int, planted: tuple) -> Setup:
+    """The checker's set-ups, written once per process (the checker deep-copies what it hands out)."""
+    return broken_setup(seed, planted=list(planted))
+
+
 def _fix_cases(cases) -> list[Case]:
     out = []
     for seed, planted in cases:
-        setup = broken_setup(seed, planted=planted)
+        setup = _hidden_setup(seed, tuple(planted))
         out.append(Case((setup.config, setup.rows), setup, label=f"seed {seed}: {', '.join(setup.planted)}"))
     return out
 
