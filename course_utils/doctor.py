@@ -210,11 +210,17 @@ def _load_tokenizer(model):
 def _load_model(source):
     """The model's weights (for the one forward pass of the precision check), or None if absent."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a report, not a log: no loading bar in it
     try:
         return AutoModelForCausalLM.from_pretrained(source, device_map="cpu")
     except (OSError, ValueError):
         return None
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
 
 
 def _generation_eos_ids(source, model_obj) -> list[int]:
