@@ -244,6 +244,15 @@ def test_clean_setup_on_disk_exits_0(tmp_path, course, capsys):
     assert json.loads(capsys.readouterr().out)["counts"]["error"] == 0
 
 
+def test_max_length_flag_overrides_the_config(tmp_path, course, capsys):
+    argv = _setup(tmp_path, course, config={**GOOD, "max_length": 1024})
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main([*argv, "--max-length", "16"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert "max-length-below-prompts" in {f["check"] for f in out["findings"]}
+
+
 def test_malformed_jsonl_row_exits_2_with_its_line_number(tmp_path, course, capsys):
     good = json.dumps(rows(2)[0])
     assert main(_setup(tmp_path, course, lines=f"{good}\n{good}\n{{\"messages\": [}}\n")) == 2

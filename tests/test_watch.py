@@ -122,3 +122,24 @@ def test_bad_arguments_and_hooks_removed_after_training():
     model, _ = load_course_model()
     watch, _ = watched(make_chat_dataset(n=16), model=model, max_steps=1)
     assert not watch._handles and not model._forward_pre_hooks and not model.model.layers[0]._forward_hooks
+
+
+def test_works_with_a_plain_transformers_trainer():
+    """Not only SFTTrainer: the model computes its own loss from `labels`, and the watch sees them."""
+    import tempfile
+
+    from transformers import Trainer, TrainingArguments
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    model, tok = load_course_model()
+    args = TrainingArguments(output_dir=tempfile.mkdtemp(), max_steps=3, per_device_train_batch_size=1,
+                             report_to="none", use_cpu=True, save_strategy="no", logging_steps=1,
+                             train_sampling_strategy="sequential", disable_tqdm=True, max_grad_norm=1e-3)
+    watch = SFTWatch()
+    trainer = Trainer(model=model, args=args, train_dataset=pretokenized([False, True, False], tok),
+                      data_collator=DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id),
+                      callbacks=[watch])
+    trainer.train()
+    assert watch.micro_batches[1] == 0 and watch.empty_micro_batches == 1
+    # transformers' own mean of an all-masked batch is 0/0: the watch names it and stops after that step
+    assert watch.nonfinite["kind"] == "loss" and trainer.state.global_step == 2
