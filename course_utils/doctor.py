@@ -380,10 +380,10 @@ def check_template(tokenizer, args, form) -> tuple[list[Finding], str | None, bo
 
     if not args.assistant_only_loss:
         return [], None, True
-    if form != "messages":
+    if form not in ("messages", "prompt_completion"):
         return [Finding("error", "assistant-only-loss",
-                        "assistant_only_loss=True on a dataset without 'messages'",
-                        "TRL raises ValueError: the option needs a conversational language-modeling dataset",
+                        "assistant_only_loss=True on a dataset that is not conversational",
+                        "TRL raises ValueError: the option needs rows of role/content messages",
                         "use a 'messages' dataset, or drop assistant_only_loss (prompt/completion rows are "
                         "trained on the completion only by default)", "04")], None, False
     template = tokenizer.chat_template

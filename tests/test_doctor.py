@@ -140,6 +140,14 @@ def test_pad_is_the_graded_stop_token(course):
     assert "pad-is-eos" not in run((model, own_pad), text_rows, {"learning_rate": 2e-5}).checks()
 
 
+def test_assistant_only_loss_needs_conversational_rows(course):
+    text_rows = [{"prompt": f"{a} plus {a} is", "completion": f" {2 * a}."} for a in range(20)]
+    assert "assistant-only-loss" in run(course, text_rows, {**GOOD}).checks("error")
+    chat_rows = [{"prompt": r["messages"][:1], "completion": r["messages"][1:]} for r in rows()]
+    report = run(course, chat_rows, GOOD)  # conversational prompt/completion: TRL accepts it
+    assert report.exit_code == 0 and "assistant-only-loss" not in report.checks()
+
+
 def test_no_assistant_turns(course):
     data = [{"messages": [m for m in r["messages"] if m["role"] != "assistant"]} for r in rows()]
     assert "no-assistant-turns" in run(course, data, GOOD).checks("error")
