@@ -15,7 +15,8 @@ trains, the three things this course showed go wrong silently:
 - **the first non-finite value** (lesson 06): forward hooks on every module find the first module
   whose output holds inf/NaN; ``register_post_accumulate_grad_hook`` on every parameter finds the
   first gradient that does, in backward order (the module nearest the loss first). With
-  ``stop=True`` the watch sets ``control.should_training_stop`` and ``report()`` says where.
+  ``stop_on_nonfinite=True`` the watch sets ``control.should_training_stop``, drops the non-finite
+  gradients before the optimizer step (so the weights stay finite), and ``report()`` says where.
 
 Usage::
 
@@ -134,6 +135,11 @@ class SFTWatch(TrainerCallback):
                            "pre_clip_norm": None, "loss": None})
         if not math.isfinite(norm):
             self._record_nonfinite("gradient", "total norm")
+            if self.stop_on_nonfinite:
+                # the Trainer calls optimizer.step() right after this event: without gradients AdamW
+                # leaves every weight as it is, so the run stops with finite weights, not NaN ones
+                for param in model.parameters():
+                    param.grad = None
         self._step = state.global_step + 1
         self._maybe_stop(control)
 

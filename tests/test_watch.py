@@ -114,6 +114,7 @@ def test_first_nonfinite_gradient_with_finite_activations_names_the_parameter():
     assert watch.nonfinite["kind"] == "gradient" and watch.nonfinite["step"] == 1
     assert watch.nonfinite["where"] == "model.layers.1.mlp.down_proj.weight"
     assert trainer.state.global_step == 1 and "stopped the run: non-finite gradient" in watch.report()
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters()), "the NaN step was not applied"
 
 
 def test_bad_arguments_and_hooks_removed_after_training():
