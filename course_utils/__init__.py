@@ -25,6 +25,9 @@ Lesson modules:
 - ``nan_detective``   QLoRA NaN causes, hooks, the stop-on-non-finite callback — lesson 06
 - ``token_weighting`` token-weighted accumulation, Trainer gradients          — lesson 07
 - ``ddp_grad``        the torchrun worker of lesson 07 (two processes, gloo)  — lesson 07
+- ``doctor``          the SFT doctor: a pre-flight check of a whole set-up     — lesson 08, your runs
+- ``watch``           SFTWatch: clip rate, empty micro-batches, first NaN      — lesson 08, your runs
+- ``capstone``        lesson 08's broken set-ups and its checker              — lesson 08
 
 Importing the package makes the course offline by default (``HF_HUB_OFFLINE=1`` unless you set it,
 e.g. ``HF_HUB_OFFLINE=0`` to download a real model once) and turns off Hugging Face telemetry (TRL

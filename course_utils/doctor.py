@@ -1,0 +1,779 @@
+"""The SFT doctor: check a fine-tuning set-up for this course's failures *before* it trains.
+
+Lesson 08 (capstone) and anyone's own set-up::
+
+    python -m course_utils.doctor --model PATH_OR_ID --data FILE.jsonl [--config SFT_CONFIG.json]
+                                  [--max-length N] [--json]
+
+or, from Python, ``report = diagnose(model, data, config)``: a list of ``Finding``s (severity, what,
+evidence, fix, lesson) that prints as a table in a terminal and renders as one in a notebook.
+
+Every check measures the set-up with the installed libraries' own code, so it sees what training
+would see: the rows are tokenized and labelled by TRL's ``SFTTrainer._prepare_dataset`` (the same
+template patching, ``return_assistant_tokens_mask``, truncation and "Dropping fully masked
+examples" filter), templates are judged by ``trl.chat_template_utils``, activations by one forward
+of the real model on real rows. Nothing is trained; it takes seconds.
+
+Exit status of the command: 1 when an error-level finding exists (so it can gate CI), 0 otherwise,
+2 on bad input (missing file, malformed JSONL line, unknown model id offline, config not a JSON
+object), always with a what/why/fix message and never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import sys
+import tempfile
+import types
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+SEVERITIES = ("error", "warning", "info")
+LESSONS = {
+    "01": "01 · Accumulation & clipping", "02": "02 · The model never stops",
+    "03": "03 · Padding & packing", "04": "04 · Chat templates",
+    "05": "05 · Truncation & the NaN micro-batch", "06": "06 · NaN detective (QLoRA)",
+    "07": "07 · Token-weighted accumulation",
+}
+FP16_MAX = 65504.0  # torch.finfo(torch.float16).max
+FP16_HEADROOM = 16.0  # activations within 16x of fp16's max leave no room for training to grow them
+# Learning rates commonly used for SFT (HF/TRL docs and model cards): full fine-tuning 1e-6..1e-4,
+# LoRA 1e-5..1e-3. "Far outside" is 10x beyond either end.
+LR_RANGES = {"full": (1e-6, 1e-4), "lora": (1e-5, 1e-3)}
+LR_FAR = 10.0
+PEFT_KEYS = ("use_peft", "lora_r", "peft_config", "lora_alpha")  # TRL ModelConfig fields a config may carry
+STAND_IN_SIMILARITY = 0.9  # above it, the closest shipped training template stands in for the measurement
+ERROR_SHARE = 0.01  # fully truncated rows: an error from 1 % of the data, a warning below
+
+
+class DoctorInputError(ValueError):
+    """Bad input to the doctor (exit status 2): the message says what, why and how to fix it."""
+
+
+@dataclass
+class Finding:
+    """One result of a check: ``severity`` is "error", "warning" or "info"."""
+
+    severity: str
+    check: str
+    what: str
+    evidence: str
+    fix: str
+    lesson: str = ""
+
+    def __post_init__(self):
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity={self.severity!r} is not one of {SEVERITIES} — the report sorts "
+                             "and gates on these — use one of them.")
+
+
+class Report(list):
+    """The doctor's findings, most severe first; prints as a table, renders as HTML in a notebook."""
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self if f.severity == "error"]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.errors else 0
+
+    def checks(self, severity: str | None = None) -> set[str]:
+        """The names of the checks that reported (at ``severity`` if given)."""
+        return {f.check for f in self if severity is None or f.severity == severity}
+
+    def to_json(self) -> str:
+        counts = {s: sum(f.severity == s for f in self) for s in SEVERITIES}
+        return json.dumps({"findings": [asdict(f) for f in self], "counts": counts,
+                           "exit_code": self.exit_code}, indent=2)
+
+    def __str__(self) -> str:
+        if not self:
+            return "SFT doctor: no findings."
+        lines = [f"SFT doctor: {len(self.errors)} error(s), "
+                 f"{sum(f.severity == 'warning' for f in self)} warning(s), "
+                 f"{sum(f.severity == 'info' for f in self)} info", ""]
+        width = max(len(f.check) for f in self)
+        for f in self:
+            lines.append(f"{f.severity.upper():<8}{f.check:<{width + 2}}{f.what}")
+            pad = " " * (8 + width + 2)
+            lines.append(f"{pad}evidence: {f.evidence}")
+            lines.append(f"{pad}fix:      {f.fix}")
+            if f.lesson:
+                lines.append(f"{pad}lesson:   {LESSONS.get(f.lesson, f.lesson)}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_html_(self) -> str:
+        colour = {"error": "#c62828", "warning": "#ef6c00", "info": "#1565c0"}
+        rows = "".join(
+            f"<tr><td style='color:{colour[f.severity]};font-weight:bold'>{f.severity}</td>"
+            f"<td><code>{html.escape(f.check)}</code></td><td>{html.escape(f.what)}</td>"
+            f"<td>{html.escape(f.evidence)}</td><td>{html.escape(f.fix)}</td>"
+            f"<td>{html.escape(LESSONS.get(f.lesson, f.lesson))}</td></tr>" for f in self)
+        head = "".join(f"<th style='text-align:left'>{h}</th>"
+                       for h in ("severity", "check", "what", "evidence", "fix", "lesson"))
+        return f"<table><tr>{head}</tr>{rows or '<tr><td colspan=6>no findings</td></tr>'}</table>"
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the inputs (bad input -> DoctorInputError, exit 2)
+# ---------------------------------------------------------------------------------------------
+
+def read_jsonl(path) -> list[dict]:
+    """The rows of a JSONL file; a malformed line raises ``DoctorInputError`` naming its number."""
+    path = Path(path)
+    if not path.is_file():
+        raise DoctorInputError(f"data file {str(path)!r} does not exist — the doctor reads the rows you "
+                               "would train on — pass the path of a .jsonl file, one JSON object per line.")
+    rows = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DoctorInputError(
+                    f"{path}: line {number} is not valid JSON ({exc.msg} at column {exc.colno}) — each line "
+                    "must be one JSON object — fix or remove that line.") from None
+            _check_row(row, f"{path}: line {number}")
+            rows.append(row)
+    if not rows:
+        raise DoctorInputError(f"{path} has no rows — there is nothing to check or train on — pass a "
+                               "non-empty JSONL file.")
+    return rows
+
+
+def _check_row(row, where: str) -> None:
+    if not isinstance(row, dict):
+        raise DoctorInputError(f"{where} is a JSON {type(row).__name__}, not an object — TRL's dataset "
+                               "formats are objects — write {\"messages\": [...]} or "
+                               "{\"prompt\": ..., \"completion\": ...}.")
+    if "messages" in row:
+        ok = isinstance(row["messages"], list) and all(
+            isinstance(m, dict) and "role" in m and "content" in m for m in row["messages"])
+        if not ok:
+            raise DoctorInputError(f"{where}: 'messages' must be a list of {{'role', 'content'}} objects — "
+                                   "the chat template renders such a list — fix that row.")
+    elif not ("prompt" in row and "completion" in row) and "text" not in row:
+        raise DoctorInputError(f"{where} has keys {sorted(row)} — TRL reads 'messages', "
+                               "'prompt'+'completion' or 'text' — rename the columns to one of these forms.")
+
+
+def read_config(config) -> dict:
+    """A dict of SFTConfig fields from a dict, a JSON file path, or ``None`` (all defaults)."""
+    if config is None:
+        return {}
+    if isinstance(config, (str, Path)):
+        path = Path(config)
+        if not path.is_file():
+            raise DoctorInputError(f"config file {str(path)!r} does not exist — it holds your SFTConfig "
+                                   "fields — pass the path of a JSON file, or leave --config out for TRL's "
+                                   "defaults.")
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise DoctorInputError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}) — the config is "
+                                   "one JSON object of SFTConfig fields — fix the file.") from None
+    if not isinstance(config, dict):
+        raise DoctorInputError(f"the config is a {type(config).__name__}, not a JSON object — it maps "
+                               "SFTConfig field names to values — write e.g. "
+                               "{\"max_length\": 512, \"learning_rate\": 2e-5}.")
+    return dict(config)
+
+
+def _load_tokenizer(model):
+    from transformers import AutoTokenizer
+
+    from .model import _not_available_offline, _offline, _resolve_source
+
+    try:
+        source = _resolve_source(model)
+    except (ValueError, FileNotFoundError) as exc:
+        raise DoctorInputError(str(exc)) from None
+    try:
+        return source, AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        if isinstance(source, str) and _offline():
+            raise DoctorInputError(str(_not_available_offline(source))) from None
+        raise DoctorInputError(f"could not load a tokenizer from {str(source)!r} ({type(exc).__name__}: "
+                               f"{str(exc)[:200]}) — the doctor needs the tokenizer you train with — pass a "
+                               "directory saved with save_pretrained() or a hub id.") from None
+
+
+def _load_model(source):
+    """The model's weights (for the one forward pass of the precision check), or None if absent."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a report, not a log: no loading bar in it
+    try:
+        return AutoModelForCausalLM.from_pretrained(source, device_map="cpu")
+    except (OSError, ValueError):
+        return None
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+
+
+def _generation_eos_ids(source, model_obj) -> list[int]:
+    from transformers import GenerationConfig
+
+    if model_obj is not None:  # a loaded model: its generation_config is what generate() will use
+        eos = model_obj.generation_config.eos_token_id
+    else:
+        try:
+            eos = GenerationConfig.from_pretrained(source).eos_token_id
+        except (OSError, ValueError):
+            eos = None
+    return [] if eos is None else [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
+
+
+def build_args(config: dict, max_length=None):
+    """``(SFTConfig, user's precision flags, unknown keys)`` for a config dict.
+
+    The SFTConfig is built for CPU with precision off (``bf16`` on a CPU-only machine raises): the
+    doctor only reads its fields; the user's ``bf16``/``fp16`` are returned separately.
+    """
+    from trl import SFTConfig
+
+    fields = set(SFTConfig.__dataclass_fields__)
+    unknown = sorted(set(config) - fields)
+    known = {k: v for k, v in config.items() if k in fields}
+    if max_length is not None:
+        known["max_length"] = max_length
+    precision = {"fp16": bool(known.pop("fp16", False)), "bf16": known.pop("bf16", None)}
+    for key in ("output_dir", "report_to", "use_cpu", "push_to_hub"):
+        known.pop(key, None)
+    if "gradient_checkpointing" not in known:  # the doctor never trains; avoid the deprecation warning
+        known.setdefault("activation_checkpointing", False)
+    try:
+        args = SFTConfig(output_dir=tempfile.gettempdir(), report_to="none", use_cpu=True, bf16=False,
+                         fp16=False, **known)
+    except (TypeError, ValueError) as exc:
+        raise DoctorInputError(f"SFTConfig rejects this config: {str(exc)[:300]} — TRL would fail the same "
+                               "way before training — fix the field it names.") from None
+    return args, precision, unknown
+
+
+# ---------------------------------------------------------------------------------------------
+# TRL's own dataset preparation, called with a stand-in for the trainer
+# ---------------------------------------------------------------------------------------------
+
+def _prepare(tokenizer, dataset, args, chat_template, completion_only_loss, **overrides):
+    """``SFTTrainer._prepare_dataset`` (tokenize, label, truncate, drop, pack) without a model.
+
+    It only reads ``_tokenizer``, ``chat_template`` and ``completion_only_loss`` from the trainer,
+    so a namespace stands in for it; ``overrides`` replace SFTConfig fields (e.g. ``max_length``).
+    """
+    from trl import SFTTrainer
+
+    args = _replace(args, shuffle_dataset=False, dataset_num_proc=None, **overrides)
+    trainer = types.SimpleNamespace(_tokenizer=tokenizer, chat_template=chat_template,
+                                    completion_only_loss=completion_only_loss)
+    return SFTTrainer._prepare_dataset(trainer, dataset, tokenizer, args, args.packing, None, "train")
+
+
+def _replace(args, **changes):
+    clone = types.SimpleNamespace(**{k: getattr(args, k) for k in args.__dataclass_fields__})
+    for key, value in changes.items():
+        setattr(clone, key, value)
+    return clone
+
+
+def apply_chat_template_path(tokenizer, args):
+    """The tokenizer training would use: SFTTrainer reads a ``.jinja`` ``chat_template_path`` into it.
+
+    Other values make TRL clone a template from another checkpoint (``clone_chat_template``), which
+    needs the model; the doctor then checks the tokenizer as it is and says so.
+    """
+    import copy
+
+    path = args.chat_template_path
+    if path is None:
+        return tokenizer, []
+    if not (Path(path).is_file() and str(path).endswith((".jinja", ".j2"))):
+        return tokenizer, [Finding("info", "chat-template-path", f"chat_template_path={path!r} not applied",
+                                   "not a local .jinja file: TRL would clone it with clone_chat_template",
+                                   "run the doctor on the cloned tokenizer (save it first)", "04")]
+    tokenizer = copy.copy(tokenizer)  # a shallow copy: the caller's tokenizer keeps its template
+    tokenizer.chat_template = Path(path).read_text(encoding="utf-8")
+    return tokenizer, []
+
+
+def _form(rows) -> str:
+    first = rows[0]
+    if "messages" in first:
+        return "messages"
+    if "prompt" in first:
+        return "prompt_completion" if isinstance(first["prompt"], list) else "prompt_completion_text"
+    return "text"
+
+
+def end_of_turn_id(tokenizer) -> int | None:
+    """The first special token the template writes after an assistant message (``<|im_end|>``)."""
+    probe = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "DOCTORPROBE"},
+             {"role": "user", "content": "q"}]
+    try:
+        text = tokenizer.apply_chat_template(probe, tokenize=False)
+    except Exception:  # no template, or one that rejects this probe: no end-of-turn token to check
+        return None
+    added = set(tokenizer.get_added_vocab().values())
+    after = text[text.index("DOCTORPROBE") + len("DOCTORPROBE"):]
+    for token in tokenizer(after, add_special_tokens=False)["input_ids"]:
+        if token in added:
+            return token
+        if tokenizer.decode([token]).strip():
+            return None
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The checks. Each returns a list of Findings; names match the README and lesson 08.
+# ---------------------------------------------------------------------------------------------
+
+def check_config_keys(unknown) -> list[Finding]:
+    if not unknown:
+        return []
+    return [Finding("warning", "config-keys", f"unknown config key(s) {unknown}",
+                    "not fields of trl.SFTConfig: SFTConfig(**config) would raise TypeError",
+                    "check the spelling against SFTConfig's fields (or drop them); the doctor ignored them")]
+
+
+def rows_without_answer(rows, form) -> list[int]:
+    """Ids of rows with nothing for the model to say: no assistant message, or an empty completion."""
+    if form == "messages":
+        return [i for i, r in enumerate(rows) if not any(m["role"] == "assistant" for m in r["messages"])]
+    if form.startswith("prompt_completion"):
+        return [i for i, r in enumerate(rows) if not r["completion"]]
+    return []
+
+
+def check_assistant_turns(rows, form, args) -> list[Finding]:
+    """Rows that have nothing for the model to say: no assistant message, or an empty completion."""
+    empty = rows_without_answer(rows, form)
+    if not empty:
+        return []
+    share = len(empty) / len(rows)
+    severity = "error" if args.assistant_only_loss or share == 1 or form != "messages" else "warning"
+    why = ("TRL raises RuntimeError ('at least one example has no assistant tokens')"
+           if args.assistant_only_loss and form == "messages" else
+           "these rows teach the model to write the user's side" if form == "messages" else
+           "the completion mask is empty: the rows carry no loss")
+    return [Finding(severity, "no-assistant-turns",
+                    f"{len(empty)} of {len(rows)} rows ({share:.0%}) have no assistant turn to learn",
+                    f"row ids {empty[:5]}; {why}",
+                    "drop those rows or add the assistant's answer; check the role names ('assistant', not "
+                    "'gpt' or 'bot')", "04")]
+
+
+def check_template(tokenizer, args, form) -> tuple[list[Finding], str | None, bool]:
+    """Whether TRL can train ``assistant_only_loss`` with this template; the template it would use."""
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    if not args.assistant_only_loss:
+        return [], None, True
+    if form not in ("messages", "prompt_completion"):
+        return [Finding("error", "assistant-only-loss",
+                        "assistant_only_loss=True on a dataset that is not conversational",
+                        "TRL raises ValueError: the option needs rows of role/content messages",
+                        "use a 'messages' dataset, or drop assistant_only_loss (prompt/completion rows are "
+                        "trained on the completion only by default)", "04")], None, False
+    template = tokenizer.chat_template
+    if not template:
+        return [Finding("error", "template-unpatchable",
+                        "assistant_only_loss=True but the tokenizer has no chat template",
+                        "tokenizer.chat_template is None", "set chat_template_path to a template with "
+                        "{% generation %} markers", "04")], None, False
+    if has_generation_markers(template):
+        return [], None, True
+    try:
+        return [], get_training_chat_template(tokenizer), True
+    except ValueError as exc:
+        from trl import chat_template_utils
+
+        name, ratio = closest_shipped_template(template)
+        findings = [Finding("error", "template-unpatchable",
+                        "assistant_only_loss=True with a chat template TRL cannot patch",
+                        f"get_training_chat_template raised: {str(exc)[:120]}…; closest shipped template: "
+                        f"{name} ({ratio:.1%} similar)",
+                        f"set chat_template_path to TRL's trl/chat_templates/{name}_training.jinja (it "
+                        f"renders {name}'s text with {{% generation %}} markers), or add the markers to your "
+                        "own template (lesson 04, templates.add_generation_markers)", "04")]
+        if ratio < STAND_IN_SIMILARITY:
+            return findings, None, False
+        # Measure the rest as if the suggested fix were applied, so one run shows every problem.
+        findings.append(Finding("info", "measured-with-stand-in",
+                                f"the other checks used {name}_training.jinja in place of your template",
+                                f"your template is {ratio:.1%} similar to {name}'s",
+                                "re-run the doctor after fixing the template", "04"))
+        return findings, getattr(chat_template_utils, f"{name}_training_chat_template"), True
+
+
+def closest_shipped_template(template: str) -> tuple[str, float]:
+    """The TRL template family (with a training variant) whose text is closest to ``template``."""
+    import difflib
+
+    from trl import chat_template_utils as ctu
+
+    best = ("", 0.0)
+    for attr in dir(ctu):
+        if attr.endswith("_training_chat_template"):
+            name = attr[: -len("_training_chat_template")]
+            shipped = getattr(ctu, f"{name}_chat_template", None)
+            if isinstance(shipped, str):
+                ratio = difflib.SequenceMatcher(None, template, shipped, autojunk=False).quick_ratio()
+                best = max(best, (name, ratio), key=lambda x: x[1])
+    return best
+
+
+def check_stop_token_trained(tokenizer, prepared, eot, args, chat_template) -> list[Finding]:
+    """The template's end-of-turn token must carry loss, or the model never learns to stop."""
+    from trl.chat_template_utils import is_chat_template_stop_token_trained
+
+    if eot is None or prepared is None:
+        return []
+    rows = prepared["labels"]
+    graded = sum(eot in [t for t in labels if t != -100] for labels in rows)
+    token = tokenizer.convert_ids_to_tokens(eot)
+    template_ok = (not args.assistant_only_loss
+                   or is_chat_template_stop_token_trained(tokenizer, chat_template=chat_template))
+    if graded == len(rows) and template_ok:
+        return []
+    severity = "error" if graded < len(rows) / 2 else "warning"
+    return [Finding(severity, "stop-token-untrained",
+                    f"the end-of-turn token {token!r} carries no loss in {len(rows) - graded} of "
+                    f"{len(rows)} rows",
+                    f"graded in {graded} rows (labels from TRL's own preparation); "
+                    f"trl is_chat_template_stop_token_trained={template_ok}",
+                    f"put {token!r} inside {{% generation %}}…{{% endgeneration %}} (TRL's *_training.jinja "
+                    "templates do), or train on the full sequence (assistant_only_loss=False)", "02")]
+
+
+def check_eos(tokenizer, eot, gen_eos, args) -> list[Finding]:
+    """Will ``generate()`` stop at the template's end-of-turn token after this training?"""
+    if eot is None:
+        return []
+    stop_ids = list(gen_eos)
+    if args.eos_token is not None and args.eos_token in tokenizer.get_vocab():
+        stop_ids = [tokenizer.convert_tokens_to_ids(args.eos_token), *stop_ids]  # TRL prepends it
+    if eot in stop_ids:
+        return []
+    token = tokenizer.convert_ids_to_tokens(eot)
+    names = [tokenizer.convert_ids_to_tokens(i) for i in stop_ids]
+    return [Finding("warning", "eos-mismatch",
+                    f"generate() will not stop at the template's end-of-turn token {token!r}",
+                    f"generation_config eos ids {stop_ids} = {names}; tokenizer.eos_token="
+                    f"{tokenizer.eos_token!r}; the chat template ends a turn with {token!r}",
+                    f"set eos_token={token!r} in the SFTConfig (TRL adds it to generation_config), or pass "
+                    f"eos_token_id={[*stop_ids, eot]} to generate()", "02")]
+
+
+def check_pad_eos(tokenizer, prepared, eot, args) -> list[Finding]:
+    """pad == the graded stop token: a collator that masks labels by pad id erases every stop label."""
+    from transformers import DataCollatorForLanguageModeling
+
+    pad = args.pad_token or tokenizer.pad_token or tokenizer.eos_token
+    pad_id = tokenizer.convert_tokens_to_ids(pad)
+    stop_ids = {i for i in (eot, tokenizer.eos_token_id) if i is not None}
+    if prepared is None or pad_id not in stop_ids:
+        return []
+    rows = [{"input_ids": r} for r in prepared["input_ids"][:64]]
+    graded = sum(int(t == pad_id and lab != -100) for r in prepared.select(range(len(rows)))
+                 for t, lab in zip(r["input_ids"], r["labels"]))
+    if graded == 0:
+        return []
+    masked = DataCollatorForLanguageModeling(tokenizer, mlm=False)(rows)["labels"]
+    kept = int((masked == pad_id).sum())
+    return [Finding("warning", "pad-is-eos",
+                    f"pad token {pad!r} is the stop token the model must learn",
+                    f"{graded} graded {pad!r} labels in {len(rows)} rows; transformers' "
+                    f"DataCollatorForLanguageModeling keeps {kept} of them (it masks labels by pad id); "
+                    "SFTTrainer's own collator masks by position and keeps them all",
+                    "keep SFTTrainer's collator, or set pad_token to a token that is not a stop token "
+                    "(e.g. a dedicated <|pad|>)", "02")]
+
+
+def _graded_positions(labels) -> list[int]:
+    return [i for i, t in enumerate(labels) if t != -100]
+
+
+def empty_batch_probability(n_rows: int, n_empty: int, batch_size: int) -> float:
+    """P(a micro-batch of ``batch_size`` rows drawn without replacement has no graded row)."""
+    if batch_size > n_rows:
+        return float(n_empty == n_rows)
+    return math.prod((n_empty - i) / (n_rows - i) for i in range(batch_size))
+
+
+def check_truncation(prepared, tokenizer, args, chat_template, completion_only_loss) -> list[Finding]:
+    """Rows whose every graded token is cut at max_length, what TRL does with them, and the odds of an
+    all-empty micro-batch."""
+    if prepared is None or args.max_length is None:
+        return []
+    max_length, batch = args.max_length, args.per_device_train_batch_size
+    first = {r: _graded_positions(lab) for r, lab in zip(prepared["_doctor_row"], prepared["labels"])}
+    first = {r: pos[0] for r, pos in first.items() if pos}
+    findings = []
+    prompts = sorted(first.values())
+    median_prompt = prompts[len(prompts) // 2] if prompts else 0
+    if prompts and median_prompt >= max_length:
+        findings.append(Finding(
+            "error", "max-length-below-prompts",
+            f"max_length={max_length} is below most prompts (median {median_prompt} tokens)",
+            f"{sum(p >= max_length for p in prompts)} of {len(prompts)} prompts are at least max_length "
+            f"tokens long; the longest answer starts at token {prompts[-1]}",
+            f"raise max_length above {median_prompt} (the longest needs {prompts[-1] + 1}), or shorten the "
+            "prompts", "05"))
+    tokenized = prepared.remove_columns([c for c in prepared.column_names if c not in
+                                         ("input_ids", "labels", "_doctor_row")])
+    cut = _prepare(tokenizer, tokenized, args, chat_template, completion_only_loss, packing=False)
+    dropped = sorted(set(first) - set(cut["_doctor_row"]))
+    if not dropped:
+        return findings
+    n = len(first)
+    share = len(dropped) / n
+    p_empty = empty_batch_probability(n, len(dropped), batch)
+    end_mode = "keep_end" if args.truncation_mode == "keep_start" else "keep_start"
+    other = _prepare(tokenizer, tokenized, args, chat_template, completion_only_loss, packing=False,
+                     truncation_mode=end_mode)
+    other_kept = n - len(set(first) - set(other["_doctor_row"]))
+    if args.packing:
+        packed = _prepare(tokenizer, tokenized, args, chat_template, completion_only_loss)
+        empty_rows = sum(not _graded_positions(lab) for lab in packed["labels"])
+        p_packed = empty_batch_probability(len(packed), empty_rows, batch)
+        path = (f"packing={args.packing_strategy}: TRL does not drop them; {empty_rows} of {len(packed)} "
+                f"packed rows have no graded token, so a micro-batch of {batch} has none with p="
+                f"{p_packed:.3g} and SFTTrainer logs a silent 0.0 (compute_loss divides by "
+                "num_tokens.clamp(min=1))")
+    else:
+        path = (f"SFTTrainer drops them ('Dropping fully masked examples'): it trains on {n - len(dropped)} "
+                "rows, not the ones you think; a loop without that filter that takes the mean over a "
+                "micro-batch without graded tokens gets NaN (0/0), TRL's compute_loss a silent 0.0")
+    severity = "error" if share >= ERROR_SHARE else "warning"
+    findings.append(Finding(
+        severity, "fully-truncated",
+        f"{len(dropped)} of {n} rows ({share:.1%}) lose every graded token at max_length={max_length}",
+        f"row ids {dropped[:8]}; a micro-batch of {batch} such rows (no graded token at all) has "
+        f"p={p_empty:.3g}, "
+        f"~{p_empty * n / batch:.2g} per epoch; {path}",
+        f"max_length >= {max(first.values()) + 1} keeps a graded token in every row; truncation_mode="
+        f"'{end_mode}' keeps {other_kept} of {n}; or drop/shorten the long prompts", "05"))
+    return findings
+
+
+def check_packing(prepared, tokenizer, args, chat_template, completion_only_loss) -> list[Finding]:
+    """Packing without per-example boundaries lets attention cross examples (lesson 03)."""
+    if not args.packing or prepared is None or args.max_length is None:
+        return []
+    padding_free = args.padding_free or args.packing_strategy in ("bfd", "bfd_split")
+    if args.packing_strategy != "wrapped" or padding_free:
+        return []
+    extra = [c for c in prepared.column_names if c not in ("input_ids", "labels")]
+    tokenized = prepared.remove_columns(extra)
+    packed = _prepare(tokenizer, tokenized, args, chat_template, completion_only_loss)
+    return [Finding("warning", "packing-no-boundaries",
+                    "packing_strategy='wrapped' without padding_free: examples attend to each other",
+                    f"TRL packs {len(prepared)} rows into {len(packed)} rows of {args.max_length} tokens "
+                    f"(~{len(prepared) / max(len(packed), 1):.1f} examples per row) with an all-ones "
+                    "attention mask and no position_ids reset",
+                    "use packing_strategy='bfd' (padding-free, boundaries kept), or set padding_free=True",
+                    "03")]
+
+
+def check_padding_side(tokenizer) -> list[Finding]:
+    if tokenizer.padding_side != "right":
+        return []
+    return [Finding("info", "right-padding",
+                    "tokenizer.padding_side='right': fine for training, wrong for batched generate()",
+                    "a decoder continues from each row's last position; right padding puts pad tokens there",
+                    "set tokenizer.padding_side='left' before batched generation", "03")]
+
+
+def max_activation(model, tokenizer, prepared, rows: int = 4) -> tuple[float, str]:
+    """The largest |activation| any module outputs on a few real rows (fp32 forward), and where."""
+    import torch
+
+    largest = [0.0, ""]
+
+    def hook(name):
+        def record(module, args, output):
+            out = output[0] if isinstance(output, tuple) else output
+            if isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel():
+                value = float(out.detach().abs().max())
+                if value > largest[0]:
+                    largest[:] = [value, name]
+        return record
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if n]
+    try:
+        with torch.no_grad():
+            for ids in prepared["input_ids"][:rows]:
+                model(input_ids=torch.tensor([ids[:512]]))
+    finally:
+        for h in handles:
+            h.remove()
+    return largest[0], largest[1]
+
+
+def check_precision_and_lr(config, precision, args, model_obj, tokenizer, prepared) -> list[Finding]:
+    findings = []
+    lora = any(config.get(k) for k in PEFT_KEYS)
+    low, high = LR_RANGES["lora" if lora else "full"]
+    lr, kind = args.learning_rate, "LoRA" if lora else "full fine-tuning"
+    hot = lr > high
+    if lr > high * LR_FAR or lr < low / LR_FAR:
+        ratio = lr / (high if lr > high else low)
+        findings.append(Finding(
+            "warning", "learning-rate", f"learning_rate={lr:g} is far outside the usual range for {kind}",
+            f"usual {low:g}..{high:g}; this is {ratio:.3g}x that end",
+            "a tiny model can take it, a real one diverges or forgets: sweep a few values around "
+            f"{math.sqrt(low * high):.0e} and watch the loss and grad_norm", "06"))
+    if not precision["fp16"]:
+        return findings
+    if model_obj is None or prepared is None:
+        findings.append(Finding("error" if hot else "warning", "fp16-overflow-risk" if hot else "fp16-range",
+                                "fp16=True" + (f" with learning_rate={lr:g} above the usual {high:g}" if hot
+                                               else ", activation range not measured"),
+                                "no weights in the model directory (or no tokenized rows) to measure the "
+                                "range",
+                                "use bf16 (same range as fp32) or fp32, and a usual learning rate", "06"))
+        return findings
+    peak, where = max_activation(model_obj, tokenizer, prepared)
+    headroom = FP16_MAX / max(peak, 1e-30)
+    near = headroom < FP16_HEADROOM
+    if near or hot:
+        why = (f"activations already reach {peak:.3g} in {where} ({headroom:.3g}x below fp16's max "
+               f"{FP16_MAX:g})" if near else
+               f"learning_rate={lr:g} is above the usual {high:g} for {kind}: fast-growing "
+               f"weights push activations (now {peak:.3g}, in {where}) past fp16's {FP16_MAX:g} → inf → NaN")
+        findings.append(Finding("error", "fp16-overflow-risk", "fp16 training risks overflow to inf/NaN", why,
+                                "use bf16 (same range as fp32) or fp32; if fp16 is a must, lower the "
+                                "learning rate and keep max_grad_norm", "06"))
+    else:
+        findings.append(Finding("info", "fp16-range", f"fp16: activations peak at {peak:.3g} ({where})",
+                                f"{headroom:.3g}x headroom below fp16's max {FP16_MAX:g}",
+                                "bf16 removes the question where the hardware supports it", "06"))
+    return findings
+
+
+# ---------------------------------------------------------------------------------------------
+# The API and the command
+# ---------------------------------------------------------------------------------------------
+
+def _as_rows(data) -> list[dict]:
+    if isinstance(data, (str, Path)):
+        return read_jsonl(data)
+    rows = list(data) if not isinstance(data, list) else data
+    if not rows:
+        raise DoctorInputError("the data has no rows — there is nothing to check — pass a JSONL path or a "
+                               "non-empty list of rows.")
+    for i, row in enumerate(rows):
+        _check_row(row, f"row {i}")
+    return [dict(r) for r in rows]
+
+
+def _model_and_tokenizer(model):
+    if isinstance(model, tuple) and len(model) == 2:  # (model, tokenizer) already loaded
+        return None, model[0], model[1]
+    source, tokenizer = _load_tokenizer(model)
+    return source, None, tokenizer
+
+
+def diagnose(model, data, config=None, *, max_length: int | None = None, forward: bool = True) -> Report:
+    """Check a fine-tuning set-up; return a ``Report`` (a list of ``Finding``s, errors first).
+
+    ``model``: a local directory, a hub id (offline: from the cache) or a ``(model, tokenizer)``
+    pair; ``data``: a JSONL path or a list of rows (``messages`` or ``prompt``/``completion``);
+    ``config``: a dict or JSON path of SFTConfig fields; ``max_length`` overrides the config's.
+    ``forward=False`` skips loading weights (the fp16 check then reports that it could not measure).
+    Raises ``DoctorInputError`` on bad input.
+    """
+    import datasets
+
+    config = read_config(config)
+    rows = _as_rows(data)
+    source, model_obj, tokenizer = _model_and_tokenizer(model)
+    args, precision, unknown = build_args(config, max_length)
+    form = _form(rows)
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        return _run_checks(rows, form, tokenizer, args, precision, unknown, config, source, model_obj,
+                           forward)
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
+
+
+def _run_checks(rows, form, tokenizer, args, precision, unknown, config, source, model_obj,
+                forward) -> Report:
+    from datasets import Dataset
+
+    tokenizer, findings = apply_chat_template_path(tokenizer, args)
+    findings += check_config_keys(unknown) + check_assistant_turns(rows, form, args)
+    template_findings, chat_template, trainable = check_template(tokenizer, args, form)
+    findings += template_findings
+    completion_only = args.completion_only_loss
+    if completion_only is None:
+        completion_only = form.startswith("prompt_completion")
+    prepared = None
+    # rows without an answer are reported above; the rest is measured without them (TRL would refuse them)
+    skip = set(rows_without_answer(rows, form)) if args.assistant_only_loss else set()
+    if trainable and len(skip) < len(rows):
+        try:
+            kept = [{**r, "_doctor_row": i} for i, r in enumerate(rows) if i not in skip]
+            dataset = Dataset.from_list(kept)
+            prepared = _prepare(tokenizer, dataset, args, chat_template, completion_only,
+                                max_length=None, packing=False)
+        except (RuntimeError, ValueError, TypeError, KeyError) as exc:  # TRL's own refusal is the finding
+            findings.append(Finding("error", "trl-preparation",
+                                    "TRL's dataset preparation fails on these rows",
+                                    f"{type(exc).__name__}: {str(exc)[:200]}",
+                                    "fix the rows or the template it names; SFTTrainer would stop here",
+                                    "04"))
+    eot = end_of_turn_id(tokenizer) if form != "text" else tokenizer.eos_token_id
+    if model_obj is None and forward and precision["fp16"] and source is not None:
+        model_obj = _load_model(source)
+    gen_eos = _generation_eos_ids(source, model_obj)
+    findings += check_stop_token_trained(tokenizer, prepared, eot, args, chat_template)
+    findings += check_eos(tokenizer, eot, gen_eos, args)
+    findings += check_pad_eos(tokenizer, prepared, eot, args)
+    findings += check_truncation(prepared, tokenizer, args, chat_template, completion_only)
+    findings += check_packing(prepared, tokenizer, args, chat_template, completion_only)
+    findings += check_precision_and_lr(config, precision, args, model_obj if forward else None, tokenizer,
+                                       prepared)
+    findings += check_padding_side(tokenizer)
+    return Report(sorted(findings, key=lambda f: SEVERITIES.index(f.severity)))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m course_utils.doctor",
+        description="Check an SFT set-up for the failures of the SFT Failure Lab.")
+    parser.add_argument("--model", required=True,
+                        help="local model directory or hub id (offline: cache only)")
+    parser.add_argument("--data", required=True, help="JSONL file: 'messages' or 'prompt'/'completion' rows")
+    parser.add_argument("--config", help="JSON object of trl.SFTConfig fields")
+    parser.add_argument("--max-length", type=int, help="overrides the config's max_length")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--no-forward", action="store_true", help="skip loading weights (fp16 range check)")
+    options = parser.parse_args(argv)
+    try:
+        report = diagnose(options.model, options.data, options.config, max_length=options.max_length,
+                          forward=not options.no_forward)
+    except DoctorInputError as exc:
+        print(f"doctor: bad input: {exc}", file=sys.stderr)
+        return 2
+    print(report.to_json() if options.json else report)
+    return report.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

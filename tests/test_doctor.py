@@ -1,0 +1,309 @@
+"""Tests for course_utils.doctor: each check fires on a set-up that has its failure and stays quiet on
+one that does not; held-out broken set-ups (a model directory, a JSONL file and a config each) exit
+non-zero naming the cause; bad input exits 2 with a message, never a traceback."""
+
+import copy
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from trl.chat_template_utils import qwen2_5_chat_template, qwen2_5_training_chat_template
+
+from course_utils import doctor
+from course_utils.data import make_messages
+from course_utils.doctor import DoctorInputError, Finding, diagnose, empty_batch_probability, main
+
+ROOT = Path(__file__).resolve().parents[1]
+GOOD = {"assistant_only_loss": True, "eos_token": "<|im_end|>", "learning_rate": 2e-5}
+INSTRUCT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+OUT_LINE = "{{- '\\n' + message.content + '<|im_end|>\\n' }}"
+
+
+def rows(n=48, **kw):
+    return [{"messages": m} for m in make_messages(n=n, seed=3, **kw)]
+
+
+def base_template():
+    """Qwen2.5 base's template: Instruct's with another default system prompt (unknown to TRL)."""
+    return qwen2_5_chat_template.replace(INSTRUCT, "You are a helpful assistant.")
+
+
+def stop_outside_template():
+    """TRL's Qwen2.5 training template, <|im_end|> moved after {% endgeneration %}: never graded."""
+    assert qwen2_5_training_chat_template.count(OUT_LINE) == 1
+    moved = "{%- endgeneration %}\n        {%- if not message.tool_calls %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    return (qwen2_5_training_chat_template.replace(OUT_LINE, "{{- '\\n' + message.content }}")
+            .replace("{%- endgeneration %}", moved))
+
+
+def with_template(course, template):
+    model, tok = course
+    tok = copy.copy(tok)
+    tok.chat_template = template
+    return model, tok
+
+
+def run(course, data, config=None, **kw):
+    return diagnose(course, data, config, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# Each check: a set-up that triggers it and one that does not
+# ---------------------------------------------------------------------------------------------
+
+def test_clean_course_setup_has_no_error_and_no_warning(course):
+    report = run(course, rows(), GOOD)
+    assert report.exit_code == 0
+    assert report.checks("error") == set() and report.checks("warning") == set(), report
+
+
+def test_course_defaults_have_no_error(course):
+    """make_sft_trainer's own defaults (lr 3e-3, full-sequence loss): a learning-rate warning, no error."""
+    report = run(course, rows(), {"learning_rate": 3e-3, "per_device_train_batch_size": 8})
+    assert report.exit_code == 0 and "learning-rate" in report.checks("warning")
+
+
+def test_unknown_config_keys_are_reported_not_fatal(course):
+    report = run(course, rows(), {**GOOD, "max_lenght": 64})
+    assert "config-keys" in report.checks("warning") and "max_lenght" in str(report)
+    assert report.exit_code == 0
+
+
+def test_fully_truncated_rows(course):
+    data = rows(200, context_words=20, long_tail=True)
+    bad = run(course, data, {**GOOD, "max_length": 96, "per_device_train_batch_size": 2})
+    finding = next(f for f in bad if f.check == "fully-truncated")
+    assert finding.severity == "error" and "Dropping fully masked" in finding.evidence
+    assert "keep_end" in finding.fix
+    assert "fully-truncated" not in run(course, data, {**GOOD, "max_length": 100_000}).checks()
+
+
+def test_fully_truncated_rows_with_packing_give_a_silent_zero(course):
+    data = rows(200, context_words=20, long_tail=True)
+    report = run(course, data, {**GOOD, "max_length": 96, "packing": True, "packing_strategy": "bfd"})
+    finding = next(f for f in report if f.check == "fully-truncated")
+    assert "silent 0.0" in finding.evidence
+
+
+def test_max_length_below_most_prompts(course):
+    assert "max-length-below-prompts" in run(course, rows(), {**GOOD, "max_length": 16}).checks("error")
+    assert "max-length-below-prompts" not in run(course, rows(), {**GOOD, "max_length": 512}).checks()
+
+
+def test_empty_batch_probability_is_hypergeometric():
+    assert empty_batch_probability(10, 5, 2) == pytest.approx(5 / 10 * 4 / 9)
+    assert empty_batch_probability(10, 0, 1) == 0 and empty_batch_probability(10, 10, 4) == 1
+
+
+def test_template_trl_cannot_patch(course):
+    report = run(with_template(course, base_template()), rows(), GOOD)
+    finding = next(f for f in report if f.check == "template-unpatchable")
+    assert finding.severity == "error" and "qwen2_5" in finding.evidence
+    assert "qwen2_5_training.jinja" in finding.fix
+    assert "template-unpatchable" not in run(course, rows(), GOOD).checks()
+
+
+def test_chat_template_path_fixes_the_base_template(course):
+    import trl
+
+    jinja = Path(trl.__file__).parent / "chat_templates" / "qwen2_5_training.jinja"
+    report = run(with_template(course, base_template()), rows(), {**GOOD, "chat_template_path": str(jinja)})
+    assert report.exit_code == 0, report
+
+
+def test_stop_token_never_graded(course):
+    report = run(with_template(course, stop_outside_template()), rows(), GOOD)
+    finding = next(f for f in report if f.check == "stop-token-untrained")
+    assert finding.severity == "error" and "<|im_end|>" in finding.what
+    assert "stop-token-untrained" not in run(with_template(course, qwen2_5_training_chat_template), rows(),
+                                             GOOD).checks()
+
+
+def test_eos_mismatch(course):
+    assert "eos-mismatch" in run(course, rows(), {"assistant_only_loss": True}).checks("warning")
+    assert "eos-mismatch" not in run(course, rows(), GOOD).checks()
+
+
+def test_pad_is_the_graded_stop_token(course):
+    text_rows = [{"prompt": f"{a} plus {a} is", "completion": f" {2 * a}."} for a in range(20)]
+    finding = next(f for f in run(course, text_rows, {"learning_rate": 2e-5}) if f.check == "pad-is-eos")
+    assert "keeps 0 of them" in finding.evidence  # transformers' collator masks every graded eos
+    model, tok = course
+    own_pad = copy.copy(tok)
+    own_pad.pad_token = "<|im_start|>"  # any token that is not the stop token
+    assert "pad-is-eos" not in run((model, own_pad), text_rows, {"learning_rate": 2e-5}).checks()
+
+
+def test_assistant_only_loss_needs_conversational_rows(course):
+    text_rows = [{"prompt": f"{a} plus {a} is", "completion": f" {2 * a}."} for a in range(20)]
+    assert "assistant-only-loss" in run(course, text_rows, {**GOOD}).checks("error")
+    chat_rows = [{"prompt": r["messages"][:1], "completion": r["messages"][1:]} for r in rows()]
+    report = run(course, chat_rows, GOOD)  # conversational prompt/completion: TRL accepts it
+    assert report.exit_code == 0 and "assistant-only-loss" not in report.checks()
+
+
+def test_no_assistant_turns(course):
+    data = [{"messages": [m for m in r["messages"] if m["role"] != "assistant"]} for r in rows()]
+    assert "no-assistant-turns" in run(course, data, GOOD).checks("error")
+    renamed = [{"messages": [{**m, "role": "gpt" if m["role"] == "assistant" else m["role"]}
+                             for m in r["messages"]]} for r in rows()]
+    assert "no-assistant-turns" in run(course, renamed, GOOD).checks("error")
+    assert "no-assistant-turns" not in run(course, rows(), GOOD).checks()
+
+
+def test_trl_preparation_failure_is_a_finding(course):
+    report = run(with_template(course, None), rows(), {"learning_rate": 2e-5})
+    assert "trl-preparation" in report.checks("error")
+
+
+def test_wrapped_packing_without_boundaries(course):
+    cfg = {**GOOD, "packing": True, "max_length": 256}
+    wrapped = run(course, rows(), {**cfg, "packing_strategy": "wrapped"})
+    assert "packing-no-boundaries" in wrapped.checks("warning")
+    assert "packing-no-boundaries" not in run(course, rows(), {**cfg, "packing_strategy": "bfd"}).checks()
+
+
+def test_right_padding_for_generation(course):
+    model, tok = course
+    left = copy.copy(tok)
+    left.padding_side = "left"
+    assert "right-padding" in run(course, rows(), GOOD).checks("info")
+    assert "right-padding" not in run((model, left), rows(), GOOD).checks()
+
+
+def test_learning_rate_far_outside_range(course):
+    assert "learning-rate" in run(course, rows(), {**GOOD, "learning_rate": 0.05}).checks("warning")
+    assert "learning-rate" not in run(course, rows(), GOOD).checks()
+    lora = {**GOOD, "learning_rate": 2e-4, "use_peft": True}
+    assert "learning-rate" not in run(course, rows(), lora).checks()
+
+
+def test_fp16_with_hot_learning_rate_or_activations_near_the_range(course):
+    hot_lr = run(course, rows(), {**GOOD, "fp16": True, "learning_rate": 0.05})
+    assert "fp16-overflow-risk" in hot_lr.checks("error")
+    calm = run(course, rows(), {**GOOD, "fp16": True})
+    assert "fp16-overflow-risk" not in calm.checks() and "fp16-range" in calm.checks("info")
+    model, tok = course
+    hot = copy.deepcopy(model)
+    with torch.no_grad():
+        hot.model.embed_tokens.weight.mul_(1e4)  # activations now far beyond fp16's comfort
+    report = run((hot, tok), rows(), {**GOOD, "fp16": True})
+    finding = next(f for f in report if f.check == "fp16-overflow-risk")
+    assert "activations already reach" in finding.evidence
+
+
+def test_report_renders_as_text_html_and_json(course):
+    report = run(with_template(course, base_template()), rows(), GOOD)
+    assert "ERROR" in str(report) and "<table>" in report._repr_html_()
+    parsed = json.loads(report.to_json())
+    assert parsed["exit_code"] == 1 and parsed["counts"]["error"] >= 1
+    with pytest.raises(ValueError, match="severity"):
+        Finding("fatal", "x", "x", "x", "x")
+
+
+# ---------------------------------------------------------------------------------------------
+# Held-out broken set-ups on disk, through the command's entry point
+# ---------------------------------------------------------------------------------------------
+
+def _setup(tmp_path, course, *, template=None, data=None, config=None, lines=None):
+    model, tok = course
+    directory = tmp_path / "model"
+    tok = copy.copy(tok)
+    if template is not None:
+        tok.chat_template = template
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    data_path = tmp_path / "data.jsonl"
+    text = lines if lines is not None else "".join(json.dumps(r) + "\n" for r in (data or rows()))
+    data_path.write_text(text)
+    config_path = tmp_path / "config.json"
+    config_path.write_text(json.dumps(config if config is not None else GOOD))
+    return ["--model", str(directory), "--data", str(data_path), "--config", str(config_path), "--json"]
+
+
+HELD_OUT = {
+    "fully truncated rows": (dict(data=rows(100, context_words=20, long_tail=True),
+                                  config={**GOOD, "max_length": 80}), "fully-truncated"),
+    "base template + assistant_only_loss": (dict(template=base_template()), "template-unpatchable"),
+    "end-of-turn never graded": (dict(template=stop_outside_template()), "stop-token-untrained"),
+    "fp16 + hot learning rate": (dict(config={**GOOD, "fp16": True, "learning_rate": 1e-2}),
+                                 "fp16-overflow-risk"),
+    "no assistant turns": (dict(data=[{"messages": r["messages"][:1]} for r in rows()]),
+                           "no-assistant-turns"),
+}
+
+
+@pytest.mark.parametrize("name", list(HELD_OUT))
+def test_held_out_broken_setups_exit_1_naming_the_cause(name, tmp_path, course, capsys):
+    kwargs, cause = HELD_OUT[name]
+    assert main(_setup(tmp_path, course, **kwargs)) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert cause in {f["check"] for f in out["findings"] if f["severity"] == "error"}
+
+
+def test_clean_setup_on_disk_exits_0(tmp_path, course, capsys):
+    assert main(_setup(tmp_path, course)) == 0
+    assert json.loads(capsys.readouterr().out)["counts"]["error"] == 0
+
+
+def test_max_length_flag_overrides_the_config(tmp_path, course, capsys):
+    argv = _setup(tmp_path, course, config={**GOOD, "max_length": 1024})
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main([*argv, "--max-length", "16"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert "max-length-below-prompts" in {f["check"] for f in out["findings"]}
+
+
+def test_malformed_jsonl_row_exits_2_with_its_line_number(tmp_path, course, capsys):
+    good = json.dumps(rows(2)[0])
+    assert main(_setup(tmp_path, course, lines=f"{good}\n{good}\n{{\"messages\": [}}\n")) == 2
+    assert "line 3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["missing data", "missing model", "config not an object",
+                                  "row not TRL form"])
+def test_bad_input_exits_2_with_what_why_fix(case, tmp_path, course, capsys):
+    argv = _setup(tmp_path, course)
+    if case == "missing data":
+        argv[3] = str(tmp_path / "nope.jsonl")
+    elif case == "missing model":
+        argv[1] = "no-such-org/no-such-model"
+    elif case == "config not an object":
+        Path(argv[5]).write_text("[1, 2]")
+    else:
+        Path(argv[3]).write_text(json.dumps({"question": "q", "answer": "a"}) + "\n")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    message = err.strip().splitlines()[-1]  # above it: save_pretrained's progress bar from _setup
+    assert message.startswith("doctor: bad input:") and " — " in message and "Traceback" not in err
+
+
+def test_read_config_rejects_non_objects():
+    with pytest.raises(DoctorInputError, match="not a JSON object"):
+        doctor.read_config([1])
+
+
+def test_command_line_runs_in_a_process_under_15_s_on_1000_rows(tmp_path, course):
+    """The real command on 1,000 rows: exit 1 on the broken set-up, stderr without a traceback, <= 15 s."""
+    argv = _setup(tmp_path, course, data=rows(1000, context_words=20, long_tail=True),
+                  config={**GOOD, "max_length": 96})
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "course_utils.doctor", *argv[:-1]], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=120)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    assert done.returncode == 1 and "fully-truncated" in done.stdout
+    assert "Traceback" not in done.stderr
+    # CPU seconds, not wall: the test machine is shared, and one busy neighbour must not fail it
+    assert cpu < 15, f"the doctor took {cpu:.1f} CPU s ({wall:.1f} s wall) on 1,000 rows"
+    print(f"doctor on 1,000 rows: {cpu:.1f} CPU s, {wall:.1f} s wall")
