@@ -2,7 +2,11 @@
 #   make lab     set up .venv (first time only) and open the exercise notebooks in JupyterLab
 #   make test    set up .venv (first time only) and run the whole suite: unit tests, every
 #                solution notebook under nbval, every exercise notebook run with its stubs
+# Choose the interpreter once, when .venv is created: `make lab PYTHON=python3.12` (3.11 and 3.12).
+# torch: the CPU build unless an NVIDIA GPU is found (scripts/install_torch.py); `TORCH=cuda` asks
+# for the default index's build, `TORCH=cpu` for the CPU one; a torch already in .venv is kept.
 PYTHON ?= python3
+TORCH  ?= auto
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
@@ -10,6 +14,10 @@ PORT   ?= 8888
 # Test processes: each notebook runs whole in one of them (--dist loadfile). 2 = the CI machine's cores.
 JOBS   ?= 2
 LAB_ARGS ?=
+# The server's root holds notebooks/ and solutions/; the exercises open first. One root per server:
+# change it with LAB_ROOT=..., not through LAB_ARGS (jupyter rejects root_dir given twice).
+LAB_ROOT ?= .
+LAB_OPEN ?= notebooks
 # Jupyter refuses to run as root unless told to (containers, CI): allow it only then.
 ROOT_ARG := $(if $(filter 0,$(shell id -u)),--allow-root)
 # Offline by design: nothing in the course downloads at run time.
@@ -27,11 +35,13 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e .
+	$(PY) scripts/install_torch.py --torch=$(TORCH)
+	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
 lab: install
-	$(VENV)/bin/jupyter lab --port=$(PORT) --ServerApp.root_dir=notebooks $(ROOT_ARG) $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --port=$(PORT) --ServerApp.root_dir=$(LAB_ROOT) \
+	  --LabApp.default_url=/lab/tree/$(LAB_OPEN) $(ROOT_ARG) $(LAB_ARGS)
 
 test: install
 	$(PY) -m pytest tests solutions --nbval-lax --nbval-current-env \

@@ -54,6 +54,7 @@ def test_environment_yml_lists_the_same_packages_as_pyproject():
     lines = (ROOT / "environment.yml").read_text().splitlines()
     start = lines.index("  - pip:") + 1
     pip = [line.strip()[2:] for line in lines[start:] if line.strip().startswith("- ")]
+    pip = [p for p in pip if not p.startswith("--")]  # pip options (the CPU wheel index), not packages
     assert "-e ." in pip, "conda users install the course package too"
     assert _names([p for p in pip if p != "-e ."]) == _names(pyproject)
 
