@@ -157,8 +157,14 @@ def clip_title(k: int, threshold) -> str:
     return f"pre-clip gradient norm, K = {k}, max_grad_norm = {_label(threshold)}"
 
 
-def _clip_png(grid: dict, k: int, threshold) -> bytes:
-    """One explorer frame as PNG bytes, drawn on a pyplot-free Figure (no global figure state)."""
+def clip_frame(grid: dict, k: int, threshold) -> str:
+    """One explorer frame: the plot of ``(K, max_grad_norm)`` as an ``<img>`` whose alt text is its title.
+
+    Drawn on a pyplot-free Figure (no global figure state) and sent as one HTML string, so the picture
+    and its title reach the browser in one message.
+    """
+    import base64
+    import html
     import io
 
     from matplotlib.figure import Figure
@@ -168,15 +174,17 @@ def _clip_png(grid: dict, k: int, threshold) -> bytes:
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
-    return buffer.getvalue()
+    title = html.escape(clip_title(k, threshold))
+    return (f'<img src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}" '
+            f'alt="{title}" title="{title}">')
 
 
 def clip_explorer(grid: dict):
     """An ipywidgets explorer over the precomputed grid: K and max_grad_norm sliders → curves and clip rates.
 
-    Every point is a finished run, so moving a slider only redraws. The plot is an image widget
-    updated in place (PNG and title in one message), so quick successive moves always end on the
-    last setting; "no clipping" is the option "off" (a slider cannot hold ``None``). Without a widget
+    Every point is a finished run, so moving a slider only redraws. The plot is replaced in place (one
+    HTML value: picture and title together), so quick successive moves always end on the last
+    setting; "no clipping" is the option "off" (a slider cannot hold ``None``). Without a widget
     frontend (nbval, a static render) the widget shows nothing and nothing fails.
     """
     import ipywidgets as widgets
@@ -187,18 +195,15 @@ def clip_explorer(grid: dict):
     room = {"style": {"description_width": "initial"}, "layout": widgets.Layout(width="420px")}
     k_slider = widgets.SelectionSlider(options=ks, value=ks[-1], description="K (accumulation steps)", **room)
     t_slider = widgets.SelectionSlider(options=labels, value=labels[0], description="max_grad_norm", **room)
-    image = widgets.Image(format="png")
+    plot = widgets.HTML()
 
     def redraw(_=None):
-        k, threshold = k_slider.value, by_label[t_slider.value]
-        png = _clip_png(grid, k, threshold)
-        with image.hold_sync():  # picture and title reach the browser together
-            image.value, image.tooltip = png, clip_title(k, threshold)
+        plot.value = clip_frame(grid, k_slider.value, by_label[t_slider.value])
 
     k_slider.observe(redraw, names="value")
     t_slider.observe(redraw, names="value")
     redraw()
-    return widgets.VBox([k_slider, t_slider, image])
+    return widgets.VBox([k_slider, t_slider, plot])
 
 
 # ------------------------------------------------------------------------------------------------
