@@ -28,7 +28,8 @@ export TOKENIZERS_PARALLELISM := false
 # SFTTrainer run 10-30x slower (measured). Override with `make test OMP_NUM_THREADS=4`.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install lab test unit notebooks exercises check-exercises model lint timings clean
+.PHONY: install lab test unit notebooks exercises check-exercises model lint timings clean wheelhouse \
+        test-latest instructors
 
 install: $(STAMP)
 
@@ -69,6 +70,32 @@ lint: install
 
 timings: install     # re-execute every solution notebook in place, storing outputs; prints times
 	$(PY) -m course_utils.run_solutions
+
+# A room without network: download every package once (the torch build chosen as for `make install`),
+# then on each laptop: PIP_NO_INDEX=1 PIP_FIND_LINKS=$$PWD/wheelhouse make install
+WHEELHOUSE ?= wheelhouse
+wheelhouse: install
+	$(PY) scripts/install_torch.py --torch=$(TORCH) --download=$(WHEELHOUSE)
+	$(PY) -m pip download --quiet --dest $(WHEELHOUSE) --find-links $(WHEELHOUSE) \
+	  pip 'setuptools>=77' '.[test]'
+	@echo "$(WHEELHOUSE)/: $$(ls $(WHEELHOUSE) | wc -l) files, $$(du -sh $(WHEELHOUSE) | cut -f1)"
+
+# Version-drift canary, NOT part of `make test`: the solutions in a separate venv with the newest
+# releases of LATEST_PKGS (torch stays the course's CPU pin: PyPI's newest Linux torch is the CUDA
+# build; add torch to LATEST_PKGS to try it), then a per-lesson report. Exits 0 whatever drifted.
+LATEST_VENV ?= .venv-latest
+LATEST_PKGS ?= transformers trl datasets accelerate peft bitsandbytes
+test-latest:
+	test -x $(LATEST_VENV)/bin/python || $(PYTHON) -m venv $(LATEST_VENV)
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LATEST_VENV)/bin/python scripts/install_torch.py --torch=$(TORCH)
+	$(LATEST_VENV)/bin/python -m pip install --quiet -e .
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade $(LATEST_PKGS)
+	$(LATEST_VENV)/bin/python scripts/lesson_report.py
+
+# INSTRUCTORS.md's table: every solution and exercise notebook run once, timed (files unchanged).
+instructors: install
+	$(PY) -m course_utils.run_solutions --no-save --timings INSTRUCTORS.md solutions/*.ipynb notebooks/*.ipynb
 
 clean:
 	rm -rf $(VENV) .pytest_cache

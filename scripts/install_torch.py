@@ -3,6 +3,7 @@
     .venv/bin/python scripts/install_torch.py              # what `make install` does
     .venv/bin/python scripts/install_torch.py --dry-run    # print the decision and the pip command only
     TORCH=cuda make install                                 # ask for the default index's (CUDA) build
+    .venv/bin/python scripts/install_torch.py --download wheelhouse   # what `make wheelhouse` does
 
 Why: on Linux, `pip install torch==X` from PyPI is the CUDA build — ~3 GB of NVIDIA libraries on a
 laptop without a GPU. PyTorch's install selector documents the CPU wheels' own index
@@ -14,7 +15,9 @@ The choice, in order:
 3. ``TORCH=auto`` (the default): an NVIDIA GPU (``nvidia-smi`` runs) → the default index; otherwise, on
    Linux, the CPU index. macOS and Windows wheels on PyPI are CPU builds already → the default index.
 Where the CPU index cannot be reached (an offline mirror, a proxy), the default index is used and
-one line says so. Standard library only: it runs before anything else is installed.
+one line says so. With ``PIP_NO_INDEX=1`` (installing from a wheelhouse) nothing is probed: pip takes
+the torch wheel that ``make wheelhouse`` put in the folder.
+Standard library only: it runs before anything else is installed.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ def installed_torch() -> str | None:
 
 
 def plan(requirement: str, *, torch: str, gpu: bool, system: str, installed: str | None,
-         cpu_index_ok: bool) -> tuple[list[str] | None, str]:
+         cpu_index_ok: bool, no_index: bool = False) -> tuple[list[str] | None, str]:
     """Decide: ``(pip arguments or None, one line saying what and why)``. Pure: every input is passed in."""
     if torch not in CHOICES:
         raise SystemExit(f"TORCH={torch!r} is not a choice — the installer knows {', '.join(CHOICES)} — "
@@ -87,6 +90,8 @@ def plan(requirement: str, *, torch: str, gpu: bool, system: str, installed: str
         return None, f"torch {installed} is already in the venv: left alone (make clean to choose again)"
     default = ["install", requirement]
     cpu = ["install", requirement, "--index-url", CPU_INDEX]
+    if no_index:  # a room without network: the wheelhouse holds the build `make wheelhouse` chose
+        return default, f"PIP_NO_INDEX is set: {requirement} from the wheel folder (PIP_FIND_LINKS)"
     if torch == "cuda":
         return default, f"TORCH=cuda: {requirement} from the default index (on Linux, the CUDA build)"
     if torch == "auto" and gpu:
@@ -109,20 +114,25 @@ def main(argv=None) -> int:
                         help="pretend a GPU is (not) present (for --dry-run and tests)")
     parser.add_argument("--cpu-index", choices=("probe", "reachable", "unreachable"), default="probe",
                         help="pretend the CPU index is (un)reachable (for --dry-run and tests)")
+    parser.add_argument("--download", metavar="DIR",
+                        help="download the chosen wheel into DIR instead of installing (`make wheelhouse`)")
     args = parser.parse_args(argv)
     requirement = pinned_torch()
     gpu = has_nvidia_gpu() if args.gpu == "detect" else args.gpu == "yes"
     system = platform.system()
-    installed = None if args.dry_run else installed_torch()
-    needs_probe = args.torch != "cuda" and not gpu and system == "Linux" and installed is None
+    installed = None if args.dry_run or args.download else installed_torch()
+    no_index = os.environ.get("PIP_NO_INDEX", "").lower() in ("1", "true", "yes", "on")
+    needs_probe = (args.torch != "cuda" and not gpu and system == "Linux" and installed is None
+                   and not no_index)
     cpu_index_ok = (args.cpu_index == "reachable" or
                     (args.cpu_index == "probe" and needs_probe and index_reachable()))
     pip_args, why = plan(requirement, torch=args.torch, gpu=gpu, system=system, installed=installed,
-                         cpu_index_ok=cpu_index_ok)
+                         cpu_index_ok=cpu_index_ok, no_index=no_index)
     print(f"torch: {why}")
     if pip_args is None:
         return 0
-    command = [sys.executable, "-m", "pip", "install", "--quiet", *pip_args[1:]]
+    verb = ["download", "--dest", args.download] if args.download else ["install"]
+    command = [sys.executable, "-m", "pip", *verb, "--quiet", *pip_args[1:]]
     if args.dry_run:
         print(" ".join(command))
         return 0

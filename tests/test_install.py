@@ -55,6 +55,12 @@ def test_an_installed_torch_is_left_alone():
         assert args is None and "left alone" in why and "2.13.0+cu130" in why
 
 
+def test_a_wheelhouse_install_probes_nothing_and_takes_the_folders_wheel():
+    args, why = install_torch.plan(REQ, torch="auto", gpu=False, system="Linux", installed=None,
+                                   cpu_index_ok=False, no_index=True)
+    assert args == ["install", REQ] and "PIP_NO_INDEX" in why
+
+
 def test_macos_uses_the_default_index_whose_wheels_are_cpu_builds():
     assert _plan(system="Darwin")[0] == ["install", REQ]
 
@@ -82,6 +88,8 @@ def test_dry_run_prints_the_pip_command_for_no_gpu_and_gpu():
     assert "cannot be reached" in why and command.endswith(f"-m pip install --quiet {REQ}")
     why, command = _dry_run("--gpu=no", "--torch=cuda")
     assert why.startswith("torch: TORCH=cuda") and command.endswith(REQ)
+    why, command = _dry_run("--gpu=no", "--cpu-index=reachable", "--download=wh")
+    assert command.endswith(f"-m pip download --dest wh --quiet {REQ} --index-url {CPU}")
 
 
 def test_the_makefile_runs_the_choice_before_the_package():
