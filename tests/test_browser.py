@@ -219,3 +219,4 @@ def test_lesson01_explorer_off_and_quick_moves(lab, pages):
     log.wait_for(timeout=10_000)
     assert "Error" not in log.inner_text(), f"the log console holds an error: {log.inner_text()[-2000:]}"
     explorer.screenshot(path=lab[1] / "01_explorer.png")
+    page.screenshot(path=lab[1] / "01_lesson.png")  # the README's picture (docs/lesson01.png)
