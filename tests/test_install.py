@@ -99,3 +99,10 @@ def test_the_makefile_runs_the_choice_before_the_package():
 
 def test_environment_yml_installs_the_cpu_build():
     assert f"--extra-index-url {CPU}" in (ROOT / "environment.yml").read_text()
+
+
+def test_lesson00_environment_check_ignores_the_test_extra():
+    from course_utils.tour import pinned_versions
+
+    pins = pinned_versions()
+    assert pins["torch"] == "2.13.0" and "playwright" not in pins, "no lesson needs the browser test's extra"
