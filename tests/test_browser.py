@@ -213,10 +213,10 @@ def test_lesson01_explorer_off_and_quick_moves(lab, pages):
     assert width > 100, "the plot is a real picture, not an empty figure"
     assert _stderr(page) == [], "no error output from the widget callbacks"
     assert not [e for e in console_errors if "comm" in e or "Error" in e], console_errors
+    explorer.screenshot(path=lab[1] / "01_explorer.png")
+    page.screenshot(path=lab[1] / "01_lesson.png")  # the README's picture (docs/lesson01.png)
     # a widget callback's exception goes to JupyterLab's log console, not to the cell: read it
     _menu(page, "View", "Show Log Console")
     log = page.locator(".jp-LogConsolePanel")
     log.wait_for(timeout=10_000)
     assert "Error" not in log.inner_text(), f"the log console holds an error: {log.inner_text()[-2000:]}"
-    explorer.screenshot(path=lab[1] / "01_explorer.png")
-    page.screenshot(path=lab[1] / "01_lesson.png")  # the README's picture (docs/lesson01.png)
