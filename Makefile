@@ -10,6 +10,7 @@ TORCH  ?= auto
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+TEST_STAMP := $(VENV)/.test-extra-stamp
 PORT   ?= 8888
 # Test processes: each notebook runs whole in one of them (--dist loadfile). 2 = the CI machine's cores.
 JOBS   ?= 2
@@ -37,19 +38,24 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) scripts/install_torch.py --torch=$(TORCH)
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e .
 	touch $(STAMP)
+
+# What only the tests need (playwright, 140 MB, for tests/test_browser.py): not on a learner's laptop.
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(TEST_STAMP)
 
 lab: install
 	$(VENV)/bin/jupyter lab --port=$(PORT) --ServerApp.root_dir=$(LAB_ROOT) \
 	  --LabApp.default_url=/lab/tree/$(LAB_OPEN) $(ROOT_ARG) $(LAB_ARGS)
 
-test: install
+test: install $(TEST_STAMP)
 	$(PY) -m pytest tests solutions --nbval-lax --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300 \
 	  -n $(JOBS) --dist loadfile --durations=12 -q
 
-unit: install
+unit: install $(TEST_STAMP)
 	$(PY) -m pytest tests -q
 
 notebooks: install   # only the solution notebooks, under nbval

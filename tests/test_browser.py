@@ -6,7 +6,7 @@ repository never changes), and checks what a learner would see: no error output,
 the stored outputs of an untrusted notebook before anything runs, and lesson 01's explorer through
 "off" and two quick moves. Screenshots land in the test's temporary directory.
 
-Needs Debian's `chromium` (/usr/bin/chromium) and the `playwright` package (`make install` installs the
+Needs Debian's `chromium` (/usr/bin/chromium) and the `playwright` package (`make test` installs the
 pinned `[test]` extra; `.ci/run` installs chromium). Playwright's own browser download is never used.
 Skips, saying which is missing, only where one of them is.
 """
@@ -42,7 +42,7 @@ STDERR = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]
 if not CHROMIUM.exists():
     pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's package (apt-get install chromium), as "
                 ".ci/run does, or point COURSE_CHROMIUM at one", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: `make install` "
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: `make test` "
                                "installs it (the pinned [test] extra); or pip install -e '.[test]'")
 
 
