@@ -33,7 +33,8 @@ import tomllib
 import urllib.request
 from pathlib import Path
 
-CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# TORCH_CPU_INDEX: a mirror of PyTorch's CPU index (a company proxy, a local copy) used instead.
+CPU_INDEX = os.environ.get("TORCH_CPU_INDEX") or "https://download.pytorch.org/whl/cpu"
 ROOT = Path(__file__).resolve().parent.parent
 CHOICES = ("auto", "cpu", "cuda")
 

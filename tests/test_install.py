@@ -70,9 +70,9 @@ def test_an_unknown_choice_is_rejected_with_the_choices():
         _plan(torch="rocm")
 
 
-def _dry_run(*flags):
+def _dry_run(*flags, **env):
     out = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", *flags], capture_output=True, text=True,
-                         timeout=60, env={"PATH": "/usr/bin:/bin"})
+                         timeout=60, env={"PATH": "/usr/bin:/bin", **env})
     assert out.returncode == 0, out.stderr
     return out.stdout.strip().splitlines()
 
@@ -88,6 +88,8 @@ def test_dry_run_prints_the_pip_command_for_no_gpu_and_gpu():
     assert "cannot be reached" in why and command.endswith(f"-m pip install --quiet {REQ}")
     why, command = _dry_run("--gpu=no", "--torch=cuda")
     assert why.startswith("torch: TORCH=cuda") and command.endswith(REQ)
+    why, command = _dry_run("--gpu=no", "--cpu-index=reachable", TORCH_CPU_INDEX="http://mirror/cpu")
+    assert command.endswith(f"{REQ} --index-url http://mirror/cpu"), "a mirror of the CPU index is used"
     why, command = _dry_run("--gpu=no", "--cpu-index=reachable", "--download=wh")
     assert command.endswith(f"-m pip download --dest wh --quiet {REQ} --index-url {CPU}")
 
