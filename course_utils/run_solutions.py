@@ -22,6 +22,7 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
 
 from .make_exercises import ROOT
 from .make_exercises import main as make_exercises
@@ -60,12 +61,15 @@ def machine() -> str:
             f"{load}, Python {platform.python_version()}, {datetime.date.today().isoformat()}")
 
 
-def timings_table(times: dict[str, float], where: str) -> str:
-    """The Markdown table of measured wall times (kernel start included), with where they were measured."""
-    rows = [f"| `{name}` | {seconds:.1f} |" for name, seconds in times.items()]
-    total = sum(times.values())
-    return "\n".join([f"Measured on: {where}.", "", "| notebook | run time (s) |", "|---|---|", *rows,
-                      f"| **total** | **{total:.0f}** |"])
+def timings_table(times: dict[str, tuple[float, str]], where: str) -> str:
+    """The Markdown table of measured wall times (kernel start included), with where they were measured.
+
+    ``times``: ``{notebook: (seconds, note)}``; the note says when a run stopped at an error.
+    """
+    rows = [f"| `{name}` | {seconds:.1f} | {note} |" for name, (seconds, note) in times.items()]
+    total = sum(seconds for seconds, _ in times.values())
+    return "\n".join([f"Measured on: {where}.", "", "| notebook | run time (s) | note |", "|---|---|---|",
+                      *rows, f"| **total** | **{total:.0f}** | |"])
 
 
 def write_table(text: str, table: str) -> str:
@@ -87,8 +91,15 @@ def main(argv=None) -> int:
     paths = [Path(p) for p in args.paths] or sorted((ROOT / "solutions").glob("*.ipynb"))
     where, times = machine(), {}
     for path in paths:
-        times[f"{path.parent.name}/{path.name}"] = seconds = execute(path, save=not args.no_save)
-        print(f"{path.name}: {seconds:.1f} s")
+        start, note = time.perf_counter(), ""
+        try:
+            seconds = execute(path, save=not args.no_save)
+        except CellExecutionError as exc:
+            if not args.no_save:
+                raise  # never store the outputs of a broken run
+            seconds, note = time.perf_counter() - start, f"stopped at an error: {exc.ename}"
+        times[f"{path.parent.name}/{path.name}"] = (seconds, note)
+        print(f"{path.name}: {seconds:.1f} s {note}".rstrip())
     if args.timings:
         args.timings.write_text(write_table(args.timings.read_text(encoding="utf-8"),
                                             timings_table(times, where)), encoding="utf-8")
