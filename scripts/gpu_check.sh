@@ -11,7 +11,7 @@ export HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS="
 PY="${PY:-.venv/bin/python}"
 [ -x "$PY" ] || { echo "no $PY: run \`make install\` first (TORCH=cuda for a CUDA build)"; exit 1; }
 if [ "$COURSE_DEVICE" = cuda ]; then
-  nvidia-smi -L || { echo "COURSE_DEVICE=cuda but nvidia-smi finds no GPU: use COURSE_DEVICE=cpu for a dry run"; exit 1; }
+  nvidia-smi -L 2>/dev/null || { echo "COURSE_DEVICE=cuda but nvidia-smi finds no GPU: use COURSE_DEVICE=cpu for a dry run"; exit 1; }
   "$PY" -c "import torch; assert torch.cuda.is_available(), 'torch ' + torch.__version__ + \
 ' has no CUDA: reinstall it with \`make clean && make install TORCH=cuda\`'"
 fi
