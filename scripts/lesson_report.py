@@ -41,6 +41,7 @@ def drifted_versions(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
 
 def first_failure(output: str) -> str:
     """The most telling line of a failed nbval run: the assertion or exception message."""
+    output = re.sub(r"\x1b\[[0-9;]*m", "", output)  # nbval colours tracebacks
     for pattern in (r"^E?\s*(AssertionError.*)$", r"^E?\s*(\w+Error: .*)$", r"^E?\s*(\w+Exception.*)$",
                     r"^(FAILED .*)$"):
         found = re.findall(pattern, output, re.MULTILINE)

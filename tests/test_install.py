@@ -108,3 +108,11 @@ def test_lesson00_environment_check_ignores_the_test_extra():
 
     pins = pinned_versions()
     assert pins["torch"] == "2.13.0" and "playwright" not in pins, "no lesson needs the browser test's extra"
+
+
+def test_lesson_report_names_the_assertion_of_a_failed_lesson():
+    spec = importlib.util.spec_from_file_location("lesson_report", ROOT / "scripts" / "lesson_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    out = "FAILED x.ipynb::Cell 14\n\x1b[31mAssertionError\x1b[39m: masking by position and the model stops\n"
+    assert report.first_failure(out) == "AssertionError: masking by position and the model stops"
