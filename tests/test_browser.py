@@ -154,7 +154,8 @@ def pages(lab, browser):
     page.screenshot(path=lab[1] / "00_stored.png")
     for page, _ in opened.values():
         _start_run_all(page)
-    deadline = time.monotonic() + 480  # generous: the whole test took 89 s at load 5, 305 s at load 15 (2 cores)
+    # generous: the whole test took 89 s at load 5 and 305 s at load 15 on 2 cores
+    deadline = time.monotonic() + 480
     for page, _ in opened.values():
         _wait_done(page, deadline)
     yield opened, stored
