@@ -72,7 +72,7 @@ model: install       # rebuild the embedded course model (deterministic)
 	$(PY) -m course_utils.build_course_model
 
 lint: install
-	$(VENV)/bin/ruff check course_utils tests solutions
+	$(VENV)/bin/ruff check course_utils tests solutions scripts
 
 timings: install     # re-execute every solution notebook in place, storing outputs; prints times
 	$(PY) -m course_utils.run_solutions
