@@ -4,15 +4,24 @@
 #                solution notebook under nbval, every exercise notebook run with its stubs
 #   make robustness  every solution notebook on both shipped models x COURSE_SEED 0,1,2 x 1,2 threads
 #                (12 configurations, ~15 min on 2 cores); writes ROBUSTNESS.md
+# Choose the interpreter once, when .venv is created: `make lab PYTHON=python3.12` (3.11 and 3.12).
+# torch: the CPU build unless an NVIDIA GPU is found (scripts/install_torch.py); `TORCH=cuda` asks
+# for the default index's build, `TORCH=cpu` for the CPU one; a torch already in .venv is kept.
 PYTHON ?= python3
+TORCH  ?= auto
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+TEST_STAMP := $(VENV)/.test-extra-stamp
 PORT   ?= 8888
 # Test processes: each notebook runs whole in one of them (--dist loadfile). 2 = the CI machine's cores.
 JOBS   ?= 2
 LAB_ARGS ?=
 ROBUSTNESS_ARGS ?=
+# The server's root holds notebooks/ and solutions/; the exercises open first. One root per server:
+# change it with LAB_ROOT=..., not through LAB_ARGS (jupyter rejects root_dir given twice).
+LAB_ROOT ?= .
+LAB_OPEN ?= notebooks
 # Jupyter refuses to run as root unless told to (containers, CI): allow it only then.
 ROOT_ARG := $(if $(filter 0,$(shell id -u)),--allow-root)
 # Offline by design: nothing in the course downloads at run time.
@@ -24,25 +33,32 @@ export TOKENIZERS_PARALLELISM := false
 export OMP_NUM_THREADS ?= 1
 
 .PHONY: install lab test unit notebooks robustness robustness-ci exercises check-exercises model lint \
-	timings clean
+	timings clean wheelhouse test-latest instructors
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) scripts/install_torch.py --torch=$(TORCH)
 	$(PY) -m pip install --quiet -e .
 	touch $(STAMP)
 
-lab: install
-	$(VENV)/bin/jupyter lab --port=$(PORT) --ServerApp.root_dir=notebooks $(ROOT_ARG) $(LAB_ARGS)
+# What only the tests need (playwright, 140 MB, for tests/test_browser.py): not on a learner's laptop.
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(TEST_STAMP)
 
-test: install
+lab: install
+	$(VENV)/bin/jupyter lab --port=$(PORT) --ServerApp.root_dir=$(LAB_ROOT) \
+	  --LabApp.default_url=/lab/tree/$(LAB_OPEN) $(ROOT_ARG) $(LAB_ARGS)
+
+test: install $(TEST_STAMP)
 	$(PY) -m pytest tests solutions --nbval-lax --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300 \
 	  -n $(JOBS) --dist loadfile --durations=12 -q
 
-unit: install
+unit: install $(TEST_STAMP)
 	$(PY) -m pytest tests -q
 
 notebooks: install   # only the solution notebooks, under nbval
@@ -65,10 +81,36 @@ model: install       # rebuild both shipped course models, tiny-qwen and tiny-ll
 	$(PY) -m course_utils.build_course_model
 
 lint: install
-	$(VENV)/bin/ruff check course_utils tests solutions
+	$(VENV)/bin/ruff check course_utils tests solutions scripts
 
 timings: install     # re-execute every solution notebook in place, storing outputs; prints times
 	$(PY) -m course_utils.run_solutions
+
+# A room without network: download every package once (the torch build chosen as for `make install`),
+# then on each laptop: PIP_NO_INDEX=1 PIP_FIND_LINKS=$$PWD/wheelhouse make install
+WHEELHOUSE ?= wheelhouse
+wheelhouse: install
+	$(PY) scripts/install_torch.py --torch=$(TORCH) --download=$(WHEELHOUSE)
+	$(PY) -m pip download --quiet --dest $(WHEELHOUSE) --find-links $(WHEELHOUSE) \
+	  pip 'setuptools>=77' '.[test]'
+	@echo "$(WHEELHOUSE)/: $$(ls $(WHEELHOUSE) | wc -l) files, $$(du -sh $(WHEELHOUSE) | cut -f1)"
+
+# Version-drift canary, NOT part of `make test`: the solutions in a separate venv with the newest
+# releases of LATEST_PKGS (torch stays the course's CPU pin: PyPI's newest Linux torch is the CUDA
+# build; add torch to LATEST_PKGS to try it), then a per-lesson report. Exits 0 whatever drifted.
+LATEST_VENV ?= .venv-latest
+LATEST_PKGS ?= transformers trl datasets accelerate peft bitsandbytes
+test-latest:
+	test -x $(LATEST_VENV)/bin/python || $(PYTHON) -m venv $(LATEST_VENV)
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LATEST_VENV)/bin/python scripts/install_torch.py --torch=$(TORCH)
+	$(LATEST_VENV)/bin/python -m pip install --quiet -e .
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade $(LATEST_PKGS)
+	$(LATEST_VENV)/bin/python scripts/lesson_report.py
+
+# INSTRUCTORS.md's table: every solution and exercise notebook run once, timed (files unchanged).
+instructors: install
+	$(PY) -m course_utils.run_solutions --no-save --timings INSTRUCTORS.md solutions/*.ipynb notebooks/*.ipynb
 
 clean:
 	rm -rf $(VENV) .pytest_cache

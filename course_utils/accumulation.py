@@ -120,16 +120,22 @@ def clip_grid(model, start_state: dict, micro_batches, *, ks: Sequence[int], thr
 
 
 def _label(threshold) -> str:
-    return "none" if threshold is None else f"{threshold:.3g}"
+    """``max_grad_norm`` as the explorer and the plots name it: "off" is no clipping (``None``)."""
+    return "off" if threshold is None else f"{threshold:.3g}"
 
 
 def plot_clip_setting(grid: dict, k: int, threshold, ax=None):
-    """Pre-clip gradient norm per step, divided vs undivided, for one ``(K, max_grad_norm)`` of the grid."""
+    """Pre-clip gradient norm per step, divided vs undivided, for one ``(K, max_grad_norm)`` of the grid.
+
+    ``threshold``: a number, or ``None`` / ``"off"`` for no clipping (the explorer's label).
+    """
     import matplotlib.pyplot as plt
 
     from .train import clip_rate
     from .viz import plot_curves
 
+    if threshold == "off":
+        threshold = None
     if (k, threshold, True) not in grid:
         raise ValueError(f"K={k}, max_grad_norm={threshold} is not in the grid — only precomputed runs can "
                          "be shown — pick values from the sliders, or add them to clip_grid().")
@@ -142,31 +148,62 @@ def plot_clip_setting(grid: dict, k: int, threshold, ax=None):
         _, ax = plt.subplots(figsize=(7, 3.3))
     plot_curves(runs, "grad_norm", threshold=threshold,
                 threshold_label=f"max_grad_norm = {_label(threshold)}",
-                title=f"pre-clip gradient norm, K = {k}, max_grad_norm = {_label(threshold)}",
-                ylabel="‖g‖ before clipping", logy=True, ax=ax)
+                title=clip_title(k, threshold), ylabel="‖g‖ before clipping", logy=True, ax=ax)
     return ax
+
+
+def clip_title(k: int, threshold) -> str:
+    """The title ``plot_clip_setting`` gives the plot of ``(K, max_grad_norm)``."""
+    return f"pre-clip gradient norm, K = {k}, max_grad_norm = {_label(threshold)}"
+
+
+def clip_frame(grid: dict, k: int, threshold) -> str:
+    """One explorer frame: the plot of ``(K, max_grad_norm)`` as an ``<img>`` whose alt text is its title.
+
+    Drawn on a pyplot-free Figure (no global figure state) and sent as one HTML string, so the picture
+    and its title reach the browser in one message.
+    """
+    import base64
+    import html
+    import io
+
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 3.3), dpi=90)
+    plot_clip_setting(grid, k, threshold, ax=fig.add_subplot())
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    title = html.escape(clip_title(k, threshold))
+    return (f'<img src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}" '
+            f'alt="{title}" title="{title}">')
 
 
 def clip_explorer(grid: dict):
     """An ipywidgets explorer over the precomputed grid: K and max_grad_norm sliders → curves and clip rates.
 
-    Every point is a finished run, so moving a slider only redraws (well under a second). Without a
-    widget frontend (nbval, a static render) the widget is inert and nothing fails.
+    Every point is a finished run, so moving a slider only redraws. The plot is replaced in place (one
+    HTML value: picture and title together), so quick successive moves always end on the last
+    setting; "no clipping" is the option "off" (a slider cannot hold ``None``). Without a widget
+    frontend (nbval, a static render) the widget shows nothing and nothing fails.
     """
     import ipywidgets as widgets
-    import matplotlib.pyplot as plt
 
     ks = sorted({k for k, _, _ in grid})
-    thresholds = sorted({t for _, t, _ in grid}, key=lambda t: math.inf if t is None else t)
-    k_slider = widgets.SelectionSlider(options=ks, value=ks[-1], description="K")
-    t_slider = widgets.SelectionSlider(options=[(_label(t), t) for t in thresholds], value=thresholds[0],
-                                       description="max_grad_norm")
+    by_label = {_label(t): t for _, t, _ in grid}
+    labels = sorted(by_label, key=lambda lab: math.inf if by_label[lab] is None else by_label[lab])
+    room = {"style": {"description_width": "initial"}, "layout": widgets.Layout(width="420px")}
+    k_slider = widgets.SelectionSlider(options=ks, value=ks[-1], description="K (accumulation steps)", **room)
+    t_slider = widgets.SelectionSlider(options=labels, value=labels[0], description="max_grad_norm", **room)
+    plot = widgets.HTML()
 
-    def show(k, threshold):
-        plot_clip_setting(grid, k, threshold)
-        plt.show()
+    def redraw(_=None):
+        plot.value = clip_frame(grid, k_slider.value, by_label[t_slider.value])
 
-    return widgets.interactive(show, k=k_slider, threshold=t_slider)
+    k_slider.observe(redraw, names="value")
+    t_slider.observe(redraw, names="value")
+    redraw()
+    return widgets.VBox([k_slider, t_slider, plot])
 
 
 # ------------------------------------------------------------------------------------------------

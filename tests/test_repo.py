@@ -54,6 +54,7 @@ def test_environment_yml_lists_the_same_packages_as_pyproject():
     lines = (ROOT / "environment.yml").read_text().splitlines()
     start = lines.index("  - pip:") + 1
     pip = [line.strip()[2:] for line in lines[start:] if line.strip().startswith("- ")]
+    pip = [p for p in pip if not p.startswith("--")]  # pip options (the CPU wheel index), not packages
     assert "-e ." in pip, "conda users install the course package too"
     assert _names([p for p in pip if p != "-e ."]) == _names(pyproject)
 
@@ -76,7 +77,7 @@ def test_ruff_is_clean():
 
 
 def test_make_lab_serves_jupyterlab(tmp_path):
-    """`make lab` (with the stamp already there) starts a server that answers on its port."""
+    """`make lab` starts a server that serves notebooks/ and solutions/ and opens notebooks/ first."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -84,7 +85,8 @@ def test_make_lab_serves_jupyterlab(tmp_path):
            "JUPYTER_DATA_DIR": str(tmp_path / "data"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"),
            "IPYTHONDIR": str(tmp_path / "ipy")}
     args = "--no-browser --ServerApp.token= --ServerApp.ip=127.0.0.1"
-    server = subprocess.Popen(["make", "-s", "lab", f"PORT={port}", f"LAB_ARGS={args}",
+    # -o install: the venv is set up already; a test never re-runs pip
+    server = subprocess.Popen(["make", "-s", "-o", "install", "lab", f"PORT={port}", f"LAB_ARGS={args}",
                                f"VENV={Path(sys.executable).parent.parent}"],
                               cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
@@ -97,8 +99,11 @@ def test_make_lab_serves_jupyterlab(tmp_path):
             except OSError:
                 time.sleep(1)
         assert status == 200, "JupyterLab did not answer on its port within 90 s"
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/contents", timeout=5) as response:
-            assert b"00_tour.ipynb" in response.read(), "the server shows the exercise notebooks"
+        for folder in ("notebooks", "solutions"):  # solutions/ was "outside root" when notebooks/ was it
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/contents/{folder}", timeout=5) as r:
+                assert b"00_tour.ipynb" in r.read(), f"the server shows {folder}/"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as response:
+            assert response.url.endswith("/lab/tree/notebooks"), f"opens the exercises, not {response.url}"
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
