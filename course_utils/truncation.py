@@ -231,7 +231,8 @@ def bestfit_rows(examples: Sequence[dict], *, row_capacity: int, n_rows: int, pa
     validate.integer("pad_id", pad_id, minimum=0, why="it is a token id")
     cut = row_capacity if crop else render_cap
     if drop_untrainable and not any(has_targets(e["labels"][:cut]) for e in examples):
-        raise ValueError("drop_untrainable=True but no conversation keeps a target after the cut — the buffer "
+        raise ValueError("drop_untrainable=True but no conversation keeps a target after the cut — the "
+                         "buffer "
                          "could never refill — raise row_capacity or check the labels.")
     buffer, cursor, consumed, rows = [], 0, 0, []
 
@@ -299,7 +300,8 @@ def clog_by_batch_size(rows: Sequence[dict], *, device_batch_size: int, rows_per
              for i in range(0, len(rows) - device_batch_size + 1, device_batch_size)]
     first_nan_step = next((m // accum + 1 for m, e in enumerate(empty) if e and m % accum == accum - 1), None)
     if first_nan_step is None:
-        raise ValueError("clog_by_batch_size: no step logs an empty micro-batch in these rows — the stream is "
+        raise ValueError("clog_by_batch_size: no step logs an empty micro-batch in these rows — the stream "
+                         "is "
                          "too short or never clogs — pack more rows (at least a few steps past the clog).")
     return {"first_empty_row": first_empty_row(rows),
             "first_empty_micro_batch": empty.index(True) + 1, "first_nan_step": first_nan_step,
@@ -374,7 +376,8 @@ def drift_on_zero_grads(model, warm_batches: Sequence[dict], empty_batch: dict, 
 # ------------------------------------------------------------------------------------------------
 
 
-def trl_kept_examples(model, tokenizer, dataset, max_length: int, truncation_mode: str = "keep_start") -> list[dict]:
+def trl_kept_examples(model, tokenizer, dataset, max_length: int,
+                      truncation_mode: str = "keep_start") -> list[dict]:
     """The training rows TRL's ``SFTTrainer`` keeps with ``assistant_only_loss=True``, ``max_length``
     and ``truncation_mode``: after truncation it drops "fully masked examples" (``sft_trainer.py``).
 
@@ -498,9 +501,11 @@ def check_diagnose_log(fn) -> object:
     return check_diagnosis(
         "diagnose_log", fn, broken_log, seeds=range(base, base + 8),
         misconceptions={
-            ("truncated_examples", "clogged_packer"): "isolated empty steps come back; here the targets never "
+            ("truncated_examples", "clogged_packer"): "isolated empty steps come back; here the targets "
+            "never "
             "return and `consumed` stops moving: the buffer is clogged.",
-            ("clogged_packer", "truncated_examples"): "a clogged buffer never recovers; here later steps carry "
+            ("clogged_packer", "truncated_examples"): "a clogged buffer never recovers; here later steps "
+            "carry "
             "targets again and `consumed` keeps growing.",
             ("clogged_packer", "mask_multiplication"): "look at `targets` after the first NaN: the data is "
             "full again, yet the loss stays NaN — the weights are NaN, not the batches empty.",
@@ -508,16 +513,19 @@ def check_diagnose_log(fn) -> object:
             "was NaN at once, with no climb before it: 0/0 in the loss, not a divergence.",
             ("mask_multiplication", "learning_rate"): "every step had targets; the norm grew by orders of "
             "magnitude before the NaN: a divergence (lesson 06).",
-            ("truncated_examples", "mask_multiplication"): "after the empty step the targets are back but the "
+            ("truncated_examples", "mask_multiplication"): "after the empty step the targets are back but "
+            "the "
             "loss never is: the weights were poisoned (NaN gradients), not just one batch empty.",
         },
         hint=Hints(question="After the first non-finite step, do the steps have targets again, does "
                             "`consumed` still move, and did the gradient norm climb before it?",
                    pointer="Compare section 4's clogged-packer table (targets 0 for good, consumed frozen), "
-                           "section 2's hand-written mean (NaN weights) and lesson 06's divergence (norm climbs).",
+                           "section 2's multiplication-masked mean (NaN weights) and lesson 06's divergence "
+                           "(norm climbs).",
                    answer="empty forever + frozen consumed -> clogged_packer; empty now and then -> "
                           "truncated_examples; one empty step, then NaN with targets -> mask_multiplication; "
-                          "targets everywhere, norm climbing -> learning_rate. Evidence: first non-finite step."))
+                          "targets everywhere, norm climbing -> learning_rate. Evidence: first non-finite "
+                          "step."))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -540,7 +548,8 @@ def _packer_cases() -> list[Case]:
         pool += [_ex(cap - 1, 2, "prompt fills the row but one", rng)]
         pool += [_ex(rng.randint(1, 4), 0, "no answer at all", rng)]
         rng.shuffle(pool)
-        cases.append(Case((pool, cap), (pool, cap), label=f"row of {cap} tokens, {len(pool)} conversations", tag=str(i)))
+        cases.append(Case((pool, cap), (pool, cap), label=f"row of {cap} tokens, {len(pool)} conversations",
+                          tag=str(i)))
     cases.append(Case(([], 8), ([], 8), label="no conversations", tag="empty"))
     return cases
 
@@ -556,7 +565,8 @@ def _compare_packer(got, case_args) -> str | None:
         return "a conversation without a target is left: packed alone it makes a row with loss 0/0"
     j = 0  # each output must be a prefix of a distinct input, in order
     for e in got:
-        while j < len(examples) and list(examples[j]["input_ids"][:len(e["input_ids"])]) != list(e["input_ids"]):
+        ids = list(e["input_ids"])
+        while j < len(examples) and list(examples[j]["input_ids"][:len(ids)]) != ids:
             j += 1
         if j == len(examples) or list(examples[j]["labels"][:len(e["labels"])]) != list(e["labels"]):
             return "an output is not a (cropped) copy of an input, in the input order"
@@ -573,10 +583,12 @@ def _diagnose_packer(got, case: Case) -> str | None:
     if not isinstance(got, list):
         return None
     if any(len(e.get("input_ids", ())) > cap for e in got if isinstance(e, dict)):
-        return ("the oversized conversations are still there: a best-fit buffer never pops them, so it clogs. "
+        return ("the oversized conversations are still there: a best-fit buffer never pops them, so it "
+                "clogs. "
                 "Crop or drop what is longer than the row.")
     if any(isinstance(e, dict) and not has_targets(e.get("labels", [])[1:]) for e in got):
-        return ("cropping alone is not the fix: a crop that ends before the answer keeps only the prompt, a row "
+        return ("cropping alone is not the fix: a crop that ends before the answer keeps only the prompt, "
+                "a row "
                 "with no target. Check the labels after the crop.")
     if len(got) < len(examples) - 3:
         return "you dropped conversations that fit a row and still have a target: they are training data."
@@ -589,7 +601,8 @@ def check_prepare_for_packer(fn) -> object:
     target is kept unchanged. Cropping the oversized ones or dropping them are both correct."""
     cases = [Case(c.args, c.args, label=c.label, tag=c.tag) for c in _packer_cases()]
     return run_check("prepare_for_packer", fn, cases, compare=_compare_packer, diagnose=_diagnose_packer,
-                     hint=Hints(question="Which conversations can a best-fit buffer never pop, and which rows "
+                     hint=Hints(question="Which conversations can a best-fit buffer never pop, and which "
+                                         "rows "
                                          "would have a loss of 0/0 even after they fit?",
                                 pointer="Section 6 packs with crop=True and shows batches without targets; "
                                         "has_targets() tells whether labels still carry loss.",

@@ -229,7 +229,8 @@ def drop_oversized(examples, row_capacity):
 
 
 def crop_only(examples, row_capacity):
-    return [{"input_ids": e["input_ids"][:row_capacity], "labels": e["labels"][:row_capacity]} for e in examples]
+    return [{"input_ids": e["input_ids"][:row_capacity], "labels": e["labels"][:row_capacity]}
+            for e in examples]
 
 
 def filter_only(examples, row_capacity):
@@ -237,7 +238,8 @@ def filter_only(examples, row_capacity):
 
 
 def too_strict(examples, row_capacity):
-    return [e for e in examples if len(e["input_ids"]) < row_capacity // 2 and any(x != M for x in e["labels"])]
+    return [e for e in examples
+            if len(e["input_ids"]) < row_capacity // 2 and any(x != M for x in e["labels"])]
 
 
 def check_before_crop(examples, row_capacity):
