@@ -1,152 +1,270 @@
-"""Unit tests for lesson 05's module (course_utils/truncation.py): the checkers accept the reference,
-reject stubs and known-wrong answers with the targeted hint; the 0/0 behaviours the lesson asserts."""
+"""Lesson 05: the packer (nanochat's best fit), nanochat's log, the normalised-update drift, the
+truncation counts, and the two exercise checkers (each accepts two correct answers and names each
+typical wrong one)."""
 
 import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from course_utils import truncation as T
+from course_utils.answers import lesson05 as A
+from course_utils.checks import Diagnosis
 from course_utils.data import IGNORE_INDEX
 
+M = IGNORE_INDEX
 
-def _not_implemented(*args):
+
+def stub(*args, **kwargs):
     raise NotImplementedError
 
 
-# ---- exercise 1: the dataset filter ------------------------------------------------------------
-
-def test_filter_checker_accepts_reference():
-    assert T.check_filter_fully_masked(T.filter_fully_masked)
-
-
-def test_filter_checker_rejects_stub():
-    result = T.check_filter_fully_masked(_not_implemented)
-    assert not result and "not implemented" in result.message
+def conv(n_prompt, n_answer, start=10):
+    ids = list(range(start, start + n_prompt + n_answer))
+    return {"input_ids": ids, "labels": [M] * n_prompt + ids[n_prompt:]}
 
 
-def test_filter_checker_names_inverted_filter():
-    result = T.check_filter_fully_masked(lambda ex: [e for e in ex if not T.has_targets(e["labels"])])
-    assert not result and "inverted" in result.message
+# ---------------------------------------------------------------------------- truncation counts
 
 
-def test_filter_checker_names_last_label_only():
-    result = T.check_filter_fully_masked(lambda ex: [e for e in ex if e["labels"][-1] != IGNORE_INDEX])
-    assert not result and "last label only" in result.message
+def test_answer_start_and_percentile():
+    assert T.answer_start(conv(5, 3)) == 5
+    with pytest.raises(ValueError, match="no target"):
+        T.answer_start(conv(4, 0))
+    assert T.percentile([5, 1, 3, 2, 4], 100) == 5 and T.percentile([5, 1, 3, 2, 4], 0) == 1
+    assert T.percentile(list(range(1, 101)), 85) == 85
+    with pytest.raises(ValueError, match="non-empty"):
+        T.percentile([], 50)
+    with pytest.raises(ValueError, match="percentile"):
+        T.percentile([1], 101)
 
 
-def test_filter_rejects_bad_input():
-    with pytest.raises(ValueError, match="labels"):
-        T.filter_fully_masked([[1, 2, 3]])
+def test_truncation_report_and_policies():
+    full = [conv(3, 2), conv(8, 2), conv(2, 6)]
+    cut = [T.truncated(e, 5) for e in full]
+    report = T.truncation_report(cut, 5)
+    assert report["fully_masked"] == 1 and report["at_max_length"] == 3
+    start = T.kept_by_policy(full, 5, "keep_start")
+    end = T.kept_by_policy(full, 5, "keep_end")
+    assert (start["examples"], start["graded_tokens"]) == (2, 2 + 3)   # conv(8,2) dropped, conv(2,6) cut to 3
+    assert (end["examples"], end["graded_tokens"]) == (3, 2 + 2 + 5)  # every answer end survives
+    assert T.kept_by_policy(full, 10)["graded_tokens"] == start["of_graded_tokens"] == 10
+    with pytest.raises(ValueError, match="truncation modes"):
+        T.truncated(full[0], 5, "middle")
 
 
-# ---- exercise 2: the safe masked loss ----------------------------------------------------------
-
-def _flat(logits, labels):
-    return logits.flatten(0, -2).float(), labels.flatten()
-
-
-def test_loss_checker_accepts_reference():
-    assert T.check_safe_masked_loss(T.clamped_mean_reference)
-
-
-def test_loss_checker_rejects_stub():
-    assert not T.check_safe_masked_loss(_not_implemented)
+def test_fully_masked_rate_follows_p_to_the_b():
+    flags = [True] * 20 + [False] * 80
+    one = T.fully_masked_batch_rate(flags, 1, shuffles=50)
+    assert abs(one["per_batch"] - 0.2) < 1e-12 and one["per_epoch"] == 1.0
+    assert T.fully_masked_batch_rate(flags, 4, shuffles=50)["per_batch"] < one["per_batch"]
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="batch_size"):
+            T.fully_masked_batch_rate(flags, bad)
+    with pytest.raises(ValueError, match="larger than"):
+        T.fully_masked_batch_rate([True], 2)
 
 
-def test_loss_checker_names_zero_division():
-    def plain_mean(logits, labels):
-        return F.cross_entropy(*_flat(logits, labels), ignore_index=IGNORE_INDEX)
-
-    result = T.check_safe_masked_loss(plain_mean)
-    assert not result and "clamp(min=1)" in result.message
+# ---------------------------------------------------------------------------- the packer
 
 
-def test_loss_checker_names_nan_to_num_gradient():
-    def patched(logits, labels):  # the hand-written masked mean, "fixed" after the division
-        logits, labels = _flat(logits, labels)
-        mask = labels != IGNORE_INDEX
-        nll = -logits.log_softmax(-1).gather(-1, labels.clamp(min=0)[:, None])[:, 0]
-        return torch.nan_to_num((nll * mask).sum() / mask.sum())
-
-    result = T.check_safe_masked_loss(patched)
-    assert not result and "gradient" in result.message and "nan_to_num" in result.message
+def _stream(**kw):
+    # half the conversations are longer than a 16-token row, so a buffer of 4 clogs quickly
+    data = [conv(4, 3, 10 * i) if i % 2 else conv(20, 4, 10 * i) for i in range(40)]
+    return T.bestfit_rows(data, **{"row_capacity": 16, "n_rows": 60, "pad_id": 0, "render_cap": 64,
+                                   "buffer_size": 4, **kw})
 
 
-def test_loss_checker_names_gradless_zero():
-    def fresh_zero(logits, labels):
-        logits, labels = _flat(logits, labels)
-        if not (labels != IGNORE_INDEX).any():
-            return torch.tensor(0.0)
-        return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX)
-
-    result = T.check_safe_masked_loss(fresh_zero)
-    assert not result and "grad_fn" in result.message
+def test_packer_clogs_and_freezes_progress():
+    rows = _stream()
+    clog = T.first_empty_row(rows)
+    assert all(r["targets"] == 0 for r in rows[clog - 1:])
+    assert rows[-1]["consumed"] == rows[clog - 1]["consumed"]
+    assert all(len(r["ids"]) == len(r["labels"]) == 16 for r in rows)
 
 
-def test_loss_checker_names_sum():
-    def summed(logits, labels):
-        logits, labels = _flat(logits, labels)
-        return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
-
-    result = T.check_safe_masked_loss(summed)
-    assert not result and "the sum" in result.message
-
-
-# ---- the behaviours the lesson asserts ---------------------------------------------------------
-
-def _empty_logits():
-    logits = torch.randn(2, 5, 7, requires_grad=True)
-    return logits, torch.full((2, 5), IGNORE_INDEX)
+def test_packer_picks_largest_fit_first():
+    data = [conv(2, 2, 0), conv(5, 5, 100), conv(3, 3, 200)]
+    rows = T.bestfit_rows(data, row_capacity=16, n_rows=1, pad_id=0, render_cap=64, buffer_size=3)
+    # 10 tokens first (the largest), then the largest that fits the 6 left: exactly the 6-token one
+    assert rows[0]["ids"][:10] == data[1]["input_ids"] and rows[0]["ids"][10:] == data[2]["input_ids"]
+    assert rows[0]["consumed"] == 2 and rows[0]["targets"] == 5 + 3
 
 
-def test_builtin_mean_is_nan_with_zero_grad():
-    logits, labels = _empty_logits()
-    loss = T.builtin_mean_loss(logits, labels)
-    loss.backward()
-    assert math.isnan(loss.item()) and torch.equal(logits.grad, torch.zeros_like(logits))
+def test_crop_unclogs_but_only_crop_and_drop_has_targets_everywhere():
+    cropped = _stream(crop=True)
+    assert cropped[-1]["consumed"] > _stream()[-1]["consumed"]
+    assert any(r["targets"] == 0 for r in cropped)  # prompt-only crops
+    assert all(r["targets"] > 0 for r in _stream(crop=True, drop_untrainable=True))
 
 
-def test_handwritten_mean_has_nan_grad_and_clamped_fixes_it():
-    logits, labels = _empty_logits()
-    T.handwritten_mean_loss(logits, labels).backward()
-    assert torch.isnan(logits.grad[:, :-1]).all()  # the last logit predicts nothing
-    logits.grad = None
-    loss = T.clamped_mean_loss(logits, labels)
-    loss.backward()
-    assert loss.item() == 0.0 and torch.equal(logits.grad, torch.zeros_like(logits))
+def test_clog_row_does_not_depend_on_device_batch_size():
+    rows = _stream(n_rows=128)
+    out = {b: T.clog_by_batch_size(rows, device_batch_size=b, rows_per_step=16) for b in (1, 2, 4, 8, 16)}
+    assert len({m["first_empty_row"] for m in out.values()}) == 1
+    clog = T.first_empty_row(rows)
+    for b, m in out.items():  # the first step whose last micro-batch starts at or after the clog row
+        assert m["first_nan_step"] == next(s for s in range(1, 99) if 16 * s - b + 1 >= clog)
+    assert T.clog_by_batch_size(rows, device_batch_size=4, rows_per_step=64)["first_nan_step"] == 1
+    with pytest.raises(ValueError, match="multiple"):
+        T.clog_by_batch_size(rows, device_batch_size=3, rows_per_step=16)
 
 
-def test_clamped_matches_builtin_with_targets():
-    logits = torch.randn(2, 6, 7)
-    labels = torch.randint(0, 7, (2, 6))
-    labels[0, :3] = IGNORE_INDEX
-    assert torch.allclose(T.clamped_mean_loss(logits, labels), T.builtin_mean_loss(logits, labels))
+def test_search_helpers_raise_when_nothing_is_found():
+    rows = T.bestfit_rows([conv(3, 3)], row_capacity=16, n_rows=4, pad_id=0, render_cap=64, buffer_size=2)
+    with pytest.raises(ValueError, match="never clogged"):
+        T.first_empty_row(rows)
+    with pytest.raises(ValueError, match="no step logs"):
+        T.clog_by_batch_size(rows, device_batch_size=1, rows_per_step=2)
 
 
-def _ex(n_prompt, n_answer):
-    return {"input_ids": list(range(1, n_prompt + n_answer + 1)),
-            "labels": [IGNORE_INDEX] * n_prompt + list(range(1, n_answer + 1))}
+def test_packer_rejects_bad_input():
+    with pytest.raises(ValueError, match="row_capacity"):
+        T.bestfit_rows([conv(2, 2)], row_capacity=1, n_rows=1, pad_id=0, render_cap=8)
+    with pytest.raises(ValueError, match="non-empty"):
+        T.bestfit_rows([], row_capacity=8, n_rows=1, pad_id=0, render_cap=8)
+    with pytest.raises(ValueError, match="never refill"):
+        T.bestfit_rows([conv(20, 2)], row_capacity=8, n_rows=1, pad_id=0, render_cap=64, crop=True,
+                       drop_untrainable=True)
 
 
-def test_packer_starves_and_crop_fixes_it():
-    examples = [_ex(3, 2), _ex(20, 2), _ex(4, 3), _ex(25, 1)]  # two conversations longer than the row
-    starving = T.bestfit_batches(examples, row_capacity=10, rows=1, n_batches=12, pad_id=0, buffer_size=2)
-    assert T.batch_signal(starving)[-1]["valid_tokens"] == 0
-    assert starving[-1]["consumed"] == starving[-4]["consumed"]  # the data stopped advancing
-    fixed = T.bestfit_batches(examples, row_capacity=10, rows=1, n_batches=12, pad_id=0, buffer_size=2,
-                              crop=True, drop_untrainable=True)
-    assert all(s["valid_tokens"] > 0 for s in T.batch_signal(fixed))
+# ---------------------------------------------------------------------------- logging and optimiser
 
 
-def test_fully_masked_rate_and_bad_batch_size():
-    rate = T.fully_masked_batch_rate([True, False] * 10, 1, shuffles=5)
-    assert rate["per_batch"] == 0.5 and rate["per_epoch"] == 1.0
-    with pytest.raises(ValueError, match="batch_size"):
-        T.fully_masked_batch_rate([True], 0)
+def test_nanochat_log_is_a_debiased_ema_that_keeps_nan():
+    logged = T.nanochat_logged([2.0, 2.0, float("nan"), 1.0])
+    # step 1: 0.1 * 2 / (1 - 0.9**2): nanochat debiases with step + 1 after the increment
+    assert math.isclose(logged[0], 0.2 / (1 - 0.81))
+    assert all(math.isnan(v) for v in logged[2:])
+    assert T.running_mean([1.0, 3.0]) == [1.0, 2.0]
 
 
-def test_unknown_loss_name_raises():
-    with pytest.raises(ValueError, match="clamped"):
-        T._loss_fn("mean")
+def test_normalised_momentum_moves_by_a_constant_step_on_zero_grads():
+    w = torch.nn.Parameter(torch.randn(4, 3))
+    opt = T.NormalisedMomentum([w], lr=0.1)
+    w.grad = torch.randn(4, 3)
+    opt.step()
+    moves = []
+    for _ in range(3):
+        before = w.detach().clone()
+        w.grad = torch.zeros(4, 3)
+        opt.step()
+        moves.append(float((w.detach() - before).norm()))
+    assert all(math.isclose(m, 0.1 * 3 ** 0.5, rel_tol=1e-5) for m in moves)
+
+
+def test_drift_rejects_a_batch_with_targets(course):
+    model, _ = course
+    batch = {"input_ids": torch.tensor([[1, 2, 3]]), "labels": torch.tensor([[1, 2, 3]])}
+    with pytest.raises(ValueError, match="supervised tokens"):
+        T.drift_on_zero_grads(model, [batch], batch, optimizer="sgd", lr=0.1, warm_steps=1, zero_steps=1)
+
+
+# ---------------------------------------------------------------------------- exercise 1: diagnosis
+
+
+def test_broken_log_covers_every_cause():
+    causes = {T.broken_log(seed)[1].cause for seed in range(8)}
+    assert causes == set(T.CAUSES)
+
+
+def diagnose_by_lookahead(log):
+    """A second correct answer: read `consumed` and `grad_norm` instead of the targets after the NaN."""
+    bad = next(i for i, r in enumerate(log) if r["loss"] != r["loss"])
+    step = log[bad]["step"]
+    if math.isfinite(log[bad]["grad_norm"]) and log[bad]["grad_norm"] == 0.0:
+        frozen = len({r["consumed"] for r in log[bad:]}) == 1
+        return Diagnosis("clogged_packer" if frozen else "truncated_examples", step)
+    if log[bad]["targets"] == 0:
+        return Diagnosis("mask_multiplication", step)
+    return Diagnosis("learning_rate", step)
+
+
+def first_nan(log):
+    return next(r["step"] for r in log if not math.isfinite(r["loss"]))
+
+
+def always_clog(log):
+    return Diagnosis("clogged_packer", first_nan(log))
+
+
+def no_consumed(log):  # treats every empty step as truncation: ignores that `consumed` froze
+    d = A.diagnose_log(log)
+    return Diagnosis("truncated_examples" if d.cause == "clogged_packer" else d.cause, d.evidence)
+
+
+def nan_means_lr(log):  # every NaN is a divergence (lesson 06's reflex)
+    d = A.diagnose_log(log)
+    return Diagnosis("learning_rate" if d.cause == "mask_multiplication" else d.cause, d.evidence)
+
+
+def wrong_evidence(log):
+    d = A.diagnose_log(log)
+    return Diagnosis(d.cause, d.evidence + 1)
+
+
+@pytest.mark.parametrize("fn", [A.diagnose_log, diagnose_by_lookahead])
+def test_diagnosis_checker_accepts_correct_answers(fn):
+    assert T.check_diagnose_log(fn)
+
+
+@pytest.mark.parametrize("fn, phrase", [
+    (stub, "not implemented"),
+    (always_clog, "is not what broke this run"),
+    (no_consumed, "targets never return"),
+    (nan_means_lr, "0/0 in the loss"),
+    (wrong_evidence, "does not show it"),
+])
+def test_diagnosis_checker_rejects_wrong_answers(fn, phrase):
+    result = T.check_diagnose_log(fn)
+    assert not result and phrase in result.message
+
+
+# ---------------------------------------------------------------------------- exercise 2: fix
+
+
+def drop_oversized(examples, row_capacity):
+    return [e for e in examples if len(e["input_ids"]) <= row_capacity
+            and any(label != M for label in e["labels"][1:])]
+
+
+def crop_only(examples, row_capacity):
+    return [{"input_ids": e["input_ids"][:row_capacity], "labels": e["labels"][:row_capacity]}
+            for e in examples]
+
+
+def filter_only(examples, row_capacity):
+    return [e for e in examples if any(label != M for label in e["labels"])]
+
+
+def too_strict(examples, row_capacity):
+    return [e for e in examples
+            if len(e["input_ids"]) < row_capacity // 2 and any(x != M for x in e["labels"])]
+
+
+def check_before_crop(examples, row_capacity):
+    return [{"input_ids": e["input_ids"][:row_capacity], "labels": e["labels"][:row_capacity]}
+            for e in examples if any(label != M for label in e["labels"])]
+
+
+@pytest.mark.parametrize("fn", [A.prepare_for_packer, drop_oversized])
+def test_packer_checker_accepts_crop_and_drop(fn):
+    assert T.check_prepare_for_packer(fn)
+
+
+@pytest.mark.parametrize("fn, phrase", [
+    (stub, "not implemented"),
+    (crop_only, "cropping alone is not the fix"),
+    (filter_only, "still there"),
+    (too_strict, "training data"),
+    (check_before_crop, "cropping alone is not the fix"),
+])
+def test_packer_checker_names_each_wrong_answer(fn, phrase):
+    result = T.check_prepare_for_packer(fn)
+    assert not result and phrase in result.message
+
+
+def test_packer_hints_are_graded():
+    result = T.check_prepare_for_packer(stub)
+    first, second, third = (result.hint() for _ in range(3))
+    assert "has_targets(labels[1:])" not in first and "has_targets(labels[1:])" in third
