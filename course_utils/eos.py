@@ -445,7 +445,7 @@ DIAGNOSIS_MISCONCEPTIONS = {
     ("wrong_stop_ids", "stop_token_not_graded"):
         "no reply contains the end-of-turn token, so no eos list can stop it; look at the graded span",
     ("stop_token_not_graded", "pad_equals_eos"):
-        "here the stop token is the eos and the pad token is the same token: which collator built the labels?",
+        "the stop token here is the eos and pad is the same token: which collator built the labels?",
     ("wrong_stop_ids", "max_new_tokens_too_small"):
         "these replies do not ramble — they are cut mid-answer; compare their length with max_new_tokens",
     ("stop_token_not_graded", "max_new_tokens_too_small"):
