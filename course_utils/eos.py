@@ -6,13 +6,19 @@ that to happen: the *config* (``generate()`` must be told the template's end-of-
 must sit inside the graded span, or the model never learns to emit it). This module measures both:
 
 - ``end_of_turn_token`` / ``stop_token_ids``: read the end-of-turn token off the chat template.
-- ``generate_greedy`` / ``stop_rate``: batched greedy generation and the fraction that stopped.
-- ``graded_text``: decode the tokens of a training batch that carry loss.
+- ``generate_greedy`` / ``stop_rate`` / ``answer_accuracy``: batched greedy generation, the fraction
+  that stopped (ended on a stop id *without opening a new turn*), and how many answered correctly.
+- ``stop_probability`` / ``train_until_stops`` / ``stop_criterion_callback``: train *until* the
+  model ends its training answers with the stop token (a measured criterion with a step cap), not
+  for a step count that happens to work on one model and one CPU.
+- ``graded_text`` / ``graded_span_has_stop``: the tokens of a training batch that carry loss, and
+  the pre-flight check "does each row grade its stop token?".
 - ``untrained_stop_template``: TRL's Qwen2.5 training template with ``<|im_end|>`` moved out of
   ``{% generation %}`` (the template bug TRL warns about).
 - ``plain_text_example``: the plain-text format that appends ``tokenizer.eos_token`` (where the
   pad == eos trap bites).
-- ``check_stop_token_ids`` / ``check_graded_span_has_stop``: the lesson's exercise checkers.
+- exercises: ``check_stop_token_ids`` (1), ``broken_generation_run`` + ``check_diagnosis_exercise``
+  (2, diagnosis), ``check_collate_keep_eos`` (3, fix); reference answers in ``answers/lesson02.py``.
 """
 
 from __future__ import annotations
@@ -24,6 +30,43 @@ import time
 from . import validate
 from .checks import Case, Diagnosis, Hints, run_check
 from .data import IGNORE_INDEX
+
+_PROBE_USER, _PROBE_ANSWER = "probe question", "probe answer"
+
+
+def end_of_turn_token(tokenizer) -> str:
+    """The first special token the chat template writes after an assistant message.
+
+    A user turn follows the assistant's, because some templates only close a turn when another
+    one starts. Plain text before any special token means the template ends turns with text.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this tokenizer has no chat_template — the end-of-turn token is defined by the "
+                         "template — set tokenizer.chat_template (or load an instruct tokenizer).")
+    messages = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_ANSWER},
+                {"role": "user", "content": _PROBE_USER}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    after = text[text.index(_PROBE_ANSWER) + len(_PROBE_ANSWER):]
+    added = set(tokenizer.get_added_vocab().values())
+    for token in tokenizer(after, add_special_tokens=False)["input_ids"]:
+        if token in added:
+            return tokenizer.convert_ids_to_tokens(token)
+        if tokenizer.decode([token]).strip():
+            break
+    raise ValueError(f"no special token follows the assistant message in {after[:40]!r} — this template "
+                     "ends turns with plain text, so there is no single stop id — pass stop strings to "
+                     "generate() instead (stop_strings=..., tokenizer=...).")
+
+
+def stop_token_ids(tokenizer) -> list[int]:
+    """The ``eos_token_id`` list for ``generate()``: the tokenizer's eos, then the end-of-turn token.
+
+    Keeping the eos covers plain-text use; adding the end-of-turn token makes a chat turn stop.
+    Lesson 00 uses it; lesson 02's exercise 1 asks for it, so lesson 02's notebook never imports it.
+    """
+    eot = tokenizer.convert_tokens_to_ids(end_of_turn_token(tokenizer))
+    ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    return ids + [eot] if eot not in ids else ids
 
 
 def chat_prompts(tokenizer, conversations: list[list[dict]]) -> list[str]:
@@ -278,8 +321,6 @@ def _variant(tokenizer, template: str, extra: list[str], eos: str | None = None)
 
 def _stop_cases(tokenizer) -> list[Case]:
     from trl.chat_template_utils import gemma_chat_template, llama3_chat_template, phi3_chat_template
-
-    from .answers.lesson02 import stop_token_ids
 
     llama = _variant(tokenizer, llama3_chat_template, ["<|start_header_id|>", "<|end_header_id|>",
                                                        "<|eot_id|>", "<|begin_of_text|>"])
