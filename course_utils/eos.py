@@ -82,7 +82,7 @@ def _as_list(eos) -> list[int]:
 
 
 def generate_greedy(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 40,
-                    turn_markers: tuple[str, ...] = ("<|im_start|>",), **generate_kwargs) -> list[dict]:
+                    turn_markers: tuple[str, ...] = (), **generate_kwargs) -> list[dict]:
     """Greedy, batched, left-padded generation; one record per prompt.
 
     Records: ``ids`` (new tokens, up to and including the stop token), ``text``, ``n_new``,
