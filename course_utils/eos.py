@@ -6,38 +6,39 @@ that to happen: the *config* (``generate()`` must be told the template's end-of-
 must sit inside the graded span, or the model never learns to emit it). This module measures both:
 
 - ``end_of_turn_token`` / ``stop_token_ids``: read the end-of-turn token off the chat template.
-- ``generate_greedy`` / ``stop_rate``: batched greedy generation and the fraction that stopped.
-- ``graded_text``: decode the tokens of a training batch that carry loss.
+- ``generate_greedy`` / ``stop_rate`` / ``answer_accuracy``: batched greedy generation, the fraction
+  that stopped (ended on a stop id *without opening a new turn*), and how many answered correctly.
+- ``stop_probability`` / ``train_until_stops`` / ``stop_criterion_callback``: train *until* the
+  model ends its training answers with the stop token (a measured criterion with a step cap), not
+  for a step count that happens to work on one model and one CPU.
+- ``graded_text`` / ``graded_span_has_stop``: the tokens of a training batch that carry loss, and
+  the pre-flight check "does each row grade its stop token?".
 - ``untrained_stop_template``: TRL's Qwen2.5 training template with ``<|im_end|>`` moved out of
   ``{% generation %}`` (the template bug TRL warns about).
 - ``plain_text_example``: the plain-text format that appends ``tokenizer.eos_token`` (where the
   pad == eos trap bites).
-- ``check_stop_token_ids`` / ``check_graded_span_has_stop``: the lesson's exercise checkers.
+- exercises: ``check_stop_token_ids`` (1), ``broken_generation_run`` + ``check_diagnosis_exercise``
+  (2, diagnosis), ``check_collate_keep_eos`` (3, fix); reference answers in ``answers/lesson02.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import logging
 import random
+import time
 
-from .checks import Case, run_check
+from . import validate
+from .checks import Case, Diagnosis, Hints, run_check
 from .data import IGNORE_INDEX
 
 _PROBE_USER, _PROBE_ANSWER = "probe question", "probe answer"
 
 
-def _added_ids(tokenizer) -> set[int]:
-    return set(tokenizer.get_added_vocab().values())
-
-
 def end_of_turn_token(tokenizer) -> str:
-    """The token the chat template writes right after an assistant message (e.g. ``<|im_end|>``).
+    """The first special token the chat template writes after an assistant message.
 
-    Found by rendering a probe conversation, as TRL's ``is_chat_template_stop_token_trained`` does:
-    the first added (special) token after the assistant's text is what the model must emit to stop.
-    A user turn follows, because some templates only close a turn when another one starts.
+    A user turn follows the assistant's, because some templates only close a turn when another
+    one starts. Plain text before any special token means the template ends turns with text.
     """
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this tokenizer has no chat_template — the end-of-turn token is defined by the "
@@ -46,12 +47,12 @@ def end_of_turn_token(tokenizer) -> str:
                 {"role": "user", "content": _PROBE_USER}]
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     after = text[text.index(_PROBE_ANSWER) + len(_PROBE_ANSWER):]
-    added = _added_ids(tokenizer)
+    added = set(tokenizer.get_added_vocab().values())
     for token in tokenizer(after, add_special_tokens=False)["input_ids"]:
         if token in added:
             return tokenizer.convert_ids_to_tokens(token)
         if tokenizer.decode([token]).strip():
-            break  # plain text before any special token: the template closes turns with text
+            break
     raise ValueError(f"no special token follows the assistant message in {after[:40]!r} — this template "
                      "ends turns with plain text, so there is no single stop id — pass stop strings to "
                      "generate() instead (stop_strings=..., tokenizer=...).")
@@ -61,6 +62,7 @@ def stop_token_ids(tokenizer) -> list[int]:
     """The ``eos_token_id`` list for ``generate()``: the tokenizer's eos, then the end-of-turn token.
 
     Keeping the eos covers plain-text use; adding the end-of-turn token makes a chat turn stop.
+    Lesson 00 uses it; lesson 02's exercise 1 asks for it, so lesson 02's notebook never imports it.
     """
     eot = tokenizer.convert_tokens_to_ids(end_of_turn_token(tokenizer))
     ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
@@ -80,19 +82,22 @@ def _as_list(eos) -> list[int]:
 
 
 def generate_greedy(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 40,
-                    **generate_kwargs) -> list[dict]:
+                    turn_markers: tuple[str, ...] = (), **generate_kwargs) -> list[dict]:
     """Greedy, batched, left-padded generation; one record per prompt.
 
-    Records: ``ids`` (new tokens, up to and including the stop token), ``text``, ``n_new`` and
-    ``stopped`` (a stop id was generated before ``max_new_tokens``). Without ``eos_token_id`` in
-    ``generate_kwargs``, ``generate()`` uses ``model.generation_config`` — the default a user meets.
-    Left padding, because a decoder continues from the last position of each row.
+    Records: ``ids`` (new tokens, up to and including the stop token), ``text``, ``n_new``,
+    ``ended`` (a stop id was generated before ``max_new_tokens``), ``opened_turn`` (the reply
+    writes one of ``turn_markers`` — e.g. ``<|im_start|>`` — before it ends: it invented a turn) and
+    ``stopped`` = ended without opening a turn, the only stop a user would accept. Without
+    ``eos_token_id`` in ``generate_kwargs``, ``generate()`` uses ``model.generation_config`` — the
+    default a user meets. Left padding, because a decoder continues from the last position of each row.
     """
     import torch
 
-    if not prompts or not all(isinstance(p, str) for p in prompts):
+    if not prompts or not isinstance(prompts, (list, tuple)) or not all(isinstance(p, str) for p in prompts):
         raise ValueError("prompts must be a non-empty list of strings — generate_greedy tokenizes them — "
                          "build them with chat_prompts(tokenizer, conversations).")
+    validate.positive_int("max_new_tokens", max_new_tokens, why="it bounds every generation")
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try:
         encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -107,17 +112,100 @@ def generate_greedy(model, tokenizer, prompts: list[str], *, max_new_tokens: int
     for row in out[:, encoded["input_ids"].shape[1]:].tolist():
         end = next((i + 1 for i, t in enumerate(row) if t in stops), None)
         ids = row[:end] if end else row
-        records.append({"ids": ids, "text": tokenizer.decode(ids), "n_new": len(ids),
-                        "stopped": end is not None})
+        text = tokenizer.decode(ids)
+        opened = any(m in text for m in turn_markers)
+        records.append({"ids": ids, "text": text, "n_new": len(ids), "ended": end is not None,
+                        "opened_turn": opened, "stopped": end is not None and not opened})
     return records
 
 
 def stop_rate(records: list[dict]) -> float:
-    """Fraction of generations that ended on a stop token instead of running to ``max_new_tokens``."""
+    """Fraction of generations that *stopped*: ended on a stop id without inventing a new turn.
+
+    A reply that writes ``<|im_start|>assistant …`` and only then ``<|im_end|>`` ended, but it did
+    not stop where the answer did: it is not counted.
+    """
     if not records:
         raise ValueError("stop_rate got no records — it is a fraction of generations — pass "
                          "generate_greedy()'s output.")
     return sum(r["stopped"] for r in records) / len(records)
+
+
+def reply(record: dict, stop_strings: tuple[str, ...] = ("<|im_end|>", "<|endoftext|>")) -> str:
+    """The reply's text up to the first stop string, stripped: what a chat UI would show."""
+    text = record["text"]
+    for s in stop_strings:
+        text = text.split(s, 1)[0]
+    return text.strip()
+
+
+def answer_accuracy(records: list[dict], conversations: list[list[dict]]) -> float:
+    """Fraction of *stopped* generations whose reply equals the reference answer exactly.
+
+    Reported beside the stop rate: a model that stops but answers wrongly has learned to stop, not
+    the task — the lesson is about the first, and says so with this number.
+    """
+    validate.non_empty("records", records, what="generation records", fix="pass generate_greedy()'s output.")
+    if len(records) != len(conversations):
+        raise ValueError(f"{len(records)} records but {len(conversations)} conversations — each record is "
+                         "compared with its own reference — pass the conversations the prompts came from.")
+    answers = [next(m["content"] for m in c if m["role"] == "assistant") for c in conversations]
+    return sum(r["stopped"] and reply(r) == a.strip() for r, a in zip(records, answers)) / len(records)
+
+
+def stop_probability(model, batch: dict, stop_id: int):
+    """Per row, the probability the model gives ``stop_id`` where the row's text ends with it.
+
+    The position is the row's *last* real ``stop_id`` (``attention_mask == 1``): the ``<|im_end|>``
+    that closes the assistant's answer, or the ``<|endoftext|>`` appended to a plain-text example.
+    Teacher-forced, so it measures whether the model has learned to stop *after this answer*,
+    independent of what it would generate. Above 0.5 it is the greedy choice there, whatever else.
+    """
+    import torch
+
+    validate.batch("batch", batch, need=("input_ids",))
+    ids = batch["input_ids"]
+    mask = batch.get("attention_mask", torch.ones_like(ids))
+    hits = (ids == stop_id) & (mask == 1)
+    if not bool(hits.any(1).all()):
+        raise ValueError(f"some rows of the batch contain no token {stop_id} — the probability is read "
+                         "where the row's text ends with the stop token — pass rows that end with it "
+                         "(a chat rendered with its template, or plain text with the eos appended).")
+    cols = torch.arange(ids.shape[1]).expand_as(ids)
+    last = torch.where(hits, cols, -1).max(1).values              # the final stop token of each row
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    probs = logits[torch.arange(len(ids)), last - 1].float().softmax(-1)  # predicted one step before
+    return probs[:, stop_id]
+
+
+def train_until_stops(model, batches: list[dict], probe: dict, stop_id: int, *, lr: float,
+                      level: float = 0.9, chunk: int = 20, max_steps: int = 600) -> dict:
+    """Train until the model stops after the answers it trained on, or ``max_steps``.
+
+    The criterion is measured, not a step count fitted to one model and one CPU: every ``chunk``
+    steps, the mean ``stop_probability`` on ``probe`` (rows of the training data) must reach
+    ``level``. Returns ``records`` (``train``'s, steps renumbered), ``steps``, ``seconds``,
+    ``reached`` and ``p_stop`` (the last probe measurement). ``train`` starts a fresh AdamW per
+    chunk; at this size that costs a few steps, not the outcome.
+    """
+    from .train import train
+
+    validate.number("level", level, positive=True)
+    validate.positive_int("chunk", chunk, why="it is the steps between two checks of the criterion")
+    validate.positive_int("max_steps", max_steps, why="it caps the run when the criterion is never met")
+    records, start, p = [], time.perf_counter(), 0.0
+    while len(records) < max_steps:
+        n = min(chunk, max_steps - len(records))
+        offset = len(records)
+        rotated = batches[offset % len(batches):] + batches[:offset % len(batches)]  # keep cycling the data
+        for r in train(model, rotated, steps=n, lr=lr, progress=False):
+            records.append({**r, "step": r["step"] + offset})
+        p = float(stop_probability(model, probe, stop_id).mean())
+        if p >= level:
+            break
+    return {"records": records, "steps": len(records), "seconds": time.perf_counter() - start,
+            "reached": p >= level, "p_stop": p}
 
 
 def graded_text(tokenizer, input_ids, labels) -> str:
@@ -180,31 +268,41 @@ def plain_text_batches(tokenizer, conversations: list[list[dict]], batch_size: i
     return batches
 
 
-@contextlib.contextmanager
-def captured_log(name: str = "trl"):
-    """Collect the messages logged under ``name`` (e.g. TRL's warnings) into a list, instead of stderr."""
-    messages: list[str] = []
-
-    class _Collect(logging.Handler):
-        def emit(self, record):
-            messages.append(record.getMessage())
-
-    handler, logger = _Collect(level=logging.WARNING), logging.getLogger(name)
-    logger.addHandler(handler)
-    propagate, logger.propagate = logger.propagate, False
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
-        logger.propagate = propagate
-
-
 def graded_span_has_stop(batch: dict, stop_id: int) -> list[bool]:
-    """Reference for exercise 2: per row, does a token with id ``stop_id`` carry loss?
+    """The pre-flight check: per row, does a token with id ``stop_id`` carry loss?
 
     Only ``labels`` count: the prompt's ``<|im_end|>`` tokens are in ``input_ids`` but are not trained.
     """
     return [bool((row == stop_id).any()) for row in batch["labels"]]
+
+
+
+
+def stop_criterion_callback(probe: dict, stop_id: int, *, level: float = 0.9, every: int = 20):
+    """A ``TrainerCallback`` that ends ``SFTTrainer`` training once the model stops after its answers.
+
+    The same criterion as ``train_until_stops`` (mean ``stop_probability`` on ``probe`` >= ``level``,
+    checked every ``every`` steps), so the run's length is measured on the run, not fitted to one
+    model; ``max_steps`` stays the cap. The callback's ``history`` lists ``(step, p_stop)``.
+    """
+    from transformers import TrainerCallback
+
+    validate.number("level", level, positive=True)
+    validate.positive_int("every", every, why="it is the steps between two checks of the criterion")
+
+    class StopCriterion(TrainerCallback):
+        history: list[tuple[int, float]] = []
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step % every == 0:
+                p = float(stop_probability(model, probe, stop_id).mean())
+                self.history.append((state.global_step, p))
+                control.should_training_stop = p >= level
+            return control
+
+    callback = StopCriterion()
+    callback.history = []
+    return callback
 
 
 # ------------------------------------------------------------------------------------------------
@@ -232,10 +330,11 @@ def _stop_cases(tokenizer) -> list[Case]:
     phi = _variant(tokenizer, phi3_chat_template, ["<|user|>", "<|assistant|>", "<|end|>"])
     eos_is_eot = _variant(tokenizer, tokenizer.chat_template, [], eos="<|im_end|>")
     cases = []
-    for label, tok in (("course tokenizer (Qwen2.5 template)", tokenizer), ("Llama 3 template", llama),
-                       ("Gemma template", gemma), ("Phi-3 template", phi),
-                       ("eos already set to <|im_end|>", eos_is_eot)):
-        cases.append(Case((tok,), stop_token_ids(tok), label=label))
+    for label, tag, tok in (("course tokenizer (Qwen2.5 template)", "qwen", tokenizer),
+                            ("Llama 3 template", "llama3", llama), ("Gemma template", "gemma", gemma),
+                            ("Phi-3 template", "phi3", phi), ("eos already set to <|im_end|>", "eos_is_eot",
+                                                              eos_is_eot)):
+        cases.append(Case((tok,), stop_token_ids(tok), label=label, tag=tag))
     return cases
 
 
@@ -253,86 +352,272 @@ def _diagnose_stop_ids(got, case: Case) -> str | None:
     if not isinstance(got, (list, tuple)):
         return "return a list of ids: generate(eos_token_id=[...]) stops on any of them."
     got = list(got)
-    eot = tok.convert_tokens_to_ids(end_of_turn_token(tok))
-    if got == [tok.eos_token_id] and eot != tok.eos_token_id:
+    eos = tok.eos_token_id
+    eot = [i for i in case.expected if i != eos]
+    if got == [eos] and eot:
         return ("you returned only the tokenizer's eos: that is the default that never stops a chat turn; "
                 "add the token the template writes after an assistant message.")
-    if eot in got and tok.eos_token_id not in got:
+    if eot and eot[0] in got and eos not in got:
         return "keep the tokenizer's eos in the list too: plain-text generations still end with it."
     if len(set(got)) != len(got):
         return "when the eos already IS the end-of-turn token, list it once."
-    if 2 in got and eot != 2:
-        return ("you hard-coded <|im_end|>'s id (2); other families close turns with other tokens — "
+    course_eot = tok.convert_tokens_to_ids("<|im_end|>")
+    if course_eot in got and course_eot not in case.expected:
+        return ("you hard-coded <|im_end|>; other families close turns with other tokens — "
                 "read the token off the rendered chat template.")
-    opener = [t for t in got if t != tok.eos_token_id and t != eot]
-    if opener:
-        return (f"{tok.convert_ids_to_tokens(opener)} is not what follows the assistant's text — that is "
+    extra = [t for t in got if t not in case.expected]
+    if extra:
+        return (f"{tok.convert_ids_to_tokens(extra)} is not what follows the assistant's text — that is "
                 "probably a turn *opener*; the stop token comes right after the assistant's content.")
     return None
+
+
+STOP_IDS_HINTS = Hints(
+    question="Which token does the chat template write right after the assistant's text — and is it a "
+             "token generate() already stops on?",
+    pointer="Render [user, assistant, user] with tokenizer.apply_chat_template(..., tokenize=False), "
+            "tokenize what follows the assistant's text, and look for the first id in "
+            "tokenizer.get_added_vocab().values().",
+    answer="ids = [tokenizer.eos_token_id]; eot = first added-vocab id after the answer; "
+           "return ids if eot in ids else ids + [eot]")
 
 
 def check_stop_token_ids(fn, tokenizer):
     """Checker for exercise 1: ``fn(tokenizer) -> list[int]``, the stop ids to pass to ``generate()``."""
     return run_check("stop_token_ids", fn, _stop_cases(tokenizer), compare=_compare_stop_ids,
-                     diagnose=_diagnose_stop_ids,
-                     hint="render [user, assistant, user] with tokenizer.apply_chat_template(..., "
-                          "tokenize=False), find the first special token after the assistant's text, "
-                          "and return [tokenizer.eos_token_id, its id] (each id once).")
+                     diagnose=_diagnose_stop_ids, hint=STOP_IDS_HINTS)
 
 
 # ------------------------------------------------------------------------------------------------
-# Exercise 2: does a batch's graded span include the stop token?
+# Exercise 2 (diagnosis): why does this fine-tune not stop?
 # ------------------------------------------------------------------------------------------------
 
-def _span_cases(tokenizer) -> list[Case]:
-    from transformers import DataCollatorForLanguageModeling
+CAUSES = ("wrong_stop_ids", "stop_token_not_graded", "pad_equals_eos", "max_new_tokens_too_small",
+          "left_padding_without_mask")
+# Chat families the generator draws from: (end-of-turn token, turn opener, eos) as their templates write them.
+_FAMILIES = (("<|im_end|>", "<|im_start|>", "<|endoftext|>"), ("<|eot_id|>", "<|start_header_id|>",
+             "<|end_of_text|>"), ("<end_of_turn>", "<start_of_turn>", "<eos>"), ("<|end|>", "<|user|>",
+                                                                                  "<|endoftext|>"))
+_WORDS = ("red", "cat", "moon", "road", "big", "box", "green", "cold", "bag", "cow", "sun", "tree")
 
-    from .data import collate_right, make_messages, tokenize_chat
 
-    rng = random.Random(7)
-    convs = make_messages("mixed", 6, seed=2024)
-    eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    trained = [tokenize_chat(tokenizer, c) for c in convs]
-    untrained = [tokenize_chat(tokenizer, c, train_on_eos=False) for c in convs]
-    mixed = [trained[i] if rng.random() < 0.5 else untrained[i] for i in range(6)]
-    mixed[0], mixed[1] = trained[0], untrained[1]  # at least one of each
-    texts = [plain_text_example(tokenizer, c) for c in convs[:4]]
-    trap = DataCollatorForLanguageModeling(tokenizer, mlm=False)(
-        [tokenizer(t, add_special_tokens=False) for t in texts])
-    trap = {k: trap[k] for k in ("input_ids", "attention_mask", "labels")}
+def _qa(rng: random.Random) -> tuple[list[str], list[str]]:
+    """A question and answer as token strings (reverse-the-words: the answer length varies)."""
+    words = rng.sample(_WORDS, rng.randint(3, 6))
+    return ["Reverse", ":"] + words, list(reversed(words))
+
+
+def broken_generation_run(seed: int) -> tuple[dict, Diagnosis]:
+    """A fine-tune that does not stop as it should — generations, generate() config, graded span.
+
+    The artefact a learner would collect: ``generations`` (token strings per prompt, ``stopped``),
+    ``generate_config`` (``eos_tokens``, ``max_new_tokens``, ``padding_side``,
+    ``attention_mask_passed``), ``graded_span`` (the tokens that carried loss in three training
+    rows), ``format`` ("chat" or "plain"), the template's ``end_of_turn_token``, ``eos_token``,
+    ``pad_token``. Five causes, drawn by ``seed``: three from this lesson and two look-alikes (a
+    ``max_new_tokens`` too small for the answers; left padding without an attention mask, lesson 03).
+    """
+    validate.integer("seed", seed, minimum=0, why="it picks the case")
+    rng = random.Random(seed)
+    cause = CAUSES[seed % len(CAUSES)] if seed < len(CAUSES) else rng.choice(CAUSES)
+    eot, opener, eos = rng.choice(_FAMILIES)
+    fmt = "plain" if cause == "pad_equals_eos" else "chat"
+    stop = eos if fmt == "plain" else eot
+    pad = eos if (fmt == "plain" or rng.random() < 0.5) else "<pad>"
+    budget = rng.choice((32, 40, 64))
+    cfg = {"eos_tokens": [eos, eot], "max_new_tokens": budget, "padding_side": "left",
+           "attention_mask_passed": True}
+    if cause == "wrong_stop_ids":
+        cfg["eos_tokens"] = [eos]
+    if cause == "left_padding_without_mask":
+        cfg["attention_mask_passed"] = False
+    qas = [_qa(rng) for _ in range(rng.randint(4, 6))]
+    if cause == "max_new_tokens_too_small":
+        cfg["max_new_tokens"] = budget = rng.randint(2, min(len(a) for _, a in qas) - 1)
+    longest = max(len(q) for q, _ in qas)
+    generations = []
+    for q, a in qas:
+        gen = _broken_reply(rng, cause, a, stop, opener, len(q) < longest)[:budget]
+        stopped = bool(gen) and gen[-1] in cfg["eos_tokens"]
+        generations.append({"prompt_tokens": q, "tokens": gen, "stopped": stopped, "reference": a})
+    graded = []
+    for _, a in qas[:3]:
+        span = (["###", "Answer", ":"] if fmt == "plain" else ["\n"]) + a
+        closing = [stop] if fmt == "plain" else [stop, "\n"]
+        graded.append(span if cause in ("stop_token_not_graded", "pad_equals_eos") else span + closing)
+    artefact = {"generations": generations, "generate_config": cfg, "graded_span": graded, "format": fmt,
+                "end_of_turn_token": eot, "eos_token": eos, "pad_token": pad,
+                "collator": ("transformers DataCollatorForLanguageModeling" if cause == "pad_equals_eos" else
+                             rng.choice(("TRL DataCollatorForLanguageModeling", "course collate_right")))}
+    if cause == "pad_equals_eos":
+        evidence = eos
+    elif cause in ("wrong_stop_ids", "stop_token_not_graded"):
+        evidence = eot
+    elif cause == "max_new_tokens_too_small":
+        evidence = budget
+    else:
+        evidence = tuple(i for i, (q, _) in enumerate(qas) if len(q) < longest)
+    return artefact, Diagnosis(cause, evidence)
+
+
+def _broken_reply(rng: random.Random, cause: str, answer: list[str], stop: str, opener: str,
+                  padded: bool) -> list[str]:
+    """What the model generates for one prompt under ``cause`` (tokens; cut to the budget later)."""
+    ramble = [rng.choice(_WORDS) for _ in range(80)]
+    if cause == "wrong_stop_ids":  # writes the end-of-turn token, nobody watches it: invents turns
+        return answer + [stop, "\n", opener, "assistant", "\n"] + ramble
+    if cause in ("stop_token_not_graded", "pad_equals_eos"):  # never learned the stop: rambles on
+        return answer + (["\n", "###", "Question", ":"] if cause == "pad_equals_eos" else ["\n"]) + ramble
+    if cause == "left_padding_without_mask" and padded:  # attends to pad columns: garbled from token 1
+        return [rng.choice(("##", "ss", "w", "0", "nsw")) for _ in range(80)]
+    return answer + [stop]  # stops correctly (the budget may still cut it)
+
+
+def _evidence_ok(got, truth) -> bool:
+    if truth.cause == "left_padding_without_mask":  # any garbled (padded) row, or all of them
+        return got in truth.evidence or (isinstance(got, (list, tuple)) and set(got) == set(truth.evidence))
+    return got == truth.evidence
+
+
+DIAGNOSIS_MISCONCEPTIONS = {
+    ("stop_token_not_graded", "wrong_stop_ids"):
+        "the model DOES write the end-of-turn token and keeps going: training taught it to stop; "
+        "generate() is not watching that token — compare eos_tokens with what the replies contain",
+    ("wrong_stop_ids", "stop_token_not_graded"):
+        "no reply contains the end-of-turn token, so no eos list can stop it; look at the graded span",
+    ("stop_token_not_graded", "pad_equals_eos"):
+        "the stop token here is the eos and pad is the same token: which collator built the labels?",
+    ("wrong_stop_ids", "max_new_tokens_too_small"):
+        "these replies do not ramble — they are cut mid-answer; compare their length with max_new_tokens",
+    ("stop_token_not_graded", "max_new_tokens_too_small"):
+        "the graded span has the stop token; the replies are cut before the answer is complete",
+    ("stop_token_not_graded", "left_padding_without_mask"):
+        "the longest prompt's reply is fine and stops: only padded rows are garbled (lesson 03)",
+    ("wrong_stop_ids", "left_padding_without_mask"):
+        "the longest prompt's reply is fine and stops: only padded rows are garbled (lesson 03)",
+}
+
+DIAGNOSIS_HINTS = Hints(
+    question="Do the replies contain the end-of-turn token at all? If yes, who should have stopped on it; "
+             "if no, was it ever in the graded span? And are all rows broken, or only some?",
+    pointer="Read artefact['generations'][i]['tokens'] beside artefact['generate_config'] and "
+            "artefact['graded_span'] — sections 3 (config), 5c (graded span) and 5d (pad == eos).",
+    answer="garbled only on padded rows with no mask -> left_padding_without_mask (evidence: a padded row); "
+           "writes eot but eot not in eos_tokens -> wrong_stop_ids (eot); never writes it and it is not "
+           "graded -> stop_token_not_graded (eot), or pad_equals_eos if the stop is the eos and pad == eos "
+           "(eos); else the replies are cut -> max_new_tokens_too_small (max_new_tokens).")
+
+
+def check_diagnosis_exercise(fn):
+    """Checker for exercise 2: ``fn(artefact) -> Diagnosis`` on fresh ``broken_generation_run`` cases."""
+    from .checks import check_diagnosis
+    from .model import course_seed
+
+    seeds = [1000 + 7 * course_seed() + i for i in range(12)]
+    seeds = list(range(len(CAUSES))) + seeds  # every cause at least once, then fresh draws
+    return check_diagnosis("diagnose_generations", fn, broken_generation_run, seeds=seeds,
+                           evidence_ok=_evidence_ok, misconceptions=DIAGNOSIS_MISCONCEPTIONS,
+                           hint=DIAGNOSIS_HINTS)
+
+
+# ------------------------------------------------------------------------------------------------
+# Exercise 3 (fix): a collator that keeps the row's own eos when pad == eos
+# ------------------------------------------------------------------------------------------------
+
+def _collate_cases(n_cases: int = 6) -> list[Case]:
+    """Batches the notebook never shows: random ids ending in eos, pad == eos (and one pad != eos)."""
+    from .answers.lesson02 import collate_keep_eos
+
+    rng = random.Random(4242)
     cases = []
-    for label, examples in (("<|im_end|> trained", trained), ("<|im_end|> left out", untrained),
-                            ("a mix of rows", mixed)):
-        batch = collate_right(examples, tokenizer.pad_token_id)
-        cases.append(Case((batch, eot), graded_span_has_stop(batch, eot), label=label))
-    cases.append(Case((trap, tokenizer.eos_token_id), graded_span_has_stop(trap, tokenizer.eos_token_id),
-                      label="plain text, pad == eos, eos labels masked by the collator"))
+    for k in range(n_cases):
+        eos = rng.randint(0, 9)
+        pad = eos if k < n_cases - 1 else eos + 10  # the last case: a distinct pad token
+        examples = []
+        for _ in range(rng.randint(2, 5)):
+            body = [rng.randint(20, 400) for _ in range(rng.randint(3, 12))]
+            ex = {"input_ids": body + [eos]}
+            if k % 2:  # a prompt mask, as a chat or prompt-completion example carries
+                n_prompt = rng.randint(1, len(body) - 1)
+                ex["labels"] = [IGNORE_INDEX] * n_prompt + ex["input_ids"][n_prompt:]
+            examples.append(ex)
+        expected = {"reference": collate_keep_eos(examples, pad), "examples": examples}
+        cases.append(Case((examples, pad), expected,
+                          label=f"{len(examples)} rows, {'with' if k % 2 else 'no'} prompt mask, "
+                                f"pad {'==' if pad == eos else '!='} eos",
+                          tag="prompt_mask" if k % 2 else "plain"))
     return cases
 
 
-def _diagnose_span(got, case: Case) -> str | None:
-    batch, stop_id = case.args
-    if isinstance(got, bool) or not isinstance(got, (list, tuple)):
-        return "return one bool per row of the batch (a list), not one answer for the whole batch."
-    got = [bool(g) for g in got]
-    if got == [bool((row == stop_id).any()) for row in batch["input_ids"]]:
-        return ("you looked at input_ids: the stop token is always *in the text* (the prompt's turns end "
-                "with it too); what matters is whether its label is kept — look at labels.")
-    last = []
-    for row in batch["labels"]:
-        kept = row[row != IGNORE_INDEX]
-        last.append(bool(len(kept)) and int(kept[-1]) == stop_id)
-    if got == last:
-        return ("you checked only the last graded token; the span may end with the '\\n' after "
-                "<|im_end|> — check whether the stop id appears anywhere in the row's labels.")
+def _rows(batch: dict, examples: list[dict]):
+    """Per example: (its ids, its labels, the batch row's real ids, real labels, pad labels)."""
+    for i, e in enumerate(examples):
+        real = batch["attention_mask"][i] == 1
+        yield (list(e["input_ids"]), list(e.get("labels", e["input_ids"])),
+               batch["input_ids"][i][real].tolist(), batch["labels"][i][real].tolist(),
+               batch["labels"][i][~real].tolist())
+
+
+def _compare_collate(got, expected: dict) -> str | None:
+    import torch
+
+    examples, reference = expected["examples"], expected["reference"]
+    if not isinstance(got, dict) or not all(isinstance(got.get(k), torch.Tensor)
+                                            for k in ("input_ids", "attention_mask", "labels")):
+        return "expected a dict with tensors 'input_ids', 'attention_mask' and 'labels'"
+    shapes = {tuple(got[k].shape) for k in ("input_ids", "attention_mask", "labels")}
+    if shapes != {tuple(reference["input_ids"].shape)}:
+        return f"expected three tensors of shape {tuple(reference['input_ids'].shape)}, got {shapes}"
+    for i, (ids, labels, real_ids, real_labels, pad_labels) in enumerate(_rows(got, examples)):
+        if real_ids != ids:
+            return f"row {i}: the attention mask does not mark exactly the example's own tokens"
+        if real_labels != labels:
+            return f"row {i}: labels on the example's own tokens differ from its labels"
+        if any(x != IGNORE_INDEX for x in pad_labels):
+            return f"row {i}: a padding position carries a label"
     return None
 
 
-def check_graded_span_has_stop(fn, tokenizer):
-    """Checker for exercise 2: ``fn(batch, stop_id) -> list[bool]``, one per row."""
-    return run_check("graded_span_has_stop", fn, _span_cases(tokenizer),
-                     compare=lambda got, exp: None if isinstance(got, (list, tuple)) and
-                     [bool(g) for g in got] == exp else f"expected {exp}, got {got!r:.120}",
-                     diagnose=_diagnose_span,
-                     hint="a token carries loss where labels != -100; a row trains the stop token when "
-                          "one of its labels equals stop_id (return a list of Python bools).")
+def _diagnose_collate(got, case: Case) -> str | None:
+    examples, pad = case.args
+    if not isinstance(got, dict) or "labels" not in got:
+        return None
+    first = list(_rows(got, examples))
+    for ids, labels, real_ids, real_labels, pad_labels in first:
+        if real_ids != ids and len(real_ids) == len(got["input_ids"][0]):
+            return "the attention mask is all ones: the model would attend to (and the labels see) padding."
+        if real_ids != ids:
+            return None
+        if real_labels[-1] == IGNORE_INDEX and labels[-1] != IGNORE_INDEX and ids[-1] == pad:
+            return ("the row's own eos lost its label: you masked by pad *id*, and with pad == eos that "
+                    "erases every eos — mask by position (where the example ends) instead.")
+        if real_labels == ids and labels != ids:
+            return ("the prompt tokens carry labels: you cloned input_ids into labels and overwrote the "
+                    "example's prompt mask — start from the example's own labels.")
+        if pad_labels and all(x == pad for x in pad_labels):
+            return ("the padding carries labels (pad ids): the model is trained to write eos/pad again and "
+                    "again after the answer — padding positions must be -100.")
+        if pad_labels and pad_labels[-1] != IGNORE_INDEX:
+            return ("you kept the row's *last* eos — with pad == eos that is a pad; keep the first one "
+                    "(the example's own) and mask everything after it.")
+    return None
+
+
+COLLATE_HINTS = Hints(
+    question="With pad == eos, how can a collator tell the example's own eos from the padding after it, "
+             "if not by its id?",
+    pointer="Section 5d: TRL's collator masks by position (where each example ends), transformers' "
+            "by pad id. Pad with pad_token_id, but decide the -100s from each example's length.",
+    answer="for each example: ids + [pad]*k, mask [1]*len + [0]*k, "
+           "labels = e.get('labels', ids) + [-100]*k; return torch tensors")
+
+
+def check_collate_keep_eos(fn):
+    """Checker for exercise 3: ``fn(examples, pad_token_id) -> {input_ids, attention_mask, labels}``.
+
+    Property checks, so every correct collator passes (right or left padding, masking by length or
+    by keeping the first eos): the masked tokens are the example's own, their labels are its
+    labels, padding positions are -100.
+    """
+    return run_check("collate_keep_eos", fn, _collate_cases(), compare=_compare_collate,
+                     diagnose=_diagnose_collate, hint=COLLATE_HINTS)
