@@ -1,16 +1,19 @@
-"""Lesson 01 (accumulation and clipping): the forgotten ``loss / K`` and the clip rate that gives it away.
+"""Lesson 01 (accumulation and clipping): the forgotten ``loss / K`` and how to prove it without a threshold.
 
 What the lesson measures with these helpers:
 
+- ``split_micro_batches`` / ``split_norms``: the threshold-free test — the *same* examples cut into
+  1 or K micro-batches; the pre-clip gradient norm with and without ``/ K`` (grows ∝ K on any model).
 - ``run_from`` / ``flat_params`` / ``relative_difference``: restart a run from the same weights and
-  compare where two runs end up (SGD: the bug is a K-times learning rate; AdamW: nearly no change).
-- ``threshold_between``: a clip threshold chosen from *measured* gradient norms (never by hand).
+  compare where two runs end up (SGD: the bug is a K-times learning rate; AdamW: it is not).
+- ``median_norm`` / ``threshold_between``: a clip threshold chosen from the run's *measured* norms.
 - ``clip_grid`` / ``plot_clip_setting`` / ``clip_explorer``: precomputed runs over accumulation steps
   and thresholds, and the ipywidgets explorer that browses them instantly.
-- ``sft_first_grad_norm``: the pre-clip gradient norm that TRL's ``SFTTrainer`` logs, with its own loss
-  or with a hand-written ``compute_loss`` (mean per micro-batch, or divided twice).
-- Exercise checkers: ``check_accumulation_step`` (one accumulation step with the right scaling) and
-  ``check_clip_rate`` (the clip-rate metric).
+- ``custom_loss_trainer`` / ``sft_run_log``: what TRL's ``SFTTrainer`` logs with its own loss or
+  with a hand-written ``compute_loss`` (mean per micro-batch, or divided twice).
+- Exercises: ``broken_run`` (the diagnosis exercise's generator: a training log from one of four
+  causes) with ``check_diagnose_run``; ``check_accumulation_step`` (a full optimizer step with
+  accumulation and clipping). Reference answers live in ``course_utils/answers/lesson01.py``.
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ import copy
 import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
-from .checks import Case, close, run_check
-from .train import set_seed, token_losses, train
+from . import validate
+from .checks import Case, Diagnosis, Hints, check_diagnosis, run_check
+from .train import set_seed, train
 
 # ------------------------------------------------------------------------------------------------
 # Runs from the same starting point, and how far apart they end
@@ -35,15 +39,15 @@ def flat_params(model) -> torch.Tensor:
     return torch.cat([p.detach().double().flatten() for p in model.parameters() if p.requires_grad])
 
 
-def run_from(model, start_state: dict, micro_batches, *, seed: int = 0, **train_kwargs):
+def run_from(model, start_state: dict, micro_batches, *, seed: int | None = None, **train_kwargs):
     """Reset ``model`` to ``start_state``, seed, ``train(...)``; return ``(records, final_params)``.
 
     Every run of the lesson starts from the same weights and sees the same micro-batches, so any
-    difference between two runs comes from the one setting that differs.
+    difference between two runs comes from the one setting that differs. ``seed=None``: the course seed.
     """
     model.load_state_dict(start_state)
     set_seed(seed)
-    records = train(model, micro_batches, **train_kwargs)
+    records = train(model, micro_batches, progress=False, **train_kwargs)
     return records, flat_params(model)
 
 
@@ -59,19 +63,9 @@ def relative_difference(a: torch.Tensor, b: torch.Tensor, reference: torch.Tenso
     return float((a - b).norm()) / scale
 
 
-@torch.no_grad()
-def eval_loss(model, batches) -> float:
-    """Token-weighted cross-entropy of ``model`` on held-out ``batches`` (nats per supervised token)."""
-    model.eval()
-    total, count = 0.0, 0
-    for batch in batches:
-        summed, n = token_losses(model, batch)
-        total, count = total + float(summed), count + n
-    return total / max(count, 1)
-
-
 def median_norm(records: list[dict], skip: int = 0) -> float:
     """Median pre-clip gradient norm of ``records[skip:]`` (skip the first, untrained-token steps)."""
+    validate.integer("skip", skip, minimum=0, why="it counts the first steps left out")
     norms = [r["grad_norm"] for r in records[skip:]]
     if not norms:
         raise ValueError(f"no records left after skip={skip} — the median needs at least one step — "
@@ -85,6 +79,8 @@ def threshold_between(low_norms: Sequence[float], high_norms: Sequence[float]) -
     Used to put ``max_grad_norm`` above the correctly scaled run and below the unscaled one, from
     measurements rather than by hand. Raises when the medians are not separated.
     """
+    validate.non_empty("low_norms", low_norms, what="gradient norms")
+    validate.non_empty("high_norms", high_norms, what="gradient norms")
     low, high = statistics.median(low_norms), statistics.median(high_norms)
     if not 0 < low < high:
         raise ValueError(f"median norms {low:.3g} and {high:.3g} are not 0 < low < high — there is no "
@@ -94,18 +90,72 @@ def threshold_between(low_norms: Sequence[float], high_norms: Sequence[float]) -
 
 
 # ------------------------------------------------------------------------------------------------
+# The threshold-free test: the same examples, cut into 1 or K micro-batches
+# ------------------------------------------------------------------------------------------------
+
+def split_micro_batches(tokenizer, conversations: list, *, group_size: int, k: int) -> list[dict]:
+    """Micro-batches in which every K consecutive ones hold the same ``group_size`` examples.
+
+    Group g of ``group_size`` conversations is cut, in order, into ``k`` micro-batches of
+    ``group_size / k``; ``train(..., accum_steps=k)`` then sees exactly the examples of a K = 1 run
+    with batch ``group_size`` on every optimizer step — only the split differs.
+    """
+    from .data import make_batches
+
+    validate.positive_int("group_size", group_size, why="it is the examples per optimizer step")
+    validate.positive_int("k", k, why="it is the number of micro-batches per optimizer step")
+    if group_size % k:
+        raise ValueError(f"group_size={group_size} is not divisible by k={k} — every micro-batch must "
+                         "hold the same number of examples — pick k among the divisors of group_size.")
+    validate.non_empty("conversations", conversations, what="conversations",
+                       fix="pass make_messages(...) output.")
+    n_groups = len(conversations) // group_size
+    if n_groups == 0:
+        raise ValueError(f"{len(conversations)} conversations are fewer than group_size={group_size} — "
+                         "there is not one full optimizer step — pass more conversations.")
+    usable = conversations[: n_groups * group_size]
+    return make_batches(tokenizer, usable, batch_size=group_size // k)
+
+
+def split_norms(model, start_state: dict, micro_batches_by_k: Mapping[int, list], *,
+                divide_by_accum: bool = True, normalise: str = "mean") -> dict[int, float]:
+    """``{K: pre-clip gradient norm of the first optimizer step}`` at the weights ``start_state``.
+
+    ``micro_batches_by_k[K]`` must hold the same examples for every K (``split_micro_batches``):
+    the only change between the entries is how the step's examples are cut. The norm is the one
+    ``train`` records before its update, so it is the loop's own loss code that is measured.
+    """
+    if not isinstance(micro_batches_by_k, Mapping) or not micro_batches_by_k:
+        raise ValueError("micro_batches_by_k must be a non-empty {K: micro_batches} dict — one entry per "
+                         "split — build each with split_micro_batches(..., k=K).")
+    norms = {}
+    for k, micro in micro_batches_by_k.items():
+        # one step; the record's grad_norm is taken before the (tiny, discarded) update
+        records, _ = run_from(model, start_state, micro, steps=1, accum_steps=k, optimizer="sgd",
+                              lr=1e-12, divide_by_accum=divide_by_accum, normalise=normalise)
+        norms[k] = records[0]["grad_norm"]
+    model.load_state_dict(start_state)
+    return norms
+
+
+# ------------------------------------------------------------------------------------------------
 # The explorer: precomputed runs over K and max_grad_norm
 # ------------------------------------------------------------------------------------------------
 
-def clip_grid(model, start_state: dict, micro_batches, *, ks: Sequence[int], thresholds: Sequence,
+def clip_grid(model, start_state: dict, micro_batches_by_k: Mapping[int, list], *, thresholds: Sequence,
               steps: int, lr: float, known: dict | None = None) -> dict:
-    """``{(K, max_grad_norm, divided): records}`` for every combination (``None`` = no clipping).
+    """``{(K, max_grad_norm, divided): records}`` for every K of ``micro_batches_by_k`` and threshold.
 
-    ``known`` holds runs already made with the same settings, so they are not made twice. With
-    ``K == 1`` dividing changes nothing, so that run is stored under both keys.
+    ``micro_batches_by_k[K]`` holds the same examples for every K (``split_micro_batches``), so the
+    runs differ only in the split. ``None`` = no clipping. ``known`` holds runs already made with
+    the same settings, so they are not made twice. With ``K == 1`` dividing changes nothing, so
+    that run is stored under both keys.
     """
+    if not isinstance(micro_batches_by_k, Mapping) or not micro_batches_by_k:
+        raise ValueError("micro_batches_by_k must be a non-empty {K: micro_batches} dict — the grid has "
+                         "one row per K — build each with split_micro_batches(..., k=K).")
     grid = dict(known or {})
-    for k in ks:
+    for k, micro in micro_batches_by_k.items():
         for threshold in thresholds:
             for divided in (True, False):
                 key = (k, threshold, divided)
@@ -114,7 +164,7 @@ def clip_grid(model, start_state: dict, micro_batches, *, ks: Sequence[int], thr
                 if k == 1 and (1, threshold, not divided) in grid:
                     grid[key] = grid[(1, threshold, not divided)]
                     continue
-                grid[key], _ = run_from(model, start_state, micro_batches, steps=steps, accum_steps=k,
+                grid[key], _ = run_from(model, start_state, micro, steps=steps, accum_steps=k,
                                         lr=lr, max_grad_norm=threshold, divide_by_accum=divided)
     return grid
 
@@ -206,26 +256,32 @@ def clip_explorer(grid: dict):
     return widgets.VBox([k_slider, t_slider, plot])
 
 
+
 # ------------------------------------------------------------------------------------------------
 # What TRL's SFTTrainer does with gradient accumulation (measured)
 # ------------------------------------------------------------------------------------------------
 
-LOSS_VARIANTS = ("trl", "micro_mean", "divided_again")
+LOSS_VARIANTS = ("micro_mean", "divided_again")
 
 
-def _trainer_class(loss: str, loss_is_scaled_for_ga):
+def custom_loss_trainer(loss: str, loss_is_scaled_for_ga: bool | None = None):
+    """An ``SFTTrainer`` subclass with a hand-written ``compute_loss``, as users write them.
+
+    ``"micro_mean"``: the mean over this micro-batch's tokens, ``num_items_in_batch`` ignored (the
+    lesson's symptom). ``"divided_again"``: TRL's correct loss, divided by K once more "to be
+    safe". ``loss_is_scaled_for_ga`` sets transformers' switch of that name (``None``: Trainer decides).
+    """
     from trl import SFTTrainer
 
-    class LessonSFTTrainer(SFTTrainer):
-        """SFTTrainer with a hand-written ``compute_loss``, as a user would write one."""
+    from .train import token_losses
 
+    validate.choice("loss", loss, LOSS_VARIANTS, why="each is a compute_loss the lesson measures")
+
+    class LessonSFTTrainer(SFTTrainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            if loss == "trl":
-                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            if loss == "divided_again":  # TRL's correct loss, divided by K once more "to be safe"
+            if loss == "divided_again":
                 value = super().compute_loss(model, inputs, False, num_items_in_batch)
                 return value / self.args.gradient_accumulation_steps
-            # "micro_mean": the textbook mean over this micro-batch's tokens, ignoring num_items_in_batch
             summed, n = token_losses(model, inputs)
             return summed / max(n, 1)
 
@@ -234,165 +290,296 @@ def _trainer_class(loss: str, loss_is_scaled_for_ga):
     return LessonSFTTrainer
 
 
-def sft_first_grad_norm(model, tokenizer, dataset, *, accum_steps: int, batch_size: int, loss: str = "trl",
-                        loss_is_scaled_for_ga: bool | None = None) -> dict:
-    """Train a copy of ``model`` for one step with TRL's ``SFTTrainer``; return what it logged.
+def sft_run_log(model, tokenizer, dataset, *, accum_steps: int, batch_size: int, steps: int = 1,
+                trainer_cls=None, max_grad_norm: float | None = None) -> dict:
+    """Train a copy of ``model`` for ``steps`` steps with TRL's ``SFTTrainer``; return what it logged.
 
-    ``loss``: ``"trl"`` (SFTTrainer's own), ``"micro_mean"`` (a custom ``compute_loss`` returning the
-    micro-batch mean) or ``"divided_again"`` (TRL's loss divided by K once more).
-    ``loss_is_scaled_for_ga`` sets transformers' switch of that name (``None``: Trainer decides).
-    Returns ``{"grad_norm", "loss"}`` of step 1: the norm is before clipping.
+    ``trainer_cls``: an ``SFTTrainer`` subclass (e.g. one with your own ``compute_loss``).
+    ``max_grad_norm``: ``None`` keeps SFTConfig's default. Returns ``{"grad_norm": [...], "loss":
+    [...]}`` per step — the logged norm is the one *before* clipping.
     """
     import warnings
 
     from .train import logged, make_sft_trainer
 
-    if loss not in LOSS_VARIANTS:
-        raise ValueError(f"loss={loss!r} is not one of {LOSS_VARIANTS} — each is a compute_loss the lesson "
-                         "measures — pass one of them.")
-    trainer = make_sft_trainer(copy.deepcopy(model), tokenizer, dataset, max_steps=1,
+    validate.positive_int("accum_steps", accum_steps, why="it is gradient_accumulation_steps")
+    validate.positive_int("batch_size", batch_size, why="it is per_device_train_batch_size")
+    validate.positive_int("steps", steps, why="it counts optimizer steps")
+    extra = {} if max_grad_norm is None else {"max_grad_norm": max_grad_norm}
+    trainer = make_sft_trainer(copy.deepcopy(model), tokenizer, dataset, max_steps=steps,
                                gradient_accumulation_steps=accum_steps,
                                per_device_train_batch_size=batch_size,
-                               trainer_cls=_trainer_class(loss, loss_is_scaled_for_ga))
+                               trainer_cls=trainer_cls, progress=False, **extra)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.train()
-    return {"grad_norm": logged(trainer, "grad_norm")[0], "loss": logged(trainer, "loss")[0]}
+    return {"grad_norm": logged(trainer, "grad_norm"), "loss": logged(trainer, "loss")}
 
 
 # ------------------------------------------------------------------------------------------------
-# Exercise 1: one accumulation step with the right scaling
+# Exercise 1 (diagnosis): a training log from one of four causes
 # ------------------------------------------------------------------------------------------------
 
-def accumulation_step_reference(model, micro_batches, max_grad_norm: float) -> float:
-    """One optimizer step's gradient from K micro-batches, clipped; returns the PRE-clip norm.
+CAUSES = ("missing_division", "clip_far_below_norm", "lr_too_high", "unequal_token_counts")
+LOG_STEPS = 30
 
-    Each micro-batch contributes its mean token loss divided by K, so the summed gradient is the
-    gradient of the average loss — the same scale as one batch, whatever K is.
+
+def _loss_curve(rng: random.Random, n: int) -> list[float]:
+    start, floor, tau = rng.uniform(2.5, 4.0), rng.uniform(0.3, 0.9), rng.uniform(4, 9)
+    return [floor + (start - floor) * math.exp(-t / tau) * (1 + rng.gauss(0, 0.02)) for t in range(n)]
+
+
+def _natural_norms(rng: random.Random, n: int, typical: float) -> list[float]:
+    # the first steps train untrained token rows: large norms that decay, then noise around `typical`
+    return [typical * (1 + 6 * math.exp(-t / 1.5)) * math.exp(rng.gauss(0, 0.2)) for t in range(n)]
+
+
+def broken_run(seed: int | None = None) -> dict:
+    """A broken run's artefacts, for the diagnosis exercise; the cause is picked by ``seed``.
+
+    Returns ``{"config": {accum_steps, max_grad_norm, lr}, "log": [{step, loss, grad_norm}, ...],
+    "split_test": {1: norm, K: norm}, "tokens_per_micro_batch": [...]}``: what a trainer logged
+    (``grad_norm`` before clipping), and the threshold-free test of §3 run on the same examples
+    cut into 1 and K micro-batches, with the supervised tokens of each of the K micro-batches.
+    Causes: a missing ``/ K`` with clipping; ``max_grad_norm`` far below the natural norm; a
+    learning rate too high; and lesson 07's look-alike, micro-batches with very unequal token counts.
+    The numbers are generated (a fresh case per seed), shaped like the lesson's measured runs.
     """
-    params = [p for p in model.parameters() if p.requires_grad]
-    model.zero_grad(set_to_none=True)
-    k = len(micro_batches)
-    for batch in micro_batches:
-        summed, n = token_losses(model, batch)
-        (summed / n / k).backward()  # each .backward() adds to .grad; the / k makes the sum an average
-    return float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+    from .model import course_seed
+
+    seed = course_seed() if seed is None else validate.integer("seed", seed, minimum=0,
+                                                                why="it picks the case")
+    rng = random.Random(seed)
+    cause = CAUSES[seed % len(CAUSES)]
+    k = rng.choice((4, 8)) if cause == "unequal_token_counts" else rng.choice((2, 4, 8))
+    typical = math.exp(rng.uniform(math.log(0.5), math.log(40)))  # any model: norms vary by orders
+    loss, norms = _loss_curve(rng, LOG_STEPS), _natural_norms(rng, LOG_STEPS, typical)
+    threshold = typical * rng.uniform(1.5, 3.0)  # a sane clip: above the natural norm
+    tokens = [rng.randint(40, 80) for _ in range(k)]
+    ratio = rng.uniform(0.98, 1.02)  # the split changes nothing when the loss is normalised right
+    if cause == "missing_division":
+        norms = [k * g for g in norms]  # .backward() summed K micro-batch means
+        ratio *= k
+    elif cause == "clip_far_below_norm":
+        threshold = typical / rng.uniform(8, 30)
+    elif cause == "lr_too_high":
+        turn = rng.randint(6, 18)  # the loss falls, then the updates overshoot and it climbs for good
+        for t in range(turn, LOG_STEPS):
+            growth = 1.25 ** (t - turn + 1)
+            loss[t] = loss[turn - 1] * (1 + 0.15 * (t - turn + 1)) * growth ** 0.5
+            norms[t] = norms[t] * growth
+    else:  # unequal_token_counts: one micro-batch holds a handful of tokens but gets 1/K of the weight
+        tokens[rng.randrange(k)] = rng.randint(2, 8)
+        ratio = rng.uniform(1.2, 1.7) if rng.random() < 0.5 else rng.uniform(0.6, 0.85)
+    n1 = typical * rng.uniform(0.9, 1.1)
+    return {
+        "config": {"accum_steps": k, "max_grad_norm": round(threshold, 4), "lr": 1e-3},
+        "log": [{"step": t + 1, "loss": round(loss[t], 4), "grad_norm": round(norms[t], 4)}
+                for t in range(LOG_STEPS)],
+        "split_test": {1: round(n1, 4), k: round(n1 * ratio, 4)},
+        "tokens_per_micro_batch": tokens,
+    }
 
 
-_EXERCISE_DATA: dict = {}
+def _truth(artefact: dict, cause: str) -> Diagnosis:
+    """The evidence each cause leaves, read from the artefact itself."""
+    k = artefact["config"]["accum_steps"]
+    if cause == "missing_division":
+        return Diagnosis(cause, artefact["split_test"][k] / artefact["split_test"][1])  # ≈ K
+    if cause == "clip_far_below_norm":
+        norms = [r["grad_norm"] for r in artefact["log"]]
+        return Diagnosis(cause, statistics.median(norms) / artefact["config"]["max_grad_norm"])
+    if cause == "lr_too_high":
+        return Diagnosis(cause, min(artefact["log"], key=lambda r: r["loss"])["step"])
+    tokens = artefact["tokens_per_micro_batch"]
+    return Diagnosis(cause, tokens.index(min(tokens)))
 
 
-def _exercise_setup():
-    """The course model and a few micro-batches, built once per process for the checker."""
-    if not _EXERCISE_DATA:
-        from .data import make_batches, make_messages
-        from .model import load_course_model
+def broken_run_case(seed: int) -> tuple[dict, Diagnosis]:
+    """``(artefact, true Diagnosis)`` for ``seed`` — what ``check_diagnose_run`` grades against."""
+    artefact = broken_run(seed)
+    return artefact, _truth(artefact, CAUSES[seed % len(CAUSES)])
+
+
+def _evidence_ok(got, truth: Diagnosis) -> bool:
+    if isinstance(truth.evidence, float):  # a measured ratio: any fair reading within 5 % passes
+        ok = isinstance(got, (int, float)) and not isinstance(got, bool) and math.isfinite(got)
+        return ok and abs(got - truth.evidence) <= 0.05 * truth.evidence
+    return isinstance(got, int) and not isinstance(got, bool) and got == truth.evidence
+
+
+_DIAGNOSIS_MISCONCEPTIONS = {
+    ("clip_far_below_norm", "missing_division"):
+        "a clip rate near 100 % has two causes; the split test tells them apart — here the norm grew "
+        "with K, which only a missing / K does",
+    ("missing_division", "clip_far_below_norm"):
+        "the clip fires on every step, but the split test shows the same norm for 1 and K micro-batches: "
+        "the scaling is right, the threshold is simply far below the natural norm",
+    ("missing_division", "unequal_token_counts"):
+        "the K-split norm differs from the K = 1 norm, but not by a factor K: a mean of micro-batch means "
+        "weights a micro-batch with few tokens up (lesson 07), the / K is there",
+    ("unequal_token_counts", "missing_division"):
+        "the split test's ratio is K itself, not an uneven weighting: the / K is missing",
+    ("clip_far_below_norm", "lr_too_high"):
+        "the clip fires more once the run diverges, but the loss climbing after it had fallen is the "
+        "learning rate's signature",
+    ("missing_division", "lr_too_high"):
+        "big norms late in the run come from the divergence; the split test says the scaling is right",
+}
+
+
+def check_diagnose_run(fn, seeds: Sequence[int] | None = None):
+    """Checker: ``fn(artefact) -> Diagnosis(cause, evidence)`` names what broke fresh runs.
+
+    Evidence per cause: ``missing_division`` the split test's norm ratio (≈ K);
+    ``clip_far_below_norm`` the median logged norm over ``max_grad_norm``; ``lr_too_high`` the step
+    with the lowest loss (where the run turned); ``unequal_token_counts`` the index of the
+    micro-batch with the fewest supervised tokens. Cases are generated from seeds the notebook
+    never shows (two per cause).
+    """
+    from .model import course_seed
+
+    if seeds is None:
+        base = 1000 + 8 * course_seed()
+        seeds = range(base, base + 2 * len(CAUSES))
+    hints = Hints(
+        question="Which number in the artefact does not depend on any threshold, and what value would it "
+                 "take if the / K were missing?",
+        pointer="§3's split test: the same examples in 1 and K micro-batches. Then read the loss column "
+                "(does it turn upward?), the clip threshold against the median norm, and the token counts.",
+        answer="r = split_test[K] / split_test[1]: r ≈ K → missing_division (evidence r); r far from 1 → "
+               "unequal_token_counts (evidence: index of the smallest token count); loss rising after its "
+               "minimum → lr_too_high (evidence: step of the lowest loss); else the median grad_norm is "
+               "many times max_grad_norm → clip_far_below_norm (evidence: that ratio).")
+    return check_diagnosis("diagnose_run", fn, broken_run_case, seeds=seeds, evidence_ok=_evidence_ok,
+                           misconceptions=_DIAGNOSIS_MISCONCEPTIONS, hint=hints)
+
+
+# ------------------------------------------------------------------------------------------------
+# Exercise 2 (fix): a full optimizer step with accumulation and clipping
+# ------------------------------------------------------------------------------------------------
+
+_STEP_DATA: dict = {}
+_SGD_LR = 0.05  # plain SGD: every scaling mistake shows in the parameters (AdamW would hide some)
+
+
+def _step_setup():
+    """The course model and micro-batches of uneven sizes, built once per process for the checker."""
+    if not _STEP_DATA:
+        from .data import collate_right, make_messages, tokenize_chat
+        from .model import course_seed, load_course_model
 
         model, tok = load_course_model()
-        batches = make_batches(tok, make_messages("mixed", n=16, seed=101), batch_size=2)
-        _EXERCISE_DATA.update(model=model, batches=batches)
-    return _EXERCISE_DATA["model"], _EXERCISE_DATA["batches"]
+        chats = make_messages("mixed", n=24, seed=5000 + course_seed())
+        examples = [tokenize_chat(tok, m) for m in chats]
+        sizes, micro, i = (1, 3, 2, 1, 3, 1, 2, 2, 1, 3), [], 0
+        for size in sizes:  # uneven sizes: the two correct normalisations give different gradients
+            micro.append(collate_right(examples[i: i + size], tok.pad_token_id))
+            i += size
+        _STEP_DATA.update(model=model, micro=micro)
+    return _STEP_DATA["model"], _STEP_DATA["micro"]
 
 
-def _observe_step(fn, model, micro_batches, max_grad_norm):
-    """Run the learner's step on a fresh copy; return ``(returned norm, flat .grad afterwards)``."""
+def _observe_steps(fn, model, groups, max_grad_norm) -> dict:
+    """Run ``fn`` once per group on a fresh copy with a fresh SGD; return norms and final weights."""
     work = copy.deepcopy(model)
     work.train()
-    got = fn(work, micro_batches, max_grad_norm)
-    grads = [p.grad.detach().double().flatten() if p.grad is not None
-             else torch.zeros(p.numel(), dtype=torch.float64)
-             for p in work.parameters() if p.requires_grad]
-    norm = float(got) if isinstance(got, (int, float, torch.Tensor)) and not isinstance(got, bool) else got
-    return {"grad_norm": norm, "grad": torch.cat(grads)}
+    opt = torch.optim.SGD([p for p in work.parameters() if p.requires_grad], lr=_SGD_LR)
+    norms = []
+    for group in groups:
+        got = fn(work, opt, group, max_grad_norm)
+        norms.append(float(got) if isinstance(got, (float, torch.Tensor)) and not isinstance(got, bool)
+                     else got)
+    return {"norms": norms, "params": flat_params(work)}
+
+
+def _compare_step(got, expected) -> str | None:
+    if not isinstance(got, dict) or not all(isinstance(n, float) for n in got["norms"]):
+        kinds = [type(n).__name__ for n in got["norms"]] if isinstance(got, dict) else type(got).__name__
+        return f"return the pre-clip norm as a float (got {kinds})"
+    for ref in expected.values():
+        norms_ok = all(math.isclose(g, e, rel_tol=1e-4, abs_tol=1e-7)
+                       for g, e in zip(got["norms"], ref["norms"]))
+        if norms_ok and torch.allclose(got["params"], ref["params"], rtol=0, atol=1e-6):
+            return None
+    ref = expected["mean"]
+    return (f"pre-clip norms {[round(n, 4) for n in got['norms']]} (a correct step: "
+            f"{[round(n, 4) for n in ref['norms']]}), or the weights after the step differ")
 
 
 def _step_cases():
-    model, batches = _exercise_setup()
-    reference_norms = {}
+    from .answers import lesson01
+
+    model, micro = _step_setup()
     cases = []
-    for k, start in ((2, 0), (4, 2), (3, 4)):
-        micro = batches[start: start + k]
-        expected = _observe_step(accumulation_step_reference, model, micro, math.inf)
-        reference_norms[k] = expected["grad_norm"]
-        # 0.4 × the correct norm: the correct step clips; 0.4 is no 1/K, so a post-clip norm is recognisable.
-        for label, threshold in (("no clip fires", 1e9), ("clip fires", 0.4 * expected["grad_norm"])):
-            want = _observe_step(accumulation_step_reference, model, micro, threshold)
-            cases.append(Case((model, micro, threshold), want, label=f"K={k}, {label}"))
+
+    def add(groups, threshold, tag, label):
+        expected = {name: _observe_steps(ref, model, groups, threshold)
+                    for name, ref in (("mean", lesson01.accumulation_step),
+                                      ("token", lesson01.accumulation_step_token_weighted))}
+        cases.append(Case((model, groups, threshold), expected, label=label, tag=tag))
+
+    add([micro[0:2]], 1e9, "no_clip", "K=2, no clip fires")
+    add([micro[2:5]], 1e9, "no_clip", "K=3, no clip fires")
+    correct = _observe_steps(lesson01.accumulation_step, model, [micro[5:9]], 1e9)["norms"][0]
+    # 0.3 × the correct norm: the step clips; 0.3 is no 1/K, so a post-clip norm is recognisable
+    add([micro[5:9]], 0.3 * correct, "clip", "K=4, the clip fires")
+    add([micro[0:3], micro[3:6]], 1e9, "two_steps", "two steps in a row (K=3)")
     return cases
 
 
-def _diagnose_step(got, case: Case):
-    if not isinstance(got, dict) or not isinstance(got.get("grad_norm"), float):
-        return ("return the pre-clip gradient norm as a float "
-                "(clip_grad_norm_ returns it as a tensor: use float()).")
-    _, micro, threshold = case.args
-    k = len(micro)
-    want_norm, got_norm = case.expected["grad_norm"], got["grad_norm"]
-    if math.isclose(got_norm, threshold, rel_tol=1e-3) and threshold < want_norm:
-        return ("you returned the norm AFTER clipping; return the value clip_grad_norm_ gives back, "
-                "which is the norm before clipping (that is what a logger should show).")
-    if k > 1 and math.isclose(got_norm, k * want_norm, rel_tol=1e-3):
-        return (f"your gradient is {k}× too large: the division by K is missing. Each .backward() ADDS to "
-                f".grad, so K micro-batch means sum to K times the mean — divide each loss by K "
-                f"(here {k}) before .backward().")
-    if k > 1 and math.isclose(got_norm, want_norm / k, rel_tol=1e-3):
-        return f"your gradient is {k}× too small: you divided by K twice (or by K² somewhere)."
-    if math.isclose(got_norm, want_norm, rel_tol=1e-4):
-        return ("the norm is right but .grad is not: clip with torch.nn.utils.clip_grad_norm_(params, "
-                "max_grad_norm) and leave the clipped gradient in .grad (and zero it before you start).")
-    tokens = [int((b["labels"][:, 1:] != -100).sum()) for b in micro]  # supervised tokens per micro-batch
-    if len(set(tokens)) > 1:
-        return ("the scale is close but not equal: weight each micro-batch by 1/K of its own MEAN loss "
-                "(summed / n / K), not by its share of all tokens — token weighting is lesson 07's topic.")
+def _diagnose_step(got, case: Case) -> str | None:
+    if not isinstance(got, dict) or not all(isinstance(n, float) for n in got["norms"]):
+        return ("return the value clip_grad_norm_ gives back, as a float: it is a tensor, so wrap it in "
+                "float().")
+    _, groups, threshold = case.args
+    k = len(groups[0])
+    first = got["norms"][0]
+    refs = [ref["norms"][0] for ref in case.expected.values()]
+
+    def near(x, y):
+        return math.isclose(x, y, rel_tol=1e-3)
+
+    if case.tag == "clip" and near(first, threshold):
+        return ("you returned the norm AFTER clipping (it equals max_grad_norm): log the value "
+                "clip_grad_norm_ returns, the norm before clipping — that is what shows a missing / K.")
+    if any(near(first, k * r) for r in refs):
+        return (f"missing division: your gradient is {k}× too large. Each .backward() ADDS to .grad, so K "
+                f"micro-batch means sum to K times the mean — scale each micro-batch's loss so the K add up "
+                f"to one average (here K = {k}).")
+    if any(near(first, r / k) for r in refs):
+        return (f"divided twice: your gradient is {k}× too small (divided by K², or by K on top of a "
+                "token count).")
+    if case.tag == "two_steps" and any(near(first, r) for r in refs):
+        return ("stale gradients: your first step is right, your second is not — .grad still held the "
+                "previous step's gradient. Zero the gradients before accumulating a new step.")
+    if case.tag == "clip" and any(near(first, r) for r in refs):
+        return ("the norm is right but the weights are not: clip once, the whole step's gradient, after the "
+                "last .backward() and before optimizer.step() (not per micro-batch, not after the step).")
+    if case.tag == "clip":
+        return ("clipping per micro-batch: clip_grad_norm_ must see the summed gradient of all K "
+                "micro-batches, once, after the last .backward().")
+    if any(near(first, r) for r in refs):
+        return "the norm is right but the weights after the step are not: did you call optimizer.step()?"
     return None
 
 
 def check_accumulation_step(fn):
-    """Checker: ``fn(model, micro_batches, max_grad_norm) -> float`` builds one clipped, accumulated gradient.
+    """Checker: ``fn(model, optimizer, micro_batches, max_grad_norm) -> float`` is one full optimizer
+    step of gradient accumulation with clipping; it returns the pre-clip norm.
 
-    It rejects the missing ``/ K`` (gradient K× too large), a double division, and the post-clip norm.
+    Accepts both correct normalisations (each micro-batch's mean / K, or every token weighted
+    equally: summed / all tokens of the step). Rejects a missing / K, a double division, stale
+    gradients (no zeroing between steps), clipping per micro-batch or after the step, and the
+    post-clip norm. Checked with plain SGD on micro-batches the notebook never shows.
     """
-    cases = _step_cases()
-    return run_check("accumulation_step", lambda model, micro, t: _observe_step(fn, model, micro, t), cases,
-                     diagnose=_diagnose_step,
-                     compare=lambda got, exp: close(got, exp, rtol=1e-4, atol=1e-7),
-                     hint="zero the grads; for each micro-batch: summed, n = token_losses(model, batch); "
-                          "(summed / n / K).backward(); then return "
-                          "float(clip_grad_norm_(params, max_grad_norm)).")
-
-
-# ------------------------------------------------------------------------------------------------
-# Exercise 2: the clip rate
-# ------------------------------------------------------------------------------------------------
-
-def clip_rate_reference(grad_norms: Sequence[float], max_grad_norm: float) -> float:
-    """Fraction of steps whose pre-clip norm exceeded ``max_grad_norm`` (the steps the clip changed)."""
-    return sum(g > max_grad_norm for g in grad_norms) / len(grad_norms)
-
-
-def _rate_cases():
-    rng = random.Random(7)
-    cases = []
-    for n, scale, threshold in ((10, 1.0, 1.3), (25, 5.0, 4.0), (40, 30.0, 10.0), (8, 0.5, 1.0)):
-        norms = [scale * math.exp(rng.gauss(0, 0.5)) for _ in range(n)]
-        cases.append(Case((norms, threshold), clip_rate_reference(norms, threshold),
-                          label=f"{n} steps, max_grad_norm={threshold}"))
-    return cases
-
-
-def _diagnose_rate(got, case: Case):
-    norms, threshold = case.args
-    if isinstance(got, (int, float)) and not isinstance(got, bool):
-        if got == sum(g > threshold for g in norms) and len(norms) > 1 and got > 1:
-            return ("you returned a count; the clip rate is a fraction of steps "
-                    "(divide by the number of steps).")
-        if math.isclose(got, 1 - case.expected, abs_tol=1e-9):
-            return ("you counted the steps that were NOT clipped; clipping fires when the norm is ABOVE "
-                    "max_grad_norm.")
-    return None
-
-
-def check_clip_rate(fn):
-    """Checker: ``fn(grad_norms, max_grad_norm) -> float`` is the fraction of clipped steps."""
-    return run_check("clip_rate", fn, _rate_cases(), diagnose=_diagnose_rate,
-                     hint="count the norms above max_grad_norm and divide by the number of steps.")
+    hints = Hints(
+        question="After K calls to .backward(), what does .grad hold: the average of the K micro-batch "
+                 "gradients, or something else? And what did .grad hold before the first one?",
+        pointer="§1's code comment and §4 Cause, fact 1; clip_grad_norm_'s return value (§3); the two-step "
+                "case of this checker calls your function twice with the same optimizer.",
+        answer="optimizer.zero_grad(); for each micro-batch: summed, n = token_losses(model, batch); "
+               "(summed / n / K).backward()  [or (summed / total_tokens).backward()]; "
+               "norm = clip_grad_norm_(params, max_grad_norm); optimizer.step(); return float(norm).")
+    return run_check("accumulation_step", lambda model, groups, t: _observe_steps(fn, model, groups, t),
+                     _step_cases(), compare=_compare_step, diagnose=_diagnose_step, hint=hints)

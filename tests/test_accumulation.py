@@ -1,4 +1,4 @@
-"""Lesson 01's helpers and checkers: the references pass, stubs and known-wrong answers fail with the hint."""
+"""Lesson 01's helpers and checkers: references pass, stubs and known-wrong answers fail with their hint."""
 
 import copy
 
@@ -6,94 +6,219 @@ import pytest
 import torch
 
 from course_utils import accumulation as acc
-from course_utils import make_batches, make_messages
+from course_utils import make_messages
+from course_utils.answers import lesson01 as ref
+from course_utils.checks import Diagnosis
+from course_utils.losses import count_supervised
 from course_utils.train import token_losses
 
 
-@pytest.fixture(scope="module")
-def setup(course):
-    model, tok = course
-    batches = make_batches(tok, make_messages("mixed", n=12, seed=3), batch_size=3)
-    return copy.deepcopy(model), batches
-
-
-def _stub(*args, **kwargs):
+def stub(*args, **kwargs):
     raise NotImplementedError
 
 
-# ---- exercise 1: the accumulation step ------------------------------------------------------------
-
-def test_accumulation_step_accepts_the_reference():
-    assert acc.check_accumulation_step(acc.accumulation_step_reference)
-
-
-def test_accumulation_step_stub_is_not_implemented(capsys):
-    assert not acc.check_accumulation_step(_stub)
-    assert "not implemented yet" in capsys.readouterr().out
+@pytest.fixture(scope="module")
+def split(course):
+    model, tok = course
+    chats = make_messages("mixed", n=16, seed=3)
+    by_k = {k: acc.split_micro_batches(tok, chats, group_size=8, k=k) for k in (1, 2, 4)}
+    return copy.deepcopy(model), by_k
 
 
-def _unscaled(model, micro_batches, max_grad_norm):
-    params = [p for p in model.parameters() if p.requires_grad]
-    model.zero_grad(set_to_none=True)
+# ---- exercise 2 (fix): one optimizer step ---------------------------------------------------------
+
+def _params(model):
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def zero_at_the_end(model, optimizer, micro_batches, max_grad_norm):
+    """Correct too: zeroing after the step leaves .grad empty for the next call."""
+    k = len(micro_batches)
     for batch in micro_batches:
         summed, n = token_losses(model, batch)
-        (summed / n).backward()  # the bug: no / K
-    return float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+        (summed / n / k).backward()
+    norm = torch.nn.utils.clip_grad_norm_(_params(model), max_grad_norm)
+    optimizer.step()
+    model.zero_grad()
+    return norm.item()
 
 
-def test_accumulation_step_rejects_the_missing_division_with_its_hint():
-    result = acc.check_accumulation_step(_unscaled)
+def missing_division(model, optimizer, micro_batches, max_grad_norm):
+    optimizer.zero_grad()
+    for batch in micro_batches:
+        summed, n = token_losses(model, batch)
+        (summed / n).backward()  # the bug: K micro-batch means are summed
+    norm = torch.nn.utils.clip_grad_norm_(_params(model), max_grad_norm)
+    optimizer.step()
+    return float(norm)
+
+
+def divided_twice(model, optimizer, micro_batches, max_grad_norm):
+    optimizer.zero_grad()
+    total = sum(count_supervised(b["labels"]) for b in micro_batches)
+    for batch in micro_batches:
+        summed, _ = token_losses(model, batch)
+        (summed / total / len(micro_batches)).backward()  # token-weighted AND / K
+    norm = torch.nn.utils.clip_grad_norm_(_params(model), max_grad_norm)
+    optimizer.step()
+    return float(norm)
+
+
+def never_zeroes(model, optimizer, micro_batches, max_grad_norm):
+    k = len(micro_batches)
+    for batch in micro_batches:  # no zero_grad anywhere: step 2 adds onto step 1's gradient
+        summed, n = token_losses(model, batch)
+        (summed / n / k).backward()
+    norm = torch.nn.utils.clip_grad_norm_(_params(model), max_grad_norm)
+    optimizer.step()
+    return float(norm)
+
+
+def clips_per_micro_batch(model, optimizer, micro_batches, max_grad_norm):
+    optimizer.zero_grad()
+    k = len(micro_batches)
+    for batch in micro_batches:
+        summed, n = token_losses(model, batch)
+        (summed / n / k).backward()
+        norm = torch.nn.utils.clip_grad_norm_(_params(model), max_grad_norm)  # inside the loop
+    optimizer.step()
+    return float(norm)
+
+
+def returns_post_clip_norm(model, optimizer, micro_batches, max_grad_norm):
+    optimizer.zero_grad()
+    k = len(micro_batches)
+    for batch in micro_batches:
+        summed, n = token_losses(model, batch)
+        (summed / n / k).backward()
+    torch.nn.utils.clip_grad_norm_(_params(model), max_grad_norm)
+    optimizer.step()
+    return float(torch.nn.utils.get_total_norm([p.grad for p in _params(model)]))
+
+
+def clips_after_the_step(model, optimizer, micro_batches, max_grad_norm):
+    optimizer.zero_grad()
+    k = len(micro_batches)
+    for batch in micro_batches:
+        summed, n = token_losses(model, batch)
+        (summed / n / k).backward()
+    optimizer.step()  # the update used the unclipped gradient
+    return float(torch.nn.utils.clip_grad_norm_(_params(model), max_grad_norm))
+
+
+@pytest.mark.parametrize("fn", [ref.accumulation_step, ref.accumulation_step_token_weighted, zero_at_the_end],
+                         ids=["mean_over_K", "token_weighted", "zero_at_the_end"])
+def test_accumulation_step_accepts_every_correct_normalisation(fn):
+    assert acc.check_accumulation_step(fn)
+
+
+@pytest.mark.parametrize("fn, phrase", [
+    (stub, "not implemented yet"),
+    (missing_division, "missing division"),
+    (divided_twice, "divided twice"),
+    (never_zeroes, "stale gradients"),
+    (clips_per_micro_batch, "clipping per micro-batch"),
+    (returns_post_clip_norm, "AFTER clipping"),
+    (clips_after_the_step, "clip once"),
+], ids=lambda x: getattr(x, "__name__", None))
+def test_accumulation_step_rejects_each_wrong_answer_with_its_misconception(fn, phrase):
+    result = acc.check_accumulation_step(fn)
     assert not result
-    assert "the division by K is missing" in result.message
+    assert phrase in result.message
 
 
-def test_accumulation_step_rejects_the_post_clip_norm():
-    def post_clip(model, micro_batches, max_grad_norm):
-        acc.accumulation_step_reference(model, micro_batches, max_grad_norm)
-        return float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]))
+def test_accumulation_step_first_hint_holds_no_code_and_the_last_level_does(capsys):
+    result = acc.check_accumulation_step(stub)
+    levels = [result.hint() for _ in range(3)]
+    assert "zero_grad" not in levels[0] and "summed /" not in levels[0]
+    assert "zero_grad" in levels[2]
 
-    result = acc.check_accumulation_step(post_clip)
+
+# ---- exercise 1 (diagnosis): broken runs ----------------------------------------------------------
+
+def test_broken_run_covers_every_cause_and_is_deterministic():
+    causes = {acc.broken_run_case(seed)[1].cause for seed in range(8)}
+    assert causes == set(acc.CAUSES)
+    assert acc.broken_run(5) == acc.broken_run(5)
+    assert acc.broken_run(5) != acc.broken_run(9)
+
+
+def by_clip_rate(artefact):
+    """The threshold-dependent reading: a clip that fires on every step must be a missing / K."""
+    log, c = artefact["log"], artefact["config"]["max_grad_norm"]
+    rate = sum(r["grad_norm"] > c for r in log) / len(log)
+    if rate > 0.9:
+        return Diagnosis("missing_division", artefact["config"]["accum_steps"])
+    return ref.diagnose_run(artefact)
+
+
+def ratio_is_not_one(artefact):
+    """Any change under the split is taken for a missing / K (misses lesson 07's look-alike)."""
+    k = artefact["config"]["accum_steps"]
+    ratio = artefact["split_test"][k] / artefact["split_test"][1]
+    if abs(ratio - 1) > 0.1:
+        return Diagnosis("missing_division", ratio)
+    return ref.diagnose_run(artefact)
+
+
+@pytest.mark.parametrize("fn, phrase", [
+    (stub, "not implemented yet"),
+    (lambda artefact: Diagnosis("missing_division", 4.0), "is not what broke this run"),
+    (by_clip_rate, "the split test"),
+    (ratio_is_not_one, "lesson 07"),
+    (lambda artefact: Diagnosis(ref.diagnose_run(artefact).cause, None), "does not show it"),
+], ids=["stub", "memorised", "by_clip_rate", "ratio_is_not_one", "no_evidence"])
+def test_diagnose_run_rejects_wrong_readings(fn, phrase):
+    result = acc.check_diagnose_run(fn)
     assert not result
-    assert "AFTER clipping" in result.message
+    assert phrase in result.message
 
 
-# ---- exercise 2: the clip rate --------------------------------------------------------------------
+def test_diagnose_run_accepts_the_reference_and_a_second_reading():
+    def by_median_and_k(artefact):  # reports K itself as the evidence of a missing division
+        answer = ref.diagnose_run(artefact)
+        if answer.cause == "missing_division":
+            return Diagnosis(answer.cause, artefact["config"]["accum_steps"])
+        return answer
 
-def test_clip_rate_accepts_the_reference_and_rejects_a_stub():
-    assert acc.check_clip_rate(acc.clip_rate_reference)
-    assert not acc.check_clip_rate(_stub)
-
-
-def test_clip_rate_rejects_a_count_and_the_inverted_rate():
-    count = acc.check_clip_rate(lambda norms, t: sum(g > t for g in norms))
-    assert not count and "you returned a count" in count.message
-    inverted = acc.check_clip_rate(lambda norms, t: sum(g <= t for g in norms) / len(norms))
-    assert not inverted and "NOT clipped" in inverted.message
+    assert acc.check_diagnose_run(ref.diagnose_run)
+    assert acc.check_diagnose_run(by_median_and_k)
 
 
 # ---- the lesson's measurements --------------------------------------------------------------------
 
-def test_undivided_adamw_equals_divided_with_eps_over_k(setup):
+def test_split_norms_grow_exactly_k_times_without_the_division(split):
+    model, by_k = split
+    start = copy.deepcopy(model.state_dict())
+    bug = acc.split_norms(model, start, by_k, divide_by_accum=False)
+    div = acc.split_norms(model, start, by_k)
+    token = acc.split_norms(model, start, by_k, normalise="token")
+    for k in by_k:
+        assert bug[k] / div[k] == pytest.approx(k, rel=1e-4)
+        assert token[k] == pytest.approx(token[1], rel=1e-4)
+
+
+def test_undivided_adamw_equals_divided_with_eps_over_k(split):
     """The identity the lesson asserts: scaling every gradient by K only rescales epsilon."""
-    model, batches = setup
+    model, by_k = split
     start = copy.deepcopy(model.state_dict())
     kw = dict(steps=2, accum_steps=2, lr=1e-3)
-    _, undivided = acc.run_from(model, start, batches, divide_by_accum=False, eps=1e-8, **kw)
-    _, divided = acc.run_from(model, start, batches, eps=1e-8 / 2, **kw)
+    _, undivided = acc.run_from(model, start, by_k[2], divide_by_accum=False, eps=1e-8, **kw)
+    _, divided = acc.run_from(model, start, by_k[2], eps=1e-8 / 2, **kw)
     assert torch.allclose(undivided, divided, rtol=0, atol=1e-7)
 
 
-def test_clip_grid_reuses_known_runs_and_shares_k1(setup):
-    model, batches = setup
+def test_clip_grid_reuses_known_runs_and_shares_k1(split):
+    model, by_k = split
     start = copy.deepcopy(model.state_dict())
     sentinel = [{"step": 1, "grad_norm": 1.0, "clipped": False, "loss": 1.0}]
-    grid = acc.clip_grid(model, start, batches, ks=[1], thresholds=[None], steps=1, lr=1e-3,
+    grid = acc.clip_grid(model, start, {1: by_k[1]}, thresholds=[None], steps=1, lr=1e-3,
                          known={(2, None, True): sentinel})
     assert grid[(2, None, True)] is sentinel
     assert grid[(1, None, True)] is grid[(1, None, False)]
 
 
-def test_explorer_builds_without_a_frontend(setup):
+def test_explorer_builds_without_a_frontend():
     records = [{"step": 1, "grad_norm": 2.0, "clipped": True, "loss": 1.0}]
     grid = {(k, t, d): records for k in (1, 2) for t in (1.0, None) for d in (True, False)}
     widget = acc.clip_explorer(grid)
@@ -111,6 +236,23 @@ def test_threshold_between_rejects_unseparated_norms():
         acc.threshold_between([5.0, 6.0], [1.0, 2.0])
 
 
+def test_split_micro_batches_rejects_a_k_that_does_not_divide_the_group(tokenizer):
+    with pytest.raises(ValueError, match="not divisible"):
+        acc.split_micro_batches(tokenizer, make_messages("add", n=8), group_size=8, k=3)
+    with pytest.raises(ValueError, match="fewer than group_size"):
+        acc.split_micro_batches(tokenizer, make_messages("add", n=4), group_size=8, k=2)
+    with pytest.raises(ValueError, match="k=0"):
+        acc.split_micro_batches(tokenizer, make_messages("add", n=8), group_size=8, k=0)
+
+
+def test_split_norms_and_clip_grid_reject_a_list_instead_of_a_dict(split):
+    model, by_k = split
+    with pytest.raises(ValueError, match="dict"):
+        acc.split_norms(model, model.state_dict(), by_k[1])
+    with pytest.raises(ValueError, match="dict"):
+        acc.clip_grid(model, model.state_dict(), by_k[1], thresholds=[None], steps=1, lr=1e-3)
+
+
 def test_relative_difference_rejects_bad_shapes_and_zero_reference():
     with pytest.raises(ValueError, match="same model"):
         acc.relative_difference(torch.zeros(3), torch.zeros(4), torch.ones(3))
@@ -118,9 +260,16 @@ def test_relative_difference_rejects_bad_shapes_and_zero_reference():
         acc.relative_difference(torch.zeros(3), torch.ones(3), torch.zeros(3))
 
 
-def test_sft_first_grad_norm_rejects_an_unknown_loss(course):
+def test_custom_loss_trainer_and_sft_run_log_reject_bad_arguments(course):
     with pytest.raises(ValueError, match="not one of"):
-        acc.sft_first_grad_norm(None, course[1], None, accum_steps=2, batch_size=2, loss="mean")
+        acc.custom_loss_trainer("mean")
+    with pytest.raises(ValueError, match="accum_steps=0"):
+        acc.sft_run_log(None, course[1], None, accum_steps=0, batch_size=2)
+
+
+def test_broken_run_rejects_a_negative_seed():
+    with pytest.raises(ValueError, match="seed=-1"):
+        acc.broken_run(-1)
 
 
 def test_plot_clip_setting_rejects_a_missing_grid_point():
