@@ -4,6 +4,7 @@
 #                solution notebook under nbval, every exercise notebook run with its stubs
 #   make robustness  every solution notebook on both shipped models x COURSE_SEED 0,1,2 x 1,2 threads
 #                (12 configurations, ~15 min on 2 cores); writes ROBUSTNESS.md
+#   make claims  re-measure the myth-vs-measurement table on both models; writes CLAIMS.md
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -23,8 +24,8 @@ export TOKENIZERS_PARALLELISM := false
 # SFTTrainer run 10-30x slower (measured). Override with `make test OMP_NUM_THREADS=4`.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install lab test unit notebooks robustness robustness-ci exercises check-exercises model lint \
-	timings clean
+.PHONY: install lab test unit notebooks robustness robustness-ci claims exercises check-exercises model \
+	lint timings clean
 
 install: $(STAMP)
 
@@ -54,6 +55,9 @@ robustness: install  # the full matrix; a subset: make robustness ROBUSTNESS_ARG
 
 robustness-ci: install  # CI's reduced matrix: tiny-llama seed 0 1 thread; tiny-qwen seed 1 2 threads
 	$(PY) -m course_utils.robustness --configs ci --jobs $(JOBS)
+
+claims: install      # re-measure every claim on both shipped models; rewrites CLAIMS.md and CLAIMS.json
+	$(PY) -m course_utils.claims --models tiny-qwen tiny-llama
 
 exercises: install   # regenerate notebooks/ from solutions/
 	$(PY) -m course_utils.make_exercises
