@@ -1019,7 +1019,7 @@ def _trl_clamp(ctx):
     loss = trainer.compute_loss(model, {k: b[k] for k in ("input_ids", "attention_mask", "labels")})
     loss.backward()
     norm = float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]))
-    numbers = {"loss": float(loss), "grad norm": norm}
+    numbers = {"loss": float(loss.detach()), "grad norm": norm}
     return Result(
         "false" if float(loss) == 0.0 and norm == 0.0 else "true",
         numbers,
