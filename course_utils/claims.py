@@ -1021,7 +1021,7 @@ def _trl_clamp(ctx):
     norm = float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]))
     numbers = {"loss": float(loss.detach()), "grad norm": norm}
     return Result(
-        "false" if float(loss) == 0.0 and norm == 0.0 else "true",
+        "false" if numbers["loss"] == 0.0 and norm == 0.0 else "true",
         numbers,
         "TRL 1.16 divides by the target count clamped to 1: a silent 0.0 with zero gradients (the "
         "plain transformers Trainer gives NaN: claim 16)",
