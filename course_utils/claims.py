@@ -836,7 +836,7 @@ def _fmt_list(xs):
     "masked_labels_log_nan_step1",
     "All-`-100` labels make the logged loss NaN from step 1.",
     "05",
-    "transformers/trainer.py Trainer._inner_training_loop (nan_inf_filter) and _maybe_log_save_evaluate "
+    "transformers/trainer.py Trainer._run_epoch (logging_nan_inf_filter) and _maybe_log_save_evaluate "
     "(`tr_loss -= tr_loss`: NaN - NaN stays NaN)",
 )
 def _log_nan(ctx):
@@ -1033,7 +1033,8 @@ def _trl_clamp(ctx):
     "packing_needs_attention_mask",
     "Packed sequences without an attention mask attend across example boundaries.",
     "03",
-    "transformers/masking_utils.py (packed sequences inferred from position_ids when attention_mask is None)",
+    "transformers/masking_utils.py _preprocess_mask_arguments -> find_packed_sequence_indices "
+    "(only with no attention_mask and no cache)",
 )
 def _packing(ctx):
     model = ctx.model().eval()
