@@ -245,7 +245,8 @@ def _nan_for_good(ctx):
     return Result(
         "depends" if ok else "true",
         numbers,
-        "false for F.cross_entropy(ignore_index) (eager and compiled: gradients exactly 0); true "
+        "false for F.cross_entropy(ignore_index) (eager and torch.compile(backend='aot_eager'): "
+        "gradients exactly 0); true "
         "for a mask-multiplied mean (s/0 backward = NaN); AdamW lr 1e-3",
     )
 
