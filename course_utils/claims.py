@@ -91,6 +91,7 @@ class Context:
     """The shipped model a table is measured on; ``model()`` is a fresh copy each call."""
 
     model_name: str
+    seed: int = 0  # COURSE_SEED: data, LoRA init and Trainer seed move with it; verdicts must not
     _cache: dict = field(default_factory=dict)
 
     def _base(self):
@@ -109,7 +110,7 @@ class Context:
         return self._cache["base"]
 
     def model(self):
-        set_seed(0)
+        set_seed(self.seed)
         model = copy.deepcopy(self._base()[0])
         model.train()
         return model
@@ -122,7 +123,7 @@ class Context:
         key = ("examples", n, seed, tuple(sorted(kw.items())))
         if key not in self._cache:
             self._cache[key] = [
-                tokenize_chat(self.tokenizer, m) for m in make_messages("mixed", n, seed, **kw)
+                tokenize_chat(self.tokenizer, m) for m in make_messages("mixed", n, self.seed + seed, **kw)
             ]
         return self._cache[key]
 
@@ -279,7 +280,10 @@ def _bestfit_rows(examples, row_capacity: int, n_rows: int, buffer_size: int = 8
     "05",
 )
 def _packed_nan(ctx):
-    examples = ctx.examples(64, seed=1, context_words=20, long_tail=True)
+    from .quiet import captured_log
+
+    with captured_log("transformers"):  # "longer than the model's maximum": only tokenized, never run here
+        examples = ctx.examples(64, seed=1, context_words=20, long_tail=True)
     lengths = sorted(len(e["input_ids"]) for e in examples)
     row_capacity = lengths[len(lengths) * 3 // 4]  # a quarter of the conversations are longer than a row
     numbers = {
@@ -311,7 +315,7 @@ def _packed_nan(ctx):
 def _accum_runs(
     ctx, *, optimizer: str, lr_divided: float, lr_undivided: float, steps=3, k=4, max_grad_norm=None
 ):
-    batches = ctx.batches(batch_size=2)
+    batches = ctx.batches(batch_size=2, n=2 * k)  # the same K micro-batches every step: only the weights move
     out = []
     for divide, lr in ((True, lr_divided), (False, lr_undivided)):
         m = ctx.model()
@@ -389,14 +393,15 @@ def _clip_sets_update(ctx):
 )
 def _clip_every_step(ctx):
     k = 4
-    probe = train(ctx.model(), ctx.batches(batch_size=2), steps=3, accum_steps=k, lr=1e-4, progress=False)
+    probe = train(ctx.model(), ctx.batches(batch_size=2, n=2 * k), steps=3, accum_steps=k, lr=1e-5,
+                  progress=False)
     norms = [r["grad_norm"] for r in probe]  # the correct (divided) gradient norms of this run
     numbers = {"correct grad norm, min..max": (min(norms), max(norms))}
     # below every correct norm / above every correct norm but below every undivided (K x) one
     low, mid = min(1.0, min(norms) / 2), math.sqrt(max(norms) * k * min(norms))
     for name, t in (("threshold below the correct norm", low), ("threshold between norm and K x norm", mid)):
         (a, ra), (b, rb) = _accum_runs(
-            ctx, optimizer="adamw", lr_divided=1e-4, lr_undivided=1e-4, k=k, max_grad_norm=t
+            ctx, optimizer="adamw", lr_divided=1e-5, lr_undivided=1e-5, k=k, max_grad_norm=t
         )
         numbers[f"{name}: clip rate /K, no /K"] = (
             sum(r["clipped"] for r in ra) / len(ra),
@@ -410,7 +415,8 @@ def _clip_every_step(ctx):
     return Result(
         verdict,
         numbers,
-        "AdamW lr 1e-4, K=4, 3 steps: when the correct gradient norm already exceeds the threshold "
+        "AdamW lr 1e-5, K=4, the same 4 micro-batches for 3 steps: when the correct gradient norm "
+        "already exceeds the threshold "
         "both runs clip on 100 % of steps and end (nearly) identical; only a threshold between the "
         "correct and the undivided norm tells them apart",
     )
@@ -450,6 +456,9 @@ def _div_k_big_batch(ctx):
         return float((accumulated - full).norm() / full.norm())
 
     counts = [count_supervised(b["labels"]) for b in micro]
+    if len(set(counts)) == 1:  # a seed that happens to balance the counts: unbalance one micro-batch
+        micro[0] = _keep_first_targets(micro[0], counts[0] // 2)
+        counts[0] = counts[0] // 2
     unequal = compare(micro)
     equal = compare([_keep_first_targets(b, min(counts)) for b in micro])
     numbers = {
@@ -636,7 +645,7 @@ def _qlora(ctx, compute_dtype=torch.float32):
 
     from .model import load_course_model
 
-    set_seed(0)
+    set_seed(ctx.seed)
     quant = BitsAndBytesConfig(
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype
     )
@@ -817,7 +826,7 @@ def _trainer_run(ctx, nan_inf_filter: bool):
         save_strategy="no",
         use_cpu=True,
         disable_tqdm=True,
-        seed=0,
+        seed=ctx.seed,
         train_sampling_strategy="sequential",
         logging_nan_inf_filter=nan_inf_filter,
     )
@@ -1151,9 +1160,9 @@ def run_claim(c: Claim, ctx: Context) -> dict:
 
 def run_all(model_name: str | None = None, only: list[str] | None = None) -> list[dict]:
     """Every registered claim (or those whose key is in ``only``) measured on one shipped model."""
-    from .model import course_model_name
+    from .model import course_model_name, course_seed
 
-    ctx = Context(course_model_name(model_name))
+    ctx = Context(course_model_name(model_name), course_seed())
     chosen = [c for c in sorted(CLAIMS, key=lambda c: c.number) if only is None or c.key in only]
     return [run_claim(c, ctx) for c in chosen]
 
