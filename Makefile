@@ -4,6 +4,7 @@
 #                solution notebook under nbval, every exercise notebook run with its stubs
 #   make robustness  every solution notebook on both shipped models x COURSE_SEED 0,1,2 x 1,2 threads
 #                (12 configurations, ~15 min on 2 cores); writes ROBUSTNESS.md
+#   make claims  re-measure the myth-vs-measurement table on both models; writes CLAIMS.md
 # Choose the interpreter once, when .venv is created: `make lab PYTHON=python3.12` (3.11 and 3.12).
 # torch: the CPU build unless an NVIDIA GPU is found (scripts/install_torch.py); `TORCH=cuda` asks
 # for the default index's build, `TORCH=cpu` for the CPU one; a torch already in .venv is kept.
@@ -32,8 +33,8 @@ export TOKENIZERS_PARALLELISM := false
 # SFTTrainer run 10-30x slower (measured). Override with `make test OMP_NUM_THREADS=4`.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install lab test unit notebooks robustness robustness-ci exercises check-exercises model lint \
-	timings clean wheelhouse test-latest instructors
+.PHONY: install lab test unit notebooks robustness robustness-ci claims exercises check-exercises model \
+	lint timings clean wheelhouse test-latest instructors
 
 install: $(STAMP)
 
@@ -71,6 +72,9 @@ robustness: install  # the full matrix; a subset: make robustness ROBUSTNESS_ARG
 robustness-ci: install  # CI's reduced matrix: tiny-llama seed 0 1 thread; tiny-qwen seed 1 2 threads
 	$(PY) -m course_utils.robustness --configs ci --jobs $(JOBS)
 
+claims: install      # re-measure every claim on both shipped models; rewrites CLAIMS.md and CLAIMS.json
+	$(PY) -m course_utils.claims --models tiny-qwen tiny-llama
+
 exercises: install   # regenerate notebooks/ from solutions/
 	$(PY) -m course_utils.make_exercises
 
@@ -107,6 +111,7 @@ test-latest:
 	$(LATEST_VENV)/bin/python -m pip install --quiet -e .
 	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade $(LATEST_PKGS)
 	$(LATEST_VENV)/bin/python scripts/lesson_report.py
+	-$(LATEST_VENV)/bin/python -m course_utils.claims --no-write  # prints CHANGED: for each verdict that moved
 
 # INSTRUCTORS.md's table: every solution and exercise notebook run once, timed (files unchanged).
 instructors: install

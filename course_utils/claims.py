@@ -1,0 +1,1323 @@
+"""Myth vs measurement: the fine-tuning claims the course touches, each re-measured by code.
+
+Fine-tuning advice travels as claims ("one empty micro-batch makes everything NaN", "set the EOS in
+two places"); many hold only for some versions, some models, or not at all. Each entry of
+``CLAIMS`` is a short function that runs a small measurement (well under a second or two) on a
+shipped course model and returns a ``Result``: the verdict (``true`` / ``false`` / ``depends``),
+the numbers it measured, and the condition it holds under. ``CLAIMS.md`` (generated) is the table;
+``CLAIMS.json`` holds the committed verdicts per shipped model, and ``tests/test_claims.py`` fails
+naming the claim whose verdict moved — a library bump that changes behaviour must be noticed, then
+taught.
+
+    python -m course_utils.claims                 # the current COURSE_MODEL; rewrites CLAIMS.md/.json
+    python -m course_utils.claims --models tiny-qwen tiny-llama
+
+Only the core helpers are used (losses, train, data, model, quiet), so a lesson's rewrite cannot
+move a verdict; the lesson named in each row is where the mechanism is taught.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import io
+import json
+import logging
+import math
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .data import IGNORE_INDEX, collate_right, make_messages, tokenize_chat
+from .losses import count_supervised, mean_by_multiplication, mean_ignore_index, model_logits, params_finite
+from .train import logged, make_sft_trainer, set_seed, train
+
+VERDICTS = ("true", "false", "depends")
+ROOT = Path(__file__).resolve().parent.parent
+TABLE_MD = ROOT / "CLAIMS.md"
+TABLE_JSON = ROOT / "CLAIMS.json"
+SITE = "site-packages/"  # citations are paths inside the installed packages
+
+
+@dataclass
+class Result:
+    """What one claim's measurement found: ``verdict``, the ``numbers`` behind it, the ``condition``."""
+
+    verdict: str
+    numbers: dict
+    condition: str
+
+
+@dataclass
+class Claim:
+    """One row of the table: the claim as people repeat it, where the course teaches it, and how to
+    measure it (``measure(ctx) -> Result``)."""
+
+    number: int
+    key: str
+    text: str
+    lesson: str
+    measure: Callable
+    source: str = ""  # the library file + function the verdict comes from, when it is the library's
+
+
+CLAIMS: list[Claim] = []
+
+
+def claim(number: int, key: str, text: str, lesson: str, source: str = ""):
+    """Register ``fn`` as claim ``number`` (a decorator)."""
+
+    def register(fn):
+        CLAIMS.append(Claim(number, key, text, lesson, fn, source))
+        return fn
+
+    return register
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared, cached inputs: one model load and one set of batches per model per process
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    """The shipped model a table is measured on; ``model()`` is a fresh copy each call."""
+
+    model_name: str
+    seed: int = 0  # COURSE_SEED: data, LoRA init and Trainer seed move with it; verdicts must not
+    _cache: dict = field(default_factory=dict)
+
+    def _base(self):
+        if "base" not in self._cache:
+            from transformers.utils import logging as hf_logging
+
+            from .model import load_course_model
+
+            bars = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()  # "Loading weights" bar: not the table's business
+            try:
+                self._cache["base"] = load_course_model(self.model_name)
+            finally:
+                if bars:
+                    hf_logging.enable_progress_bar()
+        return self._cache["base"]
+
+    def model(self):
+        set_seed(self.seed)
+        model = copy.deepcopy(self._base()[0])
+        model.train()
+        return model
+
+    @property
+    def tokenizer(self):
+        return self._base()[1]
+
+    def examples(self, n: int = 16, seed: int = 0, **kw) -> list[dict]:
+        key = ("examples", n, seed, tuple(sorted(kw.items())))
+        if key not in self._cache:
+            self._cache[key] = [
+                tokenize_chat(self.tokenizer, m) for m in make_messages("mixed", n, self.seed + seed, **kw)
+            ]
+        return self._cache[key]
+
+    def batches(self, batch_size: int = 4, n: int = 16) -> list[dict]:
+        ex = self.examples(n)
+        return [
+            collate_right(ex[i : i + batch_size], self.tokenizer.pad_token_id)
+            for i in range(0, n, batch_size)
+        ]
+
+    def once(self, key: str, fn: Callable):
+        """``fn()`` computed once per context: two claims read the same Trainer run."""
+        if key not in self._cache:
+            self._cache[key] = fn()
+        return self._cache[key]
+
+
+def all_masked(batch: dict) -> dict:
+    """The same batch with every label ``-100``: what truncation or a clogged packer produces."""
+    return {**batch, "labels": torch.full_like(batch["labels"], IGNORE_INDEX)}
+
+
+def _grads(model) -> list[torch.Tensor]:
+    return [
+        p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()
+    ]
+
+
+def _grad_of(model, loss_fn, batch) -> torch.Tensor:
+    """The flat gradient of ``loss_fn(logits, labels)`` on ``batch`` (and the model's grads cleared)."""
+    model.zero_grad(set_to_none=True)
+    loss_fn(model_logits(model, batch), batch["labels"]).backward()
+    flat = torch.cat([g.flatten() for g in _grads(model)])
+    model.zero_grad(set_to_none=True)
+    return flat
+
+
+def _flat(model) -> torch.Tensor:
+    return torch.cat([p.detach().flatten().float() for p in model.parameters()])
+
+
+def _distance(a, b) -> float:
+    return float((_flat(a) - _flat(b)).norm())
+
+
+def _error(fn) -> str:
+    """``"TypeError: first words…"`` when ``fn()`` raises, else ``"ok"``."""
+    try:
+        fn()
+    except Exception as exc:  # the claim is about which error, so every error is an answer
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:90]}"
+    return "ok"
+
+
+def _both(a: bool, b: bool, *, when_a: str = "true", otherwise: str = "false") -> str:
+    return when_a if a and b else otherwise
+
+
+# ---------------------------------------------------------------------------------------------
+# The claims (lesson numbers: 00 tour, 01 accumulation/clipping, 02 EOS, 03 padding/packing,
+# 04 chat templates, 05 truncation/NaN, 06 NaN detective, 07 token-weighted loss)
+# ---------------------------------------------------------------------------------------------
+
+
+@claim(
+    1,
+    "all_ignored_mean_is_nan",
+    "Mean cross-entropy over a batch whose targets are all ignored is NaN.",
+    "05",
+    "torch.nn.functional.cross_entropy",
+)
+def _all_ignored_nan(ctx):
+    model, batch = ctx.model(), all_masked(ctx.batches()[0])
+    with torch.no_grad():
+        logits = model_logits(model, batch)
+    loss = float(mean_ignore_index(logits, batch["labels"]))
+    # nanochat marks ignored targets -1; torch's default ignore_index is -100
+    mismatched = {**batch, "labels": torch.full_like(batch["labels"], -1)}
+    err = _error(lambda: F.cross_entropy(logits[:, :-1].flatten(0, 1), mismatched["labels"][:, 1:].flatten()))
+    verdict = "true" if math.isnan(loss) and err.startswith("IndexError") else "false"
+    return Result(
+        verdict,
+        {"loss": loss, "labels -1 with default ignore_index": err},
+        "F.cross_entropy(reduction='mean') with the matching ignore_index; a mismatched ignore "
+        "value is an IndexError instead",
+    )
+
+
+@claim(
+    2,
+    "one_empty_batch_nan_for_good",
+    "One micro-batch with no target makes gradients and weights NaN for good.",
+    "05",
+    "torch.nn.functional.cross_entropy backward (ignored positions get exact zeros)",
+)
+def _nan_for_good(ctx):
+    healthy, empty = ctx.batches()[0], all_masked(ctx.batches()[1])
+    numbers = {}
+    model = ctx.model()
+    g = _grad_of(model, mean_ignore_index, empty)
+    numbers["ignore_index: max |grad|"] = float(g.abs().max())
+    compiled = torch.compile(mean_ignore_index, backend="aot_eager")  # AOT autograd, no C++ build
+    numbers["ignore_index compiled (aot_eager): max |grad|"] = float(
+        _grad_of(model, compiled, empty).abs().max()
+    )
+    g = _grad_of(model, mean_by_multiplication, empty)
+    numbers["multiplication: NaN grad entries %"] = 100 * float(g.isnan().float().mean())
+    runs = {}
+    for name, fn in (("ignore_index", mean_ignore_index), ("multiplication", mean_by_multiplication)):
+        m = ctx.model()
+        rec = train(m, [empty, healthy, healthy], steps=3, lr=1e-3, loss_fn=fn, progress=False)
+        runs[name] = rec[-1]["weights_finite"]
+        numbers[f"{name}: weights finite after 2 healthy steps"] = runs[name]
+    ok = (
+        numbers["ignore_index: max |grad|"] == 0
+        and numbers["ignore_index compiled (aot_eager): max |grad|"] == 0
+        and runs["ignore_index"]
+        and not runs["multiplication"]
+    )
+    return Result(
+        "depends" if ok else "true",
+        numbers,
+        "false for F.cross_entropy(ignore_index) (eager and torch.compile(backend='aot_eager'): "
+        "gradients exactly 0); true "
+        "for a mask-multiplied mean (s/0 backward = NaN); AdamW lr 1e-3",
+    )
+
+
+def _bestfit_rows(examples, row_capacity: int, n_rows: int, buffer_size: int = 8):
+    """nanochat-style best-fit packing, reduced to what the claim needs: the stream of rows it emits
+    and how many conversations it had consumed. Nothing is cropped, so a conversation longer than a
+    row never fits and stays in the buffer; once the buffer holds only such ones, it is clogged."""
+    buffer, cursor, rows = [], 0, []
+    for _ in range(n_rows):
+        while len(buffer) < buffer_size:  # refills only when something left: a clogged buffer never does
+            buffer.append(examples[cursor % len(examples)])
+            cursor += 1
+        used, targets = 0, 0
+        while True:
+            fitting = [i for i, e in enumerate(buffer) if len(e["input_ids"]) <= row_capacity - used]
+            if not fitting:
+                break
+            e = buffer.pop(max(fitting, key=lambda i: len(buffer[i]["input_ids"])))
+            used += len(e["input_ids"])
+            targets += sum(label != IGNORE_INDEX for label in e["labels"][1:])
+        rows.append((targets, cursor - len(buffer)))
+    return rows
+
+
+@claim(
+    3,
+    "packed_nan_small_batch",
+    'NaN "from step 1" in a packed SFT run is caused by a small device batch size.',
+    "05",
+)
+def _packed_nan(ctx):
+    from .quiet import captured_log
+
+    with captured_log("transformers"):  # "longer than the model's maximum": only tokenized, never run here
+        examples = ctx.examples(64, seed=1, context_words=20, long_tail=True)
+    lengths = sorted(len(e["input_ids"]) for e in examples)
+    row_capacity = lengths[len(lengths) * 3 // 4]  # a quarter of the conversations are longer than a row
+    numbers = {
+        "row capacity": row_capacity,
+        "longer than a row %": 100 * sum(n > row_capacity for n in lengths) / len(lengths),
+    }
+    rows = _bestfit_rows(examples, row_capacity, n_rows=64)
+    clog_row = next(
+        (i for i, (t, _) in enumerate(rows) if t == 0 and all(t2 == 0 for t2, _ in rows[i:])), None
+    )
+    first_empty_step = {}
+    for batch_size in (1, 2, 8):
+        steps = [rows[i : i + batch_size] for i in range(0, len(rows), batch_size)]
+        first_empty_step[batch_size] = next(
+            (s + 1 for s, b in enumerate(steps) if all(t == 0 for t, _ in b)), None
+        )
+        numbers[f"batch size {batch_size}: first step with no target"] = first_empty_step[batch_size]
+    numbers["conversations consumed when clogged"] = None if clog_row is None else rows[clog_row][1]
+    clogged = clog_row is not None and all(v is not None for v in first_empty_step.values())
+    return Result(
+        "false" if clogged else "depends",
+        numbers,
+        "best-fit packer without cropping (nanochat's SFT loader), buffer 8, long-tailed prompts: "
+        "the buffer clogs after the same conversation for every batch size; every later step has "
+        "no target",
+    )
+
+
+def _accum_runs(
+    ctx, *, optimizer: str, lr_divided: float, lr_undivided: float, steps=3, k=4, max_grad_norm=None
+):
+    batches = ctx.batches(batch_size=2, n=2 * k)  # the same K micro-batches every step: only the weights move
+    out = []
+    for divide, lr in ((True, lr_divided), (False, lr_undivided)):
+        m = ctx.model()
+        rec = train(
+            m,
+            batches,
+            steps=steps,
+            accum_steps=k,
+            lr=lr,
+            optimizer=optimizer,
+            divide_by_accum=divide,
+            max_grad_norm=max_grad_norm,
+            progress=False,
+        )
+        out.append((m, rec))
+    return out
+
+
+@claim(
+    4,
+    "missing_div_k_is_k_lr",
+    "Forgetting `loss / K` under gradient accumulation equals a K-times learning rate.",
+    "01",
+)
+def _k_lr(ctx):
+    k, lr, base = 4, 1e-2, ctx.model()
+    (a, _), (b, _) = _accum_runs(ctx, optimizer="sgd", lr_divided=k * lr, lr_undivided=lr, k=k)
+    sgd_rel = _distance(a, b) / _distance(a, base)
+    (a, _), (b, _) = _accum_runs(ctx, optimizer="adamw", lr_divided=k * 1e-3, lr_undivided=1e-3, k=k)
+    adam_rel = _distance(a, b) / _distance(a, base)
+    numbers = {"SGD: distance / update": sgd_rel, "AdamW: distance / update": adam_rel, "K": k}
+    verdict = "depends" if sgd_rel < 1e-4 and adam_rel > 0.3 else "true" if adam_rel < 1e-4 else "false"
+    return Result(
+        verdict,
+        numbers,
+        "true for SGD (identical weights), false for AdamW (Adam divides the "
+        "gradient's scale away; a K-times lr moves the weights about K times as far); 3 steps, K=4",
+    )
+
+
+@claim(
+    5,
+    "clip_threshold_sets_update",
+    "Under gradient clipping the update size is set by the threshold, not by the learning rate.",
+    "01",
+)
+def _clip_sets_update(ctx):
+    batches, base = ctx.batches(batch_size=4), ctx.model()
+    moved, rates = {}, {}
+    for lr in (1e-3, 2.5e-4):
+        m = ctx.model()
+        rec = train(m, batches, steps=4, lr=lr, max_grad_norm=1e-3, progress=False)  # clips on every step
+        moved[lr], rates[lr] = _distance(m, base), sum(r["clipped"] for r in rec) / len(rec)
+    ratio = moved[1e-3] / moved[2.5e-4]
+    numbers = {
+        "moved at lr": moved[1e-3],
+        "moved at lr/4": moved[2.5e-4],
+        "ratio": ratio,
+        "clip rate": min(rates.values()),
+    }
+    verdict = "false" if min(rates.values()) == 1 and ratio > 2 else "true"
+    return Result(
+        verdict,
+        numbers,
+        "AdamW, max_grad_norm far below the gradient norm (clips 100 %), 4 steps: "
+        "the distance moved scales with the learning rate",
+    )
+
+
+@claim(
+    6,
+    "missing_div_k_clips_every_step",
+    "With `max_grad_norm=1.0` a missing `/K` shows as a clip that fires on every step.",
+    "01",
+)
+def _clip_every_step(ctx):
+    k = 4
+    probe = train(ctx.model(), ctx.batches(batch_size=2, n=2 * k), steps=3, accum_steps=k, lr=1e-5,
+                  progress=False)
+    norms = [r["grad_norm"] for r in probe]  # the correct (divided) gradient norms of this run
+    numbers = {"correct grad norm, min..max": (min(norms), max(norms))}
+    # below every correct norm / above every correct norm but below every undivided (K x) one
+    low, mid = min(1.0, min(norms) / 2), math.sqrt(max(norms) * k * min(norms))
+    for name, t in (("threshold below the correct norm", low), ("threshold between norm and K x norm", mid)):
+        (a, ra), (b, rb) = _accum_runs(
+            ctx, optimizer="adamw", lr_divided=1e-5, lr_undivided=1e-5, k=k, max_grad_norm=t
+        )
+        numbers[f"{name}: clip rate /K, no /K"] = (
+            sum(r["clipped"] for r in ra) / len(ra),
+            sum(r["clipped"] for r in rb) / len(rb),
+        )
+        numbers[f"{name}: weight distance"] = _distance(a, b)
+    low_rates = numbers["threshold below the correct norm: clip rate /K, no /K"]
+    mid_rates = numbers["threshold between norm and K x norm: clip rate /K, no /K"]
+    # "depends" needs a threshold that separates the two runs: only possible when max/min < K
+    verdict = "depends" if low_rates == (1.0, 1.0) and mid_rates == (0.0, 1.0) else "true"
+    return Result(
+        verdict,
+        numbers,
+        "AdamW lr 1e-5, K=4, the same 4 micro-batches for 3 steps: when the correct gradient norm "
+        "already exceeds the threshold "
+        "both runs clip on 100 % of steps and end (nearly) identical; only a threshold between the "
+        "correct and the undivided norm tells them apart",
+    )
+
+
+def _keep_first_targets(batch: dict, m: int) -> dict:
+    """The batch with only its first ``m`` targets kept (in reading order), the rest -100."""
+    labels = batch["labels"].clone()
+    flat = labels[:, 1:].flatten()
+    idx = (flat != IGNORE_INDEX).nonzero().flatten()[m:]
+    flat[idx] = IGNORE_INDEX
+    labels[:, 1:] = flat.view(labels.shape[0], -1)
+    return {**batch, "labels": labels}
+
+
+@claim(
+    7,
+    "div_k_equals_big_batch",
+    "Dividing each micro-batch's mean loss by K makes accumulation equal one big batch.",
+    "07",
+)
+def _div_k_big_batch(ctx):
+    model, micro = ctx.model(), ctx.batches(batch_size=2, n=8)
+
+    def compare(batches):
+        accumulated = sum(_grad_of(model, mean_ignore_index, b) for b in batches) / len(batches)
+        width = max(b["input_ids"].shape[1] for b in batches)
+        big = {
+            k: torch.cat([F.pad(b[k], (0, width - b[k].shape[1]), value=v) for b in batches])
+            for k, v in (
+                ("input_ids", ctx.tokenizer.pad_token_id),
+                ("attention_mask", 0),
+                ("labels", IGNORE_INDEX),
+            )
+        }
+        full = _grad_of(model, mean_ignore_index, big)  # token-weighted mean over the whole step
+        return float((accumulated - full).norm() / full.norm())
+
+    counts = [count_supervised(b["labels"]) for b in micro]
+    if len(set(counts)) == 1:  # a seed that happens to balance the counts: unbalance one micro-batch
+        micro[0] = _keep_first_targets(micro[0], counts[0] // 2)
+        counts[0] = counts[0] // 2
+    unequal = compare(micro)
+    equal = compare([_keep_first_targets(b, min(counts)) for b in micro])
+    numbers = {
+        "targets per micro-batch": counts,
+        "relative gradient difference, these counts": unequal,
+        "same with equal counts": equal,
+    }
+    verdict = "depends" if unequal > 1e-3 and equal < 1e-4 else "true" if unequal < 1e-4 else "false"
+    return Result(
+        verdict,
+        numbers,
+        "only when every micro-batch has the same number of target tokens; "
+        "otherwise token-weight by the step's total (lesson 07), as transformers >= 4.46 does",
+    )
+
+
+@claim(
+    8,
+    "eos_in_config_and_generate",
+    "The end-of-turn token must be set both in `SFTConfig(eos_token=...)` and in `generate()`.",
+    "02",
+    "trl/trainer/sft_trainer.py SFTTrainer.__init__ (eos_token -> generation_config.eos_token_id)",
+)
+def _eos_both(ctx):
+    from datasets import Dataset
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    tok = ctx.tokenizer
+    end_id = tok.convert_tokens_to_ids("<|im_end|>")
+
+    class ForceEndAt(LogitsProcessor):  # the "model" says <|im_end|> as its 3rd new token
+        def __init__(self, start):
+            self.start = start
+
+        def __call__(self, input_ids, scores):
+            if input_ids.shape[1] - self.start == 2:
+                scores[:] = -float("inf")
+                scores[:, end_id] = 0
+            return scores
+
+    prompt = tok.apply_chat_template(
+        make_messages("add", 1)[0][:1], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+
+    def new_tokens(model):
+        start = prompt["input_ids"].shape[1]
+        with torch.no_grad():
+            out = model.generate(
+                **prompt,
+                max_new_tokens=12,
+                do_sample=False,
+                logits_processor=LogitsProcessorList([ForceEndAt(start)]),
+                pad_token_id=tok.pad_token_id,
+            )
+        return out.shape[1] - start
+
+    model = ctx.model()
+    model.eval()
+    before = new_tokens(model)
+    eos_before = model.generation_config.eos_token_id
+    tok_copy = copy.deepcopy(tok)
+    trainer = make_sft_trainer(
+        model,
+        tok_copy,
+        Dataset.from_dict({"messages": make_messages("add", 8)}),
+        eos_token="<|im_end|>",
+        max_steps=1,
+        progress=False,
+    )
+    after = new_tokens(trainer.model.eval())
+    numbers = {
+        "generation_config eos before": eos_before,
+        "after SFTConfig(eos_token='<|im_end|>')": trainer.model.generation_config.eos_token_id,
+        "new tokens, generate() without eos: before": before,
+        "after": after,
+    }
+    ids = trainer.model.generation_config.eos_token_id
+    wrote = end_id in (ids if isinstance(ids, list) else [ids])
+    return Result(
+        "false" if wrote and after == 3 and before == 12 else "true",
+        numbers,
+        "TRL 1.16: SFTTrainer writes eos_token into the generation config, so a plain generate() "
+        "then stops at <|im_end|>; a <|im_end|> forced as the 3rd token",
+    )
+
+
+@claim(
+    9,
+    "right_pad_no_mask_harmless",
+    "Right padding without an attention mask is harmless for a training forward.",
+    "03",
+)
+def _right_pad(ctx):
+    model, tok = ctx.model().eval(), ctx.tokenizer
+    ids = torch.tensor([ctx.examples()[0]["input_ids"]])
+    pad = torch.full((1, 6), tok.pad_token_id)
+    with torch.no_grad():
+        alone = model(input_ids=ids).logits
+        right = model(input_ids=torch.cat([ids, pad], 1)).logits[:, : ids.shape[1]]
+        left = model(input_ids=torch.cat([pad, ids], 1)).logits[:, pad.shape[1] :]
+        left_mask = torch.cat([torch.zeros_like(pad), torch.ones_like(ids)], 1)
+        left_masked = model(input_ids=torch.cat([pad, ids], 1), attention_mask=left_mask).logits[
+            :, pad.shape[1] :
+        ]
+    numbers = {
+        "right pad, no mask: max |dlogit|": float((right - alone).abs().max()),
+        "left pad, no mask": float((left - alone).abs().max()),
+        "left pad with mask": float((left_masked - alone).abs().max()),
+    }
+    harmless = numbers["right pad, no mask: max |dlogit|"] < 1e-4 and numbers["left pad, no mask"] > 1e-2
+    return Result(
+        "true" if harmless else "false",
+        numbers,
+        "causal attention: real tokens never see pads on their right (labels of pads must still be "
+        "-100); left padding without a mask is not harmless",
+    )
+
+
+def _collate_hf(collator, examples):
+    feats = [
+        {"input_ids": e["input_ids"], "attention_mask": e["attention_mask"], "labels": e["labels"]}
+        for e in examples
+    ]
+    return collator(feats)
+
+
+@claim(
+    10,
+    "lm_collator_fixes_masked_labels",
+    "`DataCollatorForLanguageModeling` fixes all-`-100` labels.",
+    "05",
+    "transformers/data/data_collator.py DataCollatorForLanguageModeling.torch_call",
+)
+def _lm_collator(ctx):
+    from transformers import DataCollatorForLanguageModeling
+
+    ex = ctx.examples()[0]
+    masked = {**ex, "labels": [IGNORE_INDEX] * len(ex["labels"])}
+    out = _collate_hf(DataCollatorForLanguageModeling(ctx.tokenizer, mlm=False), [ex, masked])
+    numbers = {
+        "normal example: targets before": count_supervised(torch.tensor([ex["labels"]])),
+        "after": count_supervised(out["labels"][:1]),
+        "all-masked example: after": count_supervised(out["labels"][1:]),
+        "tokens in the example": len(ex["input_ids"]),
+    }
+    discards = (
+        numbers["after"] > numbers["normal example: targets before"]
+        and numbers["all-masked example: after"] > 0
+    )
+    return Result(
+        "false" if discards else "true",
+        numbers,
+        "mlm=False rebuilds labels from input_ids: the prompt (and the template's system text) "
+        "carries loss again; the all-masked row 'trains' only by discarding the labels",
+    )
+
+
+@claim(
+    11,
+    "seq2seq_collator_fixes_masked_labels",
+    "`DataCollatorForSeq2Seq` fixes all-`-100` labels.",
+    "05",
+    "transformers/data/data_collator.py DataCollatorForSeq2Seq.__call__",
+)
+def _seq2seq_collator(ctx):
+    from transformers import DataCollatorForSeq2Seq
+
+    ex = ctx.examples()[0]
+    masked = {**ex, "labels": [IGNORE_INDEX] * len(ex["labels"])}
+    out = dict(_collate_hf(DataCollatorForSeq2Seq(ctx.tokenizer, return_tensors="pt"), [masked]))
+    with torch.no_grad():
+        loss = float(mean_ignore_index(model_logits(ctx.model(), out), out["labels"]))
+    numbers = {"targets after collation": count_supervised(out["labels"]), "loss": loss}
+    return Result(
+        "false" if numbers["targets after collation"] == 0 and math.isnan(loss) else "true",
+        numbers,
+        "it pads the labels it is given with -100 and keeps them: nothing to learn, loss NaN",
+    )
+
+
+def _qlora(ctx, compute_dtype=torch.float32):
+    from transformers import BitsAndBytesConfig
+    from transformers.utils import logging as hf_logging
+
+    from .model import load_course_model
+
+    set_seed(ctx.seed)
+    quant = BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype
+    )
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with ctx_quiet():
+            model, _ = load_course_model(ctx.model_name, quantization_config=quant)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    return model
+
+
+@contextlib.contextmanager
+def ctx_quiet():
+    """bitsandbytes prints a kernel fallback notice and peft a FutureWarning: not the claim's news."""
+    with (
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("ignore")
+        yield
+
+
+@claim(12, "qlora_lr_1e3_nan", "A learning rate of 1e-3 or more almost guarantees NaN in a QLoRA run.", "06")
+def _qlora_lr(ctx):
+    from peft import LoraConfig, get_peft_model
+
+    batches = ctx.batches(batch_size=4)
+    numbers, finite_at = {}, {}
+    for dtype_name, dtype in (("fp32", torch.float32), ("fp16", torch.float16)):
+        base = ctx.once(f"qlora_{dtype_name}", functools.partial(_qlora, ctx, dtype))
+        breaks = None
+        for lr in (1e-3, 1e-2, 1e-1, 1.0, 10.0):
+            with ctx_quiet():
+                m = get_peft_model(
+                    copy.deepcopy(base),
+                    LoraConfig(
+                        r=8,
+                        lora_alpha=16,
+                        lora_dropout=0.0,
+                        target_modules="all-linear",
+                        task_type="CAUSAL_LM",
+                    ),
+                )
+            rec = train(m, batches, steps=4, lr=lr, progress=False)
+            ok = all(math.isfinite(r["loss"]) for r in rec) and params_finite(m, trainable_only=True)
+            finite_at[(dtype_name, lr)] = ok
+            if not ok:
+                breaks = lr
+                break
+        numbers[f"{dtype_name} compute: finite at 1e-3, 1e-2"] = (
+            finite_at[(dtype_name, 1e-3)],
+            finite_at.get((dtype_name, 1e-2)),
+        )
+        numbers[f"{dtype_name}: first lr with NaN (of 1e-3..10)"] = breaks
+    verdict = (
+        "false" if all(finite_at.get((d, lr)) for d in ("fp32", "fp16") for lr in (1e-3, 1e-2)) else "true"
+    )
+    return Result(
+        verdict,
+        numbers,
+        "nf4 QLoRA (bitsandbytes CPU), LoRA r=8 on every linear layer, AdamW, "
+        "4 steps of batch 4; lr 1e-3 and 1e-2 stay finite in fp32 and fp16 compute",
+    )
+
+
+@claim(13, "fp16_overflows_65504", "`fp16` overflows at 65,504.", "06")
+def _fp16_max(ctx):
+    values = {v: float(torch.tensor(v).half()) for v in (65504.0, 65519.0, 65520.0)}
+    numbers = {f"{v:,.0f} in fp16": values[v] for v in values} | {
+        "finfo(float16).max": torch.finfo(torch.float16).max
+    }
+    ok = values[65519.0] == 65504.0 and math.isinf(values[65520.0])
+    return Result(
+        "true" if ok else "false",
+        numbers,
+        "round to nearest: 65,519 rounds down to 65,504, 65,520 and above become inf",
+    )
+
+
+@claim(
+    14,
+    "checkpointing_reduces_fp16_overflow",
+    "Gradient checkpointing reduces fp16 overflow.",
+    "06",
+    "transformers/modeling_utils.py PreTrainedModel.activation_checkpointing_enable",
+)
+def _checkpointing(ctx):
+    batch = ctx.batches()[0]
+    out = {}
+    for scale in (1.0, 1e4):  # 1e4: the output layer scaled until logits pass fp16's 65,504
+        for ckpt in (False, True):
+            m = ctx.model().half()
+            m.config.use_cache = False  # a cache is meaningless here, and checkpointing would warn about it
+            with torch.no_grad():
+                m.get_output_embeddings().weight.mul_(scale)  # tied models scale the input too
+            if ckpt:
+                m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            loss = mean_ignore_index(model_logits(m, batch), batch["labels"])
+            loss.backward()
+            out[scale, ckpt] = (float(loss.detach()), torch.cat([g.flatten().float() for g in _grads(m)]))
+    numbers, same = {}, True
+    for scale, arm in ((1.0, "healthy"), (1e4, "overflowing")):
+        (loss0, g0), (loss1, g1) = out[scale, False], out[scale, True]
+        bad0, bad1 = int((~g0.isfinite()).sum()), int((~g1.isfinite()).sum())
+        diff = float((g0 - g1).nan_to_num(0, 0, 0).abs().max())
+        numbers[f"{arm}: fp16 loss without / with"] = (loss0, loss1)
+        numbers[f"{arm}: non-finite grads without / with"] = (bad0, bad1)
+        numbers[f"{arm}: max |dgrad|"] = diff
+        same &= (loss0 == loss1 or (math.isnan(loss0) and math.isnan(loss1))) and bad0 == bad1 and diff == 0
+    return Result(
+        "false" if same else "true",
+        numbers,
+        "fp16 weights, one forward+backward, healthy and with "
+        "lm_head scaled 1e4: checkpointing recomputes the same activations in the same dtype, so "
+        "the same values overflow; it saves memory, not range",
+    )
+
+
+@claim(
+    15,
+    "bnb_unknown_kwarg_reported",
+    "An unknown keyword in a quantisation config is reported.",
+    "06",
+    "transformers/utils/quantization_config.py BitsAndBytesConfig.__init__ (logger.info 'Unused kwargs')",
+)
+def _bnb_kwarg(ctx):
+    from transformers import BitsAndBytesConfig
+
+    from .quiet import captured_log
+
+    name = "transformers.utils.quantization_config"
+    with captured_log(name, level=logging.WARNING) as warned:
+        cfg = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_type=torch.float16)  # misspelt: _dtype
+    with captured_log(name, level=logging.INFO) as info:
+        BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_type=torch.float16)
+    numbers = {
+        "warnings": len(warned),
+        "INFO messages": len(info),
+        "compute dtype it holds": str(cfg.bnb_4bit_compute_dtype),
+    }
+    silent = not warned and info and cfg.bnb_4bit_compute_dtype != torch.float16
+    return Result(
+        "false" if silent else "true",
+        numbers,
+        "a misspelt BitsAndBytesConfig field "
+        "(bnb_4bit_compute_type) raises nothing and warns nothing: one INFO line, hidden at the "
+        "default verbosity; print the config to see what it holds",
+    )
+
+
+def _trainer_run(ctx, nan_inf_filter: bool):
+    """A plain transformers Trainer, step 1 fully masked, steps 2-4 healthy.
+
+    Returns the logged losses, the logged grad norms and whether the weights ended finite."""
+    from transformers import Trainer, TrainingArguments
+
+    from .quiet import quiet_libraries
+
+    batches = ctx.batches(batch_size=4)
+    rows = []
+    for b in [all_masked(batches[0])] + batches[1:4]:
+        rows += [
+            {k: b[k][r] for k in ("input_ids", "attention_mask", "labels")}
+            for r in range(b["input_ids"].shape[0])
+        ]
+    model = ctx.model()
+    args = TrainingArguments(
+        output_dir=tempfile.mkdtemp(prefix="claims-"),
+        report_to="none",
+        max_steps=4,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=ctx.seed,
+        train_sampling_strategy="sequential",
+        logging_nan_inf_filter=nan_inf_filter,
+    )
+    collate = lambda feats: {k: torch.stack([f[k] for f in feats]) for k in feats[0]}  # noqa: E731
+    with quiet_libraries(capture_output=True):
+        trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=collate)
+        trainer.train()
+    return logged(trainer, "loss"), logged(trainer, "grad_norm"), params_finite(model)
+
+
+def _fmt_list(xs):
+    return [round(x, 3) if math.isfinite(x) else x for x in xs]
+
+
+@claim(
+    16,
+    "masked_labels_log_nan_step1",
+    "All-`-100` labels make the logged loss NaN from step 1.",
+    "05",
+    "transformers/trainer.py Trainer._run_epoch (logging_nan_inf_filter) and _maybe_log_save_evaluate "
+    "(`tr_loss -= tr_loss`: NaN - NaN stays NaN)",
+)
+def _log_nan(ctx):
+    default = ctx.once("trainer_filter", lambda: _trainer_run(ctx, True))
+    unfiltered = ctx.once("trainer_nofilter", lambda: _trainer_run(ctx, False))
+    numbers = {
+        "default: logged loss": _fmt_list(default[0]),
+        "default: grad_norm": _fmt_list(default[1]),
+        "logging_nan_inf_filter=False: logged loss": _fmt_list(unfiltered[0]),
+    }
+    ok = (
+        default[0][0] == 0.0
+        and default[1][0] == 0.0
+        and all(map(math.isfinite, default[0]))
+        and all(math.isnan(x) for x in unfiltered[0])
+    )
+    return Result(
+        "depends" if ok else "true",
+        numbers,
+        "plain transformers Trainer, step 1 all -100, steps 2-4 healthy: false with the defaults "
+        "(logged 0.0, grad_norm 0.0); with logging_nan_inf_filter=False NaN from step 1 and on every "
+        "later healthy step, because the loss accumulator is reset by subtraction",
+    )
+
+
+@claim(17, "nan_loss_means_nan_weights", "A NaN loss means the weights are NaN.", "06")
+def _nan_weights(ctx):
+    losses, norms, finite = ctx.once("trainer_nofilter", lambda: _trainer_run(ctx, False))
+    numbers = {"logged losses": _fmt_list(losses), "weights finite": finite}
+    return Result(
+        "false" if math.isnan(losses[-1]) and finite else "true",
+        numbers,
+        "masked-label NaN (the loss 0/0 of an empty micro-batch, logged without the filter); a NaN "
+        "from overflow or a multiplied mask does reach the weights (claim 2)",
+    )
+
+
+@claim(18, "grad_norm_spikes_before_nan", "`grad_norm` spikes before a NaN.", "06")
+def _grad_spike(ctx):
+    losses, norms, _ = ctx.once("trainer_nofilter", lambda: _trainer_run(ctx, False))
+    first = next(i for i, x in enumerate(losses) if math.isnan(x))
+    numbers = {"grad_norm per step": _fmt_list(norms), "first NaN step": first + 1}
+    return Result(
+        "false" if norms[first] == 0.0 else "true",
+        numbers,
+        "masked-label NaN: the step with no target has grad_norm exactly 0, the lowest of the run",
+    )
+
+
+@claim(
+    19,
+    "nan_check_trainer_subclass_works",
+    'The widely copied "NaN-check Trainer" subclass (override `training_step(model, inputs)`) works.',
+    "06",
+    "transformers/trainer.py Trainer.__init__ (no `tokenizer=`), Trainer.training_step(model, "
+    "inputs, num_items_in_batch)",
+)
+def _nan_check_trainer(ctx):
+    from transformers import Trainer, TrainingArguments
+
+    from .quiet import quiet_libraries
+
+    class NaNCheckTrainer(Trainer):  # as copied from forum answers written for transformers 4.x
+        def training_step(self, model, inputs):
+            loss = super().training_step(model, inputs)
+            if torch.isnan(loss):
+                raise RuntimeError("NaN loss")
+            return loss
+
+    args = TrainingArguments(
+        output_dir=tempfile.mkdtemp(prefix="claims-"),
+        report_to="none",
+        max_steps=1,
+        per_device_train_batch_size=4,
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    b = ctx.batches(batch_size=4)[0]
+    rows = [{k: b[k][r] for k in ("input_ids", "attention_mask", "labels")} for r in range(4)]
+    collate = lambda feats: {k: torch.stack([f[k] for f in feats]) for k in feats[0]}  # noqa: E731
+    numbers = {}
+    with quiet_libraries(capture_output=True):
+        numbers["1. tokenizer="] = _error(
+            lambda: NaNCheckTrainer(model=ctx.model(), args=args, tokenizer=ctx.tokenizer)
+        )
+        quantised = ctx.once("qlora_fp32", lambda: _qlora(ctx))
+        numbers["2. a 4-bit model without adapters"] = _error(
+            lambda: NaNCheckTrainer(model=quantised, args=args, processing_class=ctx.tokenizer)
+        )
+        numbers["3. training_step(model, inputs)"] = _error(
+            lambda: NaNCheckTrainer(
+                model=ctx.model(),
+                args=args,
+                processing_class=ctx.tokenizer,
+                train_dataset=rows,
+                data_collator=collate,
+            ).train()
+        )
+    broken = all(v != "ok" for v in numbers.values())
+    return Result(
+        "false" if broken else "true",
+        numbers,
+        "transformers 5.24: three errors in a row; a "
+        "TrainerCallback (on_pre_optimizer_step) does the same check and composes with SFTTrainer",
+    )
+
+
+@claim(
+    20,
+    "trl_template_exact_match",
+    "TRL recognises a chat template it can patch for training by exact string match.",
+    "04",
+    "trl/chat_template_utils.py get_training_chat_template",
+)
+def _template_exact(ctx):
+    from trl.chat_template_utils import get_training_chat_template
+
+    tok = copy.deepcopy(ctx.tokenizer)
+    exact = get_training_chat_template(tok)
+    tok.chat_template = tok.chat_template + "\n"  # one trailing newline: the same template to a reader
+    newline = _error(lambda: get_training_chat_template(tok))
+    numbers = {
+        "course template: patched": exact is not None and "generation" in exact,
+        "with one trailing newline": newline,
+    }
+    return Result(
+        "true" if numbers["course template: patched"] and newline.startswith("ValueError") else "false",
+        numbers,
+        "TRL 1.16, the Qwen2.5 template (both shipped models use it)",
+    )
+
+
+@claim(
+    21,
+    "masked_example_contributes_nothing",
+    "A fully masked example inside a healthy batch contributes nothing.",
+    "05",
+)
+def _masked_example(ctx):
+    model, batch = ctx.model(), ctx.batches()[0]
+    extra = {k: torch.cat([v, v[:1]]) for k, v in batch.items()}  # row 0 again, same width…
+    extra["labels"][-1] = IGNORE_INDEX  # …with every label masked
+    with torch.no_grad():
+        loss_a = float(mean_ignore_index(model_logits(model, batch), batch["labels"]))
+        loss_b = float(mean_ignore_index(model_logits(model, extra), extra["labels"]))
+    ga, gb = _grad_of(model, mean_ignore_index, batch), _grad_of(model, mean_ignore_index, extra)
+    numbers = {"|dloss|": abs(loss_a - loss_b), "relative |dgrad|": float((ga - gb).norm() / ga.norm())}
+    same = numbers["|dloss|"] < 1e-5 and numbers["relative |dgrad|"] < 1e-5
+    return Result(
+        "true" if same else "false",
+        numbers,
+        "a token-weighted mean (ignore_index or TRL's sum / "
+        "count): the example adds no target and no count; a per-example mean would dilute the batch",
+    )
+
+
+# --- claims the lessons make beyond the issue's list -----------------------------------------
+
+
+@claim(
+    22,
+    "trl_empty_batch_loss_nan",
+    "In TRL's `SFTTrainer`, a micro-batch with no trainable token gives a NaN loss.",
+    "05",
+    "trl/trainer/sft_trainer.py SFTTrainer.compute_loss (`num_tokens.clamp(min=1)`)",
+)
+def _trl_clamp(ctx):
+    from datasets import Dataset
+
+    trainer = make_sft_trainer(
+        ctx.model(),
+        copy.deepcopy(ctx.tokenizer),
+        Dataset.from_dict({"messages": make_messages("add", 8)}),
+        max_steps=1,
+        progress=False,
+    )
+    b = all_masked(ctx.batches()[0])
+    model = trainer.model
+    loss = trainer.compute_loss(model, {k: b[k] for k in ("input_ids", "attention_mask", "labels")})
+    loss.backward()
+    norm = float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]))
+    numbers = {"loss": float(loss.detach()), "grad norm": norm}
+    return Result(
+        "false" if numbers["loss"] == 0.0 and norm == 0.0 else "true",
+        numbers,
+        "TRL 1.16 divides by the target count clamped to 1: a silent 0.0 with zero gradients (the "
+        "plain transformers Trainer gives NaN: claim 16)",
+    )
+
+
+@claim(
+    23,
+    "packing_needs_attention_mask",
+    "Packed sequences without an attention mask attend across example boundaries.",
+    "03",
+    "transformers/masking_utils.py _preprocess_mask_arguments -> find_packed_sequence_indices "
+    "(only with no attention_mask and no cache)",
+)
+def _packing(ctx):
+    model = ctx.model().eval()
+    a, b = (torch.tensor([e["input_ids"]]) for e in ctx.examples()[:2])
+    packed = torch.cat([a, b], 1)
+    pos = torch.cat([torch.arange(a.shape[1]), torch.arange(b.shape[1])])[None]
+    with torch.no_grad():
+        alone = model(input_ids=b).logits
+        reset = model(input_ids=packed, position_ids=pos, use_cache=False).logits[:, a.shape[1] :]
+        ones = model(
+            input_ids=packed, position_ids=pos, attention_mask=torch.ones_like(packed), use_cache=False
+        ).logits[:, a.shape[1] :]
+    numbers = {
+        "reset position_ids, no mask: max |dlogit|": float((reset - alone).abs().max()),
+        "reset position_ids, all-ones mask": float((ones - alone).abs().max()),
+    }
+    ok = (
+        numbers["reset position_ids, no mask: max |dlogit|"] < 1e-4
+        and numbers["reset position_ids, all-ones mask"] > 1e-2
+    )
+    return Result(
+        "depends" if ok else "true",
+        numbers,
+        "false with reset position_ids, no attention_mask and no "
+        "cache (transformers infers block-diagonal attention); true with an all-ones mask",
+    )
+
+
+@claim(
+    24,
+    "lm_collator_pad_eos_masks_stop",
+    "With `pad_token == eos_token`, `DataCollatorForLanguageModeling` still trains the model to stop.",
+    "02",
+    "transformers/data/data_collator.py DataCollatorForLanguageModeling.torch_call "
+    "(labels[labels == pad_token_id] = -100)",
+)
+def _pad_eos(ctx):
+    from transformers import DataCollatorForLanguageModeling
+
+    tok = ctx.tokenizer
+    ids = tok("the words red cat reversed are cat red.", add_special_tokens=False)["input_ids"] + [
+        tok.eos_token_id
+    ]
+    out = DataCollatorForLanguageModeling(tok, mlm=False)([{"input_ids": ids}])
+    numbers = {
+        "pad == eos": tok.pad_token_id == tok.eos_token_id,
+        "label at the final eos": int(out["labels"][0, -1]),
+    }
+    masked = numbers["pad == eos"] and numbers["label at the final eos"] == IGNORE_INDEX
+    return Result(
+        "false" if masked else "true",
+        numbers,
+        "the collator masks every pad id, so the eos that ends "
+        "each text is never a target when pad == eos (both shipped tokenizers): "
+        "the model never learns to stop",
+    )
+
+
+@claim(
+    25,
+    "sftconfig_fp32_default",
+    "`SFTConfig` trains in full fp32 precision unless told otherwise.",
+    "00",
+    "trl/trainer/sft_config.py SFTConfig (bf16 default)",
+)
+def _sft_bf16(ctx):
+    from trl import SFTConfig
+
+    with ctx_quiet():
+        cfg = SFTConfig(output_dir=tempfile.mkdtemp(prefix="claims-"), report_to="none", use_cpu=True)
+    numbers = {"bf16": cfg.bf16, "fp16": cfg.fp16}
+    return Result(
+        "false" if cfg.bf16 else "true",
+        numbers,
+        "TRL 1.16 defaults bf16=True: on a CPU that is bf16 "
+        "autocast (~1e-2 relative gradient noise); the course passes bf16=False",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the table, comparing it with the committed one, writing CLAIMS.md
+# ---------------------------------------------------------------------------------------------
+
+
+def run_claim(c: Claim, ctx: Context) -> dict:
+    """Run one claim; a row of the table (an exception becomes verdict ``error`` with its message)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    try:
+        res = c.measure(ctx)
+        if res.verdict not in VERDICTS:
+            raise ValueError(
+                f"claim {c.number} returned verdict {res.verdict!r} — the table knows "
+                f"{VERDICTS} — return one of them."
+            )
+        row = {"verdict": res.verdict, "numbers": res.numbers, "condition": res.condition}
+    except Exception as exc:  # a claim that cannot run is itself news: the table shows it
+        row = {
+            "verdict": "error",
+            "numbers": {"error": f"{type(exc).__name__}: {exc}"[:200]},
+            "condition": "",
+        }
+    row.update(
+        number=c.number,
+        key=c.key,
+        claim=c.text,
+        lesson=c.lesson,
+        source=c.source,
+        wall_s=round(time.perf_counter() - wall, 2),
+        cpu_s=round(time.process_time() - cpu, 2),
+    )
+    return row
+
+
+def run_all(model_name: str | None = None, only: list[str] | None = None) -> list[dict]:
+    """Every registered claim (or those whose key is in ``only``) measured on one shipped model."""
+    from .model import course_model_name, course_seed
+
+    ctx = Context(course_model_name(model_name), course_seed())
+    chosen = [c for c in sorted(CLAIMS, key=lambda c: c.number) if only is None or c.key in only]
+    return [run_claim(c, ctx) for c in chosen]
+
+
+def verdict_changes(rows: list[dict], expected: dict[str, str]) -> list[str]:
+    """One message per claim whose measured verdict differs from ``expected`` (key -> verdict)."""
+    messages = []
+    for row in rows:
+        want = expected.get(row["key"])
+        if want is None:
+            messages.append(
+                f"claim {row['number']} ({row['key']}) is not in the committed table — run "
+                "`python -m course_utils.claims` and commit CLAIMS.md / CLAIMS.json."
+            )
+        elif row["verdict"] != want:
+            messages.append(
+                f'claim {row["number"]} ({row["key"]}: "{row["claim"]}") moved: committed '
+                f"{want!r}, measured {row['verdict']!r} ({_numbers(row['numbers'])}) — a library "
+                "or model change altered what the course teaches — re-read the lesson "
+                f"{row['lesson']}, then rerun `python -m course_utils.claims` and commit."
+            )
+    return messages
+
+
+def committed_verdicts(model_name: str, path: Path = TABLE_JSON) -> dict[str, str] | None:
+    """The committed verdicts for ``model_name`` (key -> verdict), or None when it has none."""
+    if not path.exists():
+        return None
+    return json.loads(path.read_text()).get("verdicts", {}).get(model_name)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        if math.isnan(v) or math.isinf(v):
+            return str(v)
+        return f"{v:.3g}" if (v == 0 or 1e-3 <= abs(v) < 1e5) else f"{v:.2e}"
+    if isinstance(v, (list, tuple)):
+        return "(" + ", ".join(_fmt(x) for x in v) + ")"
+    return str(v)
+
+
+def _numbers(numbers: dict) -> str:
+    return "; ".join(f"{k}: {_fmt(v)}" for k, v in numbers.items())
+
+
+def _versions() -> str:
+    import importlib.metadata as md
+
+    names = ("torch", "transformers", "trl", "peft", "bitsandbytes")
+    return ", ".join(f"{n} {md.version(n)}" for n in names)
+
+
+def write_tables(
+    results: dict[str, list[dict]], md_path: Path = TABLE_MD, json_path: Path = TABLE_JSON
+) -> None:
+    """Merge ``results`` (model -> rows) into CLAIMS.json and regenerate CLAIMS.md from it."""
+    data = json.loads(json_path.read_text()) if json_path.exists() else {}
+    data.setdefault("verdicts", {})
+    data.setdefault("rows", {})
+    for model_name, rows in results.items():
+        data["verdicts"][model_name] = {r["key"]: r["verdict"] for r in rows}
+        data["rows"][model_name] = [
+            {k: r[k] for k in ("number", "key", "verdict", "numbers", "condition")}
+            | {"numbers": _numbers(r["numbers"])}
+            for r in rows
+        ]
+    data["versions"] = _versions()
+    json_path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    md_path.write_text(render_markdown(data))
+
+
+def render_markdown(data: dict) -> str:
+    from .model import DEFAULT_MODEL
+
+    models = sorted(data["rows"], key=lambda m: (m != DEFAULT_MODEL, m))  # the default model first
+    claims = {c.key: c for c in CLAIMS}
+    out = [
+        "# Myth vs measurement",
+        "",
+        "Generated by `python -m course_utils.claims` (`make claims`); do not edit by hand. Each row is "
+        "a claim people repeat about fine-tuning, re-measured by a short function in "
+        "`course_utils/claims.py` on the course's shipped models, with the lesson that teaches it. "
+        "`tests/test_claims.py` fails, naming the claim, when a verdict moves.",
+        "",
+        f"Measured on: {data['versions']}; models: {', '.join(models)}.",
+        "",
+        "| # | Claim | " + " | ".join(models) + " | Lesson |",
+        "|---|---|" + "---|" * len(models) + "---|",
+    ]
+    first = data["rows"][models[0]]
+    for row in first:
+        c = claims.get(row["key"])
+        text = c.text if c else row["key"]
+        verdicts = [data["verdicts"][m].get(row["key"], "–") for m in models]
+        out.append(
+            f"| {row['number']} | {text} | "
+            + " | ".join(f"**{v}**" for v in verdicts)
+            + f" | {c.lesson if c else ''} |"
+        )
+    out += ["", "## What was measured", ""]
+    for row in first:
+        c = claims.get(row["key"])
+        out.append(
+            f"**{row['number']}. {c.text if c else row['key']}** — {row['verdict']}: {row['condition']}."
+        )
+        if c and c.source:
+            out.append(f"Source: `{c.source}`.")
+        for m in models:
+            other = next((r for r in data["rows"][m] if r["key"] == row["key"]), None)
+            if other:
+                out.append(f"- {m}: {other['numbers']}")
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        description="Re-measure every claim; print the table; write CLAIMS.md/.json."
+    )
+    parser.add_argument(
+        "--models", nargs="*", default=None, help="shipped model names (default: $COURSE_MODEL or tiny-qwen)"
+    )
+    parser.add_argument("--only", nargs="*", default=None, help="claim keys to run (nothing is written)")
+    parser.add_argument("--no-write", action="store_true", help="print only; do not rewrite CLAIMS.md/.json")
+    args = parser.parse_args(argv)
+    from .model import course_model_name
+
+    torch.set_num_threads(1)  # a tiny model gains nothing from threads (see the Makefile)
+    results, changed = {}, []
+    for name in args.models or [course_model_name()]:
+        name = course_model_name(name)
+        wall, cpu = time.perf_counter(), time.process_time()
+        rows = run_all(name, args.only)
+        results[name] = rows
+        print(
+            f"\n{name}: {len(rows)} claims in {time.perf_counter() - wall:.1f} s wall, "
+            f"{time.process_time() - cpu:.1f} s CPU"
+        )
+        for r in rows:
+            print(
+                f"{r['number']:>3} {r['verdict']:<8} {r['wall_s']:>5.1f}s {r['cpu_s']:>5.1f}s cpu  "
+                f"{r['key']}: {_numbers(r['numbers'])}"
+            )
+        expected = committed_verdicts(name)
+        if expected:
+            changed += verdict_changes(rows, expected)
+    for message in changed:
+        print("CHANGED:", message)
+    if not args.no_write and args.only is None:
+        write_tables(results)
+        print(f"wrote {TABLE_MD.name} and {TABLE_JSON.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
