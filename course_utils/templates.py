@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import copy
 import difflib
+import os
 import random
 import tempfile
 
+from . import validate
 from .checks import Case, Diagnosis, Hints, check_diagnosis, run_check
 
 # Qwen2.5-Instruct's default system prompt, and the one the Qwen2.5 base checkpoints ship instead.
@@ -36,6 +38,13 @@ PHI3_SPECIAL_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 _MARKER_ANCHOR = '    {%- if (message.role == "user")'
 
 
+def _check_template(name: str, value) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a chat template string, got {type(value).__name__} — templates are "
+                        "Jinja source — pass e.g. tokenizer.chat_template.")
+    return value
+
+
 def base_variant(template: str) -> str:
     """The Qwen2.5 *base* template made from the Instruct one: only the default system prompt differs."""
     if not isinstance(template, str) or INSTRUCT_SYSTEM not in template:
@@ -49,6 +58,8 @@ def base_variant(template: str) -> str:
 
 def template_diff(a: str, b: str, name_a: str = "a", name_b: str = "b") -> list[str]:
     """The lines that differ between two templates (unified diff, no context lines)."""
+    for name, value in (("a", a), ("b", b)):
+        _check_template(name, value)
     return list(difflib.unified_diff(a.splitlines(), b.splitlines(), name_a, name_b, n=0, lineterm=""))
 
 
@@ -86,13 +97,29 @@ def assistant_mask(tokenizer, messages: list[dict], chat_template: str | None = 
 
     Exactly the call TRL's SFTTrainer makes for ``assistant_only_loss=True``; 1 = the token carries loss.
     """
+    from .data import _check_messages
+
+    validate.tokenizer("tokenizer", tokenizer)
+    _check_messages(messages)
+    if chat_template is not None:
+        _check_template("chat_template", chat_template)
     out = tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=True,
                                         return_dict=True, return_assistant_tokens_mask=True)
     return {"input_ids": list(out["input_ids"]), "assistant_masks": list(out["assistant_masks"])}
 
 
 def masked_tokens(tokenizer, input_ids, mask) -> list[str]:
-    """The tokens (as text) that carry loss, in order: what a learner reads to check a mask."""
+    """The tokens (as text) that carry loss, in order: what a learner reads to check a mask.
+
+    ``mask`` is 0/1 (an assistant mask); pass labels through ``[int(l != -100) for l in labels]``.
+    """
+    validate.tokenizer("tokenizer", tokenizer)
+    if input_ids is None or mask is None or len(list(input_ids)) != len(list(mask)):
+        raise ValueError("masked_tokens needs input_ids and a mask of the same length — one mask value per "
+                         "token — pass out['input_ids'] and out['assistant_masks'] of assistant_mask().")
+    if any(int(m) not in (0, 1) for m in mask):
+        raise ValueError("mask holds values other than 0 and 1 (labels?) — a -100 would count as 'trained' — "
+                         "pass [int(label != -100) for label in labels] instead.")
     return [tokenizer.convert_tokens_to_string([t])
             for t, m in zip(tokenizer.convert_ids_to_tokens(list(input_ids)), mask, strict=True) if m]
 
@@ -109,6 +136,10 @@ def save_other_family_tokenizer(tokenizer, directory: str | None = None) -> str:
     """
     from trl.chat_template_utils import phi3_chat_template
 
+    validate.tokenizer("tokenizer", tokenizer)
+    if directory is not None and (not isinstance(directory, str) or os.path.isfile(directory)):
+        raise ValueError(f"directory={directory!r} must be a folder path (or None for a temporary one) — the "
+                         "tokenizer's files are written there — pass a directory, not a file.")
     source = copy.deepcopy(tokenizer)
     source.add_special_tokens({"additional_special_tokens": list(PHI3_SPECIAL_TOKENS)})
     source.chat_template = phi3_chat_template
@@ -228,6 +259,8 @@ def _course_tokenizer():
 
 def with_template(tokenizer, template: str):
     """A shallow copy of ``tokenizer`` carrying ``template`` (the original is left alone)."""
+    validate.tokenizer("tokenizer", tokenizer)
+    _check_template("template", template)
     tok = copy.copy(tokenizer)
     tok.chat_template = template
     return tok
@@ -235,6 +268,7 @@ def with_template(tokenizer, template: str):
 
 def patch_cases(tokenizer) -> list[tuple[str, object]]:
     """``(label, tokenizer copy)`` pairs whose templates TRL does or does not accept (section 4)."""
+    validate.tokenizer("tokenizer", tokenizer)
     from trl.chat_template_utils import (
         gemma4_chat_template,
         llama3_chat_template,
