@@ -7,9 +7,9 @@ Used by lesson 06 only. What is here:
 - ``nonfinite_steps`` / ``first_nonfinite_step``: the steps whose loss or gradient norm is inf/NaN;
   the latter *raises* when there is none (a search that finds nothing must not return ``None``).
 - ``lowest_diverging_lr``: a short search for the smallest learning rate on a grid that diverges.
-- ``plant_outlier`` / ``overflow_scale``: make one layer's activations large on purpose, the way
-  real outlier features are, until a float16 forward overflows (the course model's are far too
-  small to reach 65,504 by themselves).
+- ``plant_large_update`` / ``overflow_scale``: make one MLP projection's output large on purpose (a
+  large LoRA update), until a forward holds values float16 cannot (the course model's activations
+  are far too small to reach 65,504 by themselves).
 - ``watch_activations`` / ``first_nonfinite_module``: forward hooks that name the first module, in
   execution order, whose output is not finite, and track the largest |activation| per forward.
 - ``debug_underflow_overflow``: the same question answered by transformers' ``DebugUnderflowOverflow``.
@@ -76,7 +76,8 @@ def qlora_model(*, compute_dtype=torch.float32, dtype=None, r: int = 8, lora_alp
     validate.positive_int("r", r, why="it is the LoRA rank")
     validate.positive_int("lora_alpha", lora_alpha, why="it scales the LoRA update (alpha / r)")
     set_seed(seed)
-    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype)
+    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                               bnb_4bit_compute_dtype=compute_dtype)
     bars = transformers.utils.logging.is_progress_bar_enabled()
     transformers.logging.disable_progress_bar()  # "Loading weights" bar: not the lesson (restored below)
     try:
@@ -179,7 +180,8 @@ class watch_activations(contextlib.AbstractContextManager):
 
     def __enter__(self):
         for name, module in self.model.named_modules():
-            self.handles.append(module.register_forward_hook(self._hook(name or "<model>", module is self.model)))
+            hook = self._hook(name or "<model>", module is self.model)
+            self.handles.append(module.register_forward_hook(hook))
         return self
 
     def _hook(self, name: str, is_root: bool):
@@ -207,7 +209,8 @@ class watch_activations(contextlib.AbstractContextManager):
 
     def culprit(self) -> dict:
         if self.first_nonfinite is None:
-            raise NotFound(f"no module produced an inf/NaN in the {len(self.max_abs)} forward pass(es) watched "
+            raise NotFound(f"no module produced an inf/NaN in the {len(self.max_abs)} forward pass(es) "
+                           "watched "
                            f"(largest |activation| {max(self.max_abs, default=0.0):.3g}) — the forward is "
                            "finite — look at the loss and the backward instead (anomaly_report).")
         return self.first_nonfinite
@@ -290,7 +293,8 @@ def anomaly_report(compute_loss: Callable[[], torch.Tensor]) -> dict:
     """
     if not callable(compute_loss):
         raise TypeError("compute_loss must be a function of no arguments returning the loss — anomaly mode "
-                        "has to run the forward itself to record it — pass e.g. lambda: loss_fn(model, batch).")
+                        "has to run the forward itself to record it — "
+                        "pass e.g. lambda: loss_fn(model, batch).")
     error, forward_line = "", ""
     with warnings.catch_warnings(record=True) as caught, torch.autograd.detect_anomaly():
         warnings.simplefilter("always")
@@ -321,46 +325,49 @@ def all_masked(batch: dict) -> dict:
 # Creating float16 overflow on purpose
 # ------------------------------------------------------------------------------------------------
 
-def _mlp_norm(model) -> tuple[str, torch.nn.Module]:
-    """The normalisation in front of the first decoder layer's MLP (``post_attention_layernorm`` in
-    Qwen2, Llama and GPT-NeoX)."""
+def _first_mlp_lora_b(model) -> tuple[str, torch.nn.Module]:
+    """The LoRA ``B`` matrix of the first adapted projection inside an MLP (``gate_proj`` in Qwen2 and
+    Llama, ``dense_h_to_4h`` in GPT-NeoX): the first place an MLP's input is multiplied."""
     for name, module in model.named_modules():
-        if name.endswith("post_attention_layernorm") and getattr(module, "weight", None) is not None:
+        if ".mlp." in name and name.endswith("lora_B.default") and hasattr(module, "weight"):
             return name, module
-    raise ValueError(f"{type(model).__name__} has no module named '*post_attention_layernorm' with a weight "
-                     "— plant_outlier scales the norm in front of an MLP — pass a Qwen2/Llama/GPT-NeoX model.")
+    raise ValueError(f"{type(model).__name__} has no LoRA adapter inside an MLP — plant_large_update writes "
+                     "into one — pass a model from qlora_model().")
 
 
-def plant_outlier(model, scale: float) -> str:
-    """Multiply the weight of the norm in front of the first MLP by ``scale`` (in place); return its name.
+def plant_large_update(model, value: float) -> str:
+    """Set every entry of the first MLP projection's LoRA ``B`` matrix to ``value``; return its name.
 
-    Why: real LLMs carry a few huge activations ("outlier features", "massive activations", up to
-    thousands) that sit close to float16's ceiling; the course model's are ~10. A larger norm weight
-    makes the MLP's input ``scale`` times larger and its ``act(gate) * up`` product up to ``scale**2``
-    times larger — the same kind of growth, created on purpose so that float16 has something to lose.
+    Why: in a real run the numbers that overflow float16 are *there*: LLMs carry a few huge "outlier"
+    activations (hundreds to thousands), and a LoRA update grows as it trains. The course model's
+    activations are ~10 and its fresh ``B`` is zero. Writing a large ``B`` makes the projection's
+    output large — linearly in ``value``, on any architecture — while the weight itself stays small
+    enough for every format (peft keeps adapters in float32; TRL casts them to bfloat16).
     """
-    validate.number("scale", scale, positive=True, why="it multiplies a weight")
-    name, norm = _mlp_norm(model)
+    validate.number("value", value, positive=True, why="it is written into the LoRA B matrix")
+    name, lora_b = _first_mlp_lora_b(model)
     with torch.no_grad():
-        norm.weight.mul_(scale)
+        lora_b.weight.fill_(value)
     return name
 
 
-def overflow_scale(model, batch: dict, *, max_doublings: int = 16) -> float:
-    """The smallest power-of-two ``plant_outlier`` scale at which one float16 forward of ``batch`` is
-    no longer finite (the model is left planted at that scale). A short search, so the lesson does
-    not depend on one model's activation sizes. Raises ``NotFound`` if ``2**max_doublings`` is not enough.
+def overflow_scale(model, batch: dict, *, max_doublings: int = 30) -> float:
+    """The smallest power-of-two ``plant_large_update`` value at which one forward of ``batch`` holds a
+    value float16 cannot store: above 65,504 (a float32/bfloat16 model) or already inf/NaN (a
+    float16 one). The model is left planted at that value. A short search, so the lesson does not
+    depend on one model's activation sizes (run it on a float32 model: float16 is slow on a CPU).
+    Raises ``NotFound`` if ``2**max_doublings`` is not enough.
     """
     validate.positive_int("max_doublings", max_doublings, why="it bounds the search")
-    scale = 1.0
+    value = 1.0
     for _ in range(max_doublings + 1):
-        if forward_watch(model, batch).first_nonfinite is not None:
-            return scale
-        plant_outlier(model, 2.0)
-        scale *= 2
-    raise NotFound(f"a float16 forward stayed finite up to scale {scale / 2:g} — this model's activations do "
-                   "not grow with its MLP norm — pass a model stored in float16 (dtype=torch.float16), or "
-                   "raise max_doublings.")
+        plant_large_update(model, value)
+        watch = forward_watch(model, batch)
+        if watch.first_nonfinite is not None or watch.max_abs[0] > FP16_MAX:
+            return value
+        value *= 2
+    raise NotFound(f"the largest activation stayed below float16's 65,504 up to a LoRA B of {value / 2:g} — "
+                   "this model does not pass the update on — raise max_doublings.")
 
 
 def norm_on_inf(norm: torch.nn.Module, hidden_size: int, position: int = 0) -> dict:
@@ -504,7 +511,8 @@ def broken_run(seed: int) -> tuple[dict, Diagnosis]:
         for i, m in enumerate(_MODULES):
             value = base[m] * grow[m] * rng.uniform(0.9, 1.1)
             if cause == "fp16_overflow" and step >= k:
-                value = float("inf") if m == culprit else (nan if i > _MODULES.index(culprit) or step > k else value)
+                after = i > _MODULES.index(culprit) or step > k
+                value = float("inf") if m == culprit else (nan if after else value)
             elif dead and not (cause == "all_masked_labels" and step == k) and not (
                     cause == "learning_rate_too_high" and step == k):
                 value = nan
@@ -514,8 +522,8 @@ def broken_run(seed: int) -> tuple[dict, Diagnosis]:
         elif dead or (cause == "all_masked_labels" and step == k):
             loss, norm = 0.0, nan  # the Trainer logs a NaN loss as 0.0; grad_norm is unfiltered
         log.append({"step": step, "loss": round(loss, 4), "grad_norm": norm, "n_tokens": tokens})
-    config = {"learning_rate": lr, "dtype": storage, "bnb_4bit_compute_dtype": compute, "optim": "adamw_torch",
-              "logging_nan_inf_filter": True}
+    config = {"learning_rate": lr, "dtype": storage, "bnb_4bit_compute_dtype": compute,
+              "optim": "adamw_torch", "logging_nan_inf_filter": True}
     evidence = culprit if cause == "fp16_overflow" else k
     return {"config": config, "log": log, "activation_max": acts}, Diagnosis(cause, evidence)
 
@@ -541,7 +549,8 @@ _MISCONCEPTIONS = {
         "a logged loss of 0.0 is what the Trainer shows for *any* NaN step (logging_nan_inf_filter); "
         "n_tokens of that step is normal — read the activations of that step"),
     ("all_masked_labels", "learning_rate_too_high"): (
-        "a logged 0.0 is any NaN; this step still had supervised tokens — what did the gradient norm do first?"),
+        "a logged 0.0 is any NaN; this step still had supervised tokens — "
+        "what did the gradient norm do first?"),
     ("all_masked_labels", "silent_zero_loss"): (
         "n_tokens is 0 there, but the gradient norm is exactly 0.0, not NaN, and the run goes on finite: "
         "the loss was clamped (sum / max(count, 1)), a silent zero, not a NaN"),
@@ -549,7 +558,8 @@ _MISCONCEPTIONS = {
         "the empty step's gradient norm is NaN and every step after it is dead: the mean was 0/0 and "
         "its NaN gradients reached the weights"),
     ("fp16_overflow", "all_masked_labels"): (
-        "float16 storage alone is not evidence: at the first bad step no activation is inf, and n_tokens is 0"),
+        "float16 storage alone is not evidence: at the first bad step no activation is inf, "
+        "and n_tokens is 0"),
     ("fp16_overflow", "silent_zero_loss"): (
         "float16 storage alone is not evidence: nothing is inf or NaN here at all"),
     ("fp16_overflow", "learning_rate_too_high"): (
@@ -651,24 +661,29 @@ def _run_guard(fn, tag: str, seed: int):
             "expected": expected}
 
 
+def _same(a, b) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+
+
 def _compare_guard(got, _expected):
     if got["expected"] is None:
         if got["found"]:
             return f"the gradients are all finite, but your guard returned {got['found']!r}"
         if got["stopped"]:
             return "the gradients are all finite, but your guard stopped the run"
-        changed = [n for n, g in got["grads_after"].items()
-                   if (g is None) != (got["before"][n] is None) or (g is not None and not torch.equal(g, got["before"][n]))]
+        changed = [n for n, g in got["grads_after"].items() if not _same(g, got["before"][n])]
         if changed:
             return f"the gradients are all finite, but your guard changed {changed[0]}'s gradient"
         return None
     name = got["found"]
-    if not (isinstance(name, str) and name and (name == got["expected"] or got["expected"].startswith(name + "."))):
-        return f"expected the name of the first parameter with a non-finite gradient ({got['expected']!r}), got {name!r}"
+    expected = got["expected"]
+    if not (isinstance(name, str) and name and (name == expected or expected.startswith(name + "."))):
+        return f"expected the first parameter with a non-finite gradient ({expected!r}), got {name!r}"
     if not got["stopped"]:
         return "you found it, but control.should_training_stop is still False: the run goes on"
     if not got["weights_finite"]:
-        return "you stopped the run, but the optimizer step that follows wrote the non-finite gradient into the weights"
+        return ("you stopped the run, but the optimizer step that follows wrote the non-finite gradient "
+                "into the weights")
     return None
 
 
@@ -676,7 +691,8 @@ def _diagnose_guard(got, case: Case):
     if case.tag == "healthy":
         return None
     if got["found"] is None:
-        bad = [v for v in (g for g in got["before"].values() if g is not None) if not bool(torch.isfinite(v).all())]
+        grads = [g for g in got["before"].values() if g is not None]
+        bad = [g for g in grads if not bool(torch.isfinite(g).all())]
         if bad and not any(bool(v.isnan().any()) for v in bad):
             return "this gradient holds an inf, not a NaN: `isnan` misses it — test with torch.isfinite."
         return ("nothing found: look at each parameter's .grad (the weights are still finite before the "
