@@ -1,18 +1,22 @@
-"""Lesson 06 (NaN detective): a QLoRA run on the course model, the ways it turns non-finite, the tools.
+"""Lesson 06 (NaN detective): a QLoRA run, the ways it turns non-finite, and the tools that find where.
 
 Used by lesson 06 only. What is here:
 
-- ``qlora_model``: the course model with 4-bit nf4 base weights (bitsandbytes, works on CPU) and
-  LoRA adapters (peft), ready for ``course_utils.train``.
-- ``first_nonfinite_step``: the first step whose loss or gradient norm is inf/NaN (exercise 1).
-- ``watch_activations`` / ``first_nonfinite_module``: forward hooks that name the first module,
-  in execution order, whose output is not finite, and track the largest |activation| per forward.
-- ``debug_underflow_overflow``: the same question answered by transformers' own
-  ``DebugUnderflowOverflow``, with its report captured and its hooks removed afterwards.
+- ``qlora_model``: the course model (any shipped or local model) with 4-bit nf4 base weights
+  (bitsandbytes, works on CPU) and LoRA adapters on every linear layer (peft ``"all-linear"``).
+- ``nonfinite_steps`` / ``first_nonfinite_step``: the steps whose loss or gradient norm is inf/NaN;
+  the latter *raises* when there is none (a search that finds nothing must not return ``None``).
+- ``lowest_diverging_lr``: a short search for the smallest learning rate on a grid that diverges.
+- ``plant_large_update`` / ``overflow_scale``: make one MLP projection's output large on purpose (a
+  large LoRA update), until a forward holds values float16 cannot (the course model's activations
+  are far too small to reach 65,504 by themselves).
+- ``watch_activations`` / ``first_nonfinite_module``: forward hooks that name the first module, in
+  execution order, whose output is not finite, and track the largest |activation| per forward.
+- ``debug_underflow_overflow``: the same question answered by transformers' ``DebugUnderflowOverflow``.
 - ``anomaly_report``: what ``torch.autograd.detect_anomaly`` says about a NaN backward.
-- ``StopOnNonFinite``: a ``TrainerCallback`` that stops a Trainer at the first non-finite loss or
-  gradient, reports the step and keeps the bad gradient out of the weights.
-- ``mystery_run`` and ``check_mystery_diagnosis``: exercise 2, a broken run to diagnose.
+- ``norm_on_inf``: what the model's own normalisation layer makes of one inf.
+- ``GuardCallback``: a ``TrainerCallback`` that runs *your* guard before every optimizer step.
+- ``broken_run`` / ``show_run`` / ``check_diagnosis_run`` / ``check_guard``: the exercises.
 - ``plot_checklist``: the decision flow of the lesson as one picture.
 """
 
@@ -20,26 +24,24 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import math
+import random
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from .checks import Case, run_check
+from . import validate
+from .checks import Case, Diagnosis, Hints, check_diagnosis, run_check
 from .data import IGNORE_INDEX
 
-# bitsandbytes 0.50 logs (once, at import, on CPUs with AVX512-BF16) that the optional `kernels`
-# package is missing and falls back to its own CPU 4-bit matmul. The fallback is what we measure;
-# the message is noise for a learner, so this one logger is quietened before anything imports bnb.
-logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
-
 FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504: the largest finite float16
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-CAUSES = ("all_masked_labels", "fp16_overflow", "learning_rate_too_high", "gradient_explosion")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class NotFound(ValueError):
+    """A search for an event (a non-finite step, a module, a learning rate) found none."""
 
 
 def _dtype(value, name: str) -> torch.dtype:
@@ -51,14 +53,16 @@ def _dtype(value, name: str) -> torch.dtype:
                      f"floating-point formats — pass e.g. {name}=torch.bfloat16.")
 
 
-def qlora_model(*, compute_dtype=torch.float32, dtype=None, r: int = 8, lora_alpha: int = 16, seed: int = 0):
+def qlora_model(*, compute_dtype=torch.float32, dtype=None, r: int = 8, lora_alpha: int = 16,
+                seed: int | None = None):
     """``(peft_model, tokenizer)``: the course model, base Linear layers quantised to 4-bit nf4, LoRA on
-    every projection.
+    every linear layer but the output head (peft's ``"all-linear"``, so any architecture works).
 
     ``compute_dtype`` is ``bnb_4bit_compute_dtype``: the dtype each ``Linear4bit`` dequantises its
     weight to and runs its matmul in. ``dtype`` is the storage dtype of everything that is *not*
     quantised (embeddings, norms, lm_head; ``None`` keeps the checkpoint's float32). The LoRA
     adapters are float32 either way: peft upcasts them (``autocast_adapter_dtype``, peft PR 1706).
+    ``seed``: LoRA's A matrices are random (``None``: the course seed).
     """
     import transformers
     from peft import LoraConfig, get_peft_model
@@ -69,41 +73,77 @@ def qlora_model(*, compute_dtype=torch.float32, dtype=None, r: int = 8, lora_alp
 
     compute_dtype = _dtype(compute_dtype, "compute_dtype")
     kwargs = {} if dtype is None else {"dtype": _dtype(dtype, "dtype")}
-    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-        raise ValueError(f"r={r!r} must be a positive integer — it is the LoRA rank — pass e.g. r=8.")
-    set_seed(seed)  # LoRA's A matrices are random: the seed makes every run of the lesson identical
+    validate.positive_int("r", r, why="it is the LoRA rank")
+    validate.positive_int("lora_alpha", lora_alpha, why="it scales the LoRA update (alpha / r)")
+    set_seed(seed)
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                bnb_4bit_compute_dtype=compute_dtype)
-    transformers.logging.disable_progress_bar()  # "Loading weights" bar, 26 tensors: not the lesson
-    model, tokenizer = load_course_model(quantization_config=quant, **kwargs)
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.logging.disable_progress_bar()  # "Loading weights" bar: not the lesson (restored below)
+    try:
+        model, tokenizer = load_course_model(quantization_config=quant, **kwargs)
+    finally:
+        if bars:
+            transformers.logging.enable_progress_bar()
     with warnings.catch_warnings():  # transformers 5 deprecation notice raised from inside peft
         warnings.simplefilter("ignore", FutureWarning)
         model = get_peft_model(model, LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=0.0,
-                                                 target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM"))
+                                                 target_modules="all-linear", task_type="CAUSAL_LM"))
     return model, tokenizer
 
 
-def first_nonfinite_step(records: Sequence[dict]) -> int | None:
-    """The ``step`` of the first record whose ``loss`` or ``grad_norm`` is inf or NaN; ``None`` if all finite.
+# ------------------------------------------------------------------------------------------------
+# The step
+# ------------------------------------------------------------------------------------------------
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def nonfinite_steps(records: Sequence[dict]) -> list[int]:
+    """The ``step`` of every record whose ``loss`` or ``grad_norm`` is inf or NaN (empty: all finite).
 
     The gradient norm counts as much as the loss: a forward can be finite while its backward is not.
     """
-    for record in records:
-        if not (math.isfinite(record["loss"]) and math.isfinite(record["grad_norm"])):
-            return record["step"]
-    return None
+    validate.non_empty("records", records, what="training records", fix="pass train()'s output.")
+    return [r["step"] for r in records if not (_finite(r["loss"]) and _finite(r["grad_norm"]))]
+
+
+def first_nonfinite_step(records: Sequence[dict]) -> int:
+    """The first step whose loss or gradient norm is inf/NaN. Raises ``NotFound`` when every step is
+    finite: code that asked for the bad step must not go on with ``None``."""
+    bad = nonfinite_steps(records)
+    if not bad:
+        raise NotFound(f"every one of the {len(records)} steps has a finite loss and gradient norm — there "
+                       "is no non-finite step to find — train longer or harder (higher learning rate, "
+                       "float16), or use nonfinite_steps(records) to test for finiteness.")
+    return bad[0]
 
 
 def batch_at_step(batches: Sequence[dict], step: int) -> dict:
     """The micro-batch ``course_utils.train`` (with ``accum_steps=1``) uses at 1-based ``step``: it cycles."""
-    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-        raise ValueError(f"step={step!r} must be an integer >= 1 — train() counts steps from 1 — "
-                         "pass a step from its records, e.g. records[0]['step'].")
+    validate.positive_int("step", step, why="train() counts steps from 1")
+    validate.non_empty("batches", batches, what="collated batches")
     return batches[(step - 1) % len(batches)]
 
 
+def lowest_diverging_lr(run: Callable[[float], list[dict]], lrs: Sequence[float]) -> tuple[float, dict]:
+    """Try ``run(lr)`` for each learning rate of ``lrs`` in increasing order; stop at the first whose
+    records hold a non-finite step. Returns ``(lr, {lr: records})`` — every run tried, so a lesson
+    can show the last healthy one beside the first broken one. Raises ``NotFound`` if none diverges.
+    """
+    validate.non_empty("lrs", lrs, what="learning rates")
+    runs = {}
+    for lr in sorted(validate.number("lr", x, positive=True) for x in lrs):
+        runs[lr] = run(lr)
+        if nonfinite_steps(runs[lr]):
+            return lr, runs
+    raise NotFound(f"no learning rate up to {max(lrs):g} turned the run non-finite — the grid stops too "
+                   "low for this model — extend lrs upwards or train more steps per run.")
+
+
 # ------------------------------------------------------------------------------------------------
-# Forward hooks: where does the first inf/NaN appear?
+# The module: forward hooks
 # ------------------------------------------------------------------------------------------------
 
 def _compute_dtype(module) -> str | None:
@@ -115,14 +155,21 @@ def _compute_dtype(module) -> str | None:
     return None
 
 
+def _largest_finite(t: torch.Tensor) -> float:
+    values = t.detach().abs()
+    values = values[torch.isfinite(values)]
+    return float(values.max()) if values.numel() else 0.0
+
+
 class watch_activations(contextlib.AbstractContextManager):
     """Forward hooks on every module while the ``with`` block runs.
 
-    Records, per forward pass of the whole model: ``max_abs`` (the largest |output| of any module)
-    and, the first time it happens, ``first_nonfinite`` = ``{forward, module, type, dtype,
-    compute_dtype, max_abs_before}``: the first module *in execution order* whose output held an inf
-    or NaN. Hooks fire when a module finishes, so a parent finishes after its children and the
-    innermost culprit is found first.
+    Records, per forward pass of the whole model: ``max_abs`` (the largest finite |input or output|
+    of any module — inputs too, because an overflow can happen *between* modules, e.g. in the MLP's
+    ``act(gate) * up``), and, the first time it happens, ``first_nonfinite`` = ``{forward, module,
+    type, dtype, compute_dtype, max_abs_before}``: the first module *in execution order* whose output
+    held an inf or NaN. Hooks fire when a module finishes, so a child is found before its parent.
+    ``culprit()`` returns that record or raises ``NotFound``.
     """
 
     def __init__(self, model):
@@ -140,16 +187,15 @@ class watch_activations(contextlib.AbstractContextManager):
     def _hook(self, name: str, is_root: bool):
         def hook(module, args, output):
             out = output[0] if isinstance(output, tuple) else getattr(output, "logits", output)
+            for t in [a for a in args if torch.is_tensor(a) and a.is_floating_point()]:
+                self._current = max(self._current, _largest_finite(t))
             if torch.is_tensor(out) and out.is_floating_point():
-                finite = torch.isfinite(out)
-                if not bool(finite.all()) and self.first_nonfinite is None:
+                if self.first_nonfinite is None and not bool(torch.isfinite(out).all()):
                     self.first_nonfinite = {
                         "forward": len(self.max_abs) + 1, "module": name, "type": type(module).__name__,
                         "dtype": str(out.dtype).replace("torch.", ""),
                         "compute_dtype": _compute_dtype(module), "max_abs_before": self._current}
-                values = out.detach().abs()[finite] if not bool(finite.all()) else out.detach().abs()
-                if values.numel():
-                    self._current = max(self._current, float(values.max()))
+                self._current = max(self._current, _largest_finite(out))
             if is_root:  # the model's own hook fires last: one forward pass is complete
                 self.max_abs.append(self._current)
                 self._current = 0.0
@@ -161,6 +207,14 @@ class watch_activations(contextlib.AbstractContextManager):
         self.handles = []
         return False
 
+    def culprit(self) -> dict:
+        if self.first_nonfinite is None:
+            raise NotFound(f"no module produced an inf/NaN in the {len(self.max_abs)} forward pass(es) "
+                           "watched "
+                           f"(largest |activation| {max(self.max_abs, default=0.0):.3g}) — the forward is "
+                           "finite — look at the loss and the backward instead (anomaly_report).")
+        return self.first_nonfinite
+
 
 def _forward(model, batch: dict):
     """One forward without gradients, in train mode (identical here: LoRA dropout is 0).
@@ -169,6 +223,7 @@ def _forward(model, batch: dict):
     for its inference kernel on an eval-mode, no-grad forward and does not undo it in ``train()``;
     the next training forward then fails ("a view of a leaf Variable ... in-place operation").
     """
+    validate.batch("batch", batch, need=("input_ids",))
     was_training = model.training
     model.train()
     try:
@@ -178,21 +233,27 @@ def _forward(model, batch: dict):
         model.train(was_training)
 
 
-def first_nonfinite_module(model, batch: dict) -> dict | None:
-    """One forward pass of ``batch`` under ``watch_activations``: the first non-finite module, or None."""
+def forward_watch(model, batch: dict) -> watch_activations:
+    """One forward pass of ``batch`` under ``watch_activations``; returns the watch (``.max_abs[0]``,
+    ``.first_nonfinite`` — None when the forward is finite, ``.culprit()`` to insist)."""
     with watch_activations(model) as watch:
         _forward(model, batch)
-    return watch.first_nonfinite
+    return watch
 
 
-def debug_underflow_overflow(model, batch: dict) -> tuple[str | None, str]:
+def first_nonfinite_module(model, batch: dict) -> dict:
+    """The first module whose output is inf/NaN in one forward of ``batch``; raises ``NotFound`` if none."""
+    return forward_watch(model, batch).culprit()
+
+
+def debug_underflow_overflow(model, batch: dict) -> tuple[str, str]:
     """Run transformers' ``DebugUnderflowOverflow`` over one forward; return ``(module, report)``.
 
-    ``module`` is the module of the last frame it dumped (the one whose output held inf/NaN), or
-    None if it detected nothing; ``report`` is its printed report (abs min / abs max of each
-    module's weights, inputs and outputs, for the last frames before the overflow). The tool raises
-    ``ValueError`` to abort the run at the overflow; that is caught here, and its hooks (which it
-    never removes itself) are removed so the model can be used again.
+    ``module`` is the module of the last frame it dumped (the one whose output held inf/NaN);
+    ``report`` its printed report (abs min / abs max of each module's weights, inputs and outputs,
+    for the last frames before the overflow). The tool raises ``ValueError`` to abort the run at the
+    overflow; that is caught here, and its hooks (which it never removes) are removed. Raises
+    ``NotFound`` when it detected nothing.
     """
     from transformers.debug_utils import DebugUnderflowOverflow
 
@@ -215,21 +276,25 @@ def debug_underflow_overflow(model, batch: dict) -> tuple[str | None, str]:
         for handle in handles:
             handle.remove()
     report = buffer.getvalue()
-    if "Detected inf/nan" not in report:
-        return None, report
-    # frames start with 17 spaces, the module name and its class: the last one is the culprit
     frames = re.findall(r"^ {17} (\S+) (\w+)$", report, flags=re.MULTILINE)
-    return (frames[-1][0] if frames else None), report.strip()
+    if "Detected inf/nan" not in report or not frames:
+        raise NotFound("DebugUnderflowOverflow saw no inf/NaN in this forward — the forward is finite — "
+                       "pass the batch of the bad step to a model replayed to just before it.")
+    return frames[-1][0], report.strip()  # frames start with 17 spaces: the last one is the culprit
 
 
-def anomaly_report(compute_loss) -> dict:
+def anomaly_report(compute_loss: Callable[[], torch.Tensor]) -> dict:
     """Run ``compute_loss()`` and its backward under ``torch.autograd.detect_anomaly``.
 
     Returns ``{"error", "forward_line"}``: the first line of anomaly mode's error ("Function
-    'MulBackward0' returned nan values in its 0th output."), and the source line of the forward
-    operation that created that function, taken from the traceback anomaly mode records (the
-    forward has to run inside the mode for it to be recorded). Both are "" if nothing was NaN.
+    'MulBackward0' returned nan values in its 0th output.") and the source line of the forward
+    operation that created that function (the forward must run inside the mode to be recorded).
+    Raises ``NotFound`` when the backward was finite.
     """
+    if not callable(compute_loss):
+        raise TypeError("compute_loss must be a function of no arguments returning the loss — anomaly mode "
+                        "has to run the forward itself to record it — "
+                        "pass e.g. lambda: loss_fn(model, batch).")
     error, forward_line = "", ""
     with warnings.catch_warnings(record=True) as caught, torch.autograd.detect_anomaly():
         warnings.simplefilter("always")
@@ -237,49 +302,101 @@ def anomaly_report(compute_loss) -> dict:
             compute_loss().backward()
         except RuntimeError as exc:
             error = str(exc).splitlines()[0]
+    if not error:
+        raise NotFound("the backward produced no NaN under detect_anomaly — nothing to report — check the "
+                       "forward (watch_activations) or the optimizer step instead.")
     for warning in caught:
         text = str(warning.message)
         if text.startswith("Error detected in"):
-            # the traceback's frames end with the line that called the failing op; keep its code only
             lines = re.findall(r'File "[^"]+", line \d+, in (\w+)\n\s+(.+)', text)
-            if lines:
+            if lines:  # the traceback ends with the line that called the failing op; keep its code only
                 forward_line = f"{lines[-1][0]}: {lines[-1][1].strip()}"
     return {"error": error, "forward_line": forward_line}
-
-
-def masked_mean_loss(model, batch: dict) -> torch.Tensor:
-    """The hand-written masked mean many loops use: ``-(logp * mask).sum() / mask.sum()``.
-
-    When every label is -100 it is 0/0 = NaN, and its backward multiplies 0 by inf: NaN gradients
-    in every tensor. (``course_utils.train`` divides torch's ``cross_entropy(reduction="sum")``
-    instead, whose backward writes exact zeros at ignored positions: NaN loss, zero gradient.)
-    """
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits[:, :-1]
-    labels = batch["labels"][:, 1:]
-    mask = (labels != IGNORE_INDEX).float()
-    logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    return -(logp * mask).sum() / mask.sum()
 
 
 def all_masked(batch: dict) -> dict:
     """A copy of ``batch`` whose labels are all -100: no token carries loss (lesson 05 shows how truncation
     gets there in real data)."""
+    validate.batch("batch", batch)
     return {**batch, "labels": torch.full_like(batch["labels"], IGNORE_INDEX)}
 
 
-def drop_fully_masked(batches: Sequence[dict]) -> list[dict]:
-    """The micro-batches that have at least one supervised target (TRL drops fully masked examples too)."""
-    return [b for b in batches if int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) > 0]
-
-
-def weights_finite(model) -> bool:
-    """True when every trainable parameter is finite (after a NaN step, AdamW makes them all NaN)."""
-    return all(bool(torch.isfinite(p).all()) for p in model.parameters() if p.requires_grad)
-
-
 # ------------------------------------------------------------------------------------------------
-# The Trainer callback
+# Creating float16 overflow on purpose
 # ------------------------------------------------------------------------------------------------
+
+def _first_mlp_lora_b(model) -> tuple[str, torch.nn.Module]:
+    """The LoRA ``B`` matrix of the first adapted projection inside an MLP (``gate_proj`` in Qwen2 and
+    Llama, ``dense_h_to_4h`` in GPT-NeoX): the first place an MLP's input is multiplied."""
+    for name, module in model.named_modules():
+        if ".mlp." in name and name.endswith("lora_B.default") and hasattr(module, "weight"):
+            return name, module
+    raise ValueError(f"{type(model).__name__} has no LoRA adapter inside an MLP — plant_large_update writes "
+                     "into one — pass a model from qlora_model().")
+
+
+def plant_large_update(model, value: float) -> str:
+    """Set every entry of the first MLP projection's LoRA ``B`` matrix to ``value``; return its name.
+
+    Why: in a real run the numbers that overflow float16 are *there*: LLMs carry a few huge "outlier"
+    activations (hundreds to thousands), and a LoRA update grows as it trains. The course model's
+    activations are ~10 and its fresh ``B`` is zero. Writing a large ``B`` makes the projection's
+    output large — linearly in ``value``, on any architecture — while the weight itself stays small
+    enough for every format (peft keeps adapters in float32; TRL casts them to bfloat16).
+    """
+    validate.number("value", value, positive=True, why="it is written into the LoRA B matrix")
+    name, lora_b = _first_mlp_lora_b(model)
+    with torch.no_grad():
+        lora_b.weight.fill_(value)
+    return name
+
+
+def overflow_scale(model, batch: dict, *, max_doublings: int = 30) -> float:
+    """The smallest power-of-two ``plant_large_update`` value at which one forward of ``batch`` holds a
+    value float16 cannot store: above 65,504 (a float32/bfloat16 model) or already inf/NaN (a
+    float16 one). The model is left planted at that value. A short search, so the lesson does not
+    depend on one model's activation sizes (run it on a float32 model: float16 is slow on a CPU).
+    Raises ``NotFound`` if ``2**max_doublings`` is not enough.
+    """
+    validate.positive_int("max_doublings", max_doublings, why="it bounds the search")
+    value = 1.0
+    for _ in range(max_doublings + 1):
+        plant_large_update(model, value)
+        watch = forward_watch(model, batch)
+        if watch.first_nonfinite is not None or watch.max_abs[0] > FP16_MAX:
+            return value
+        value *= 2
+    raise NotFound(f"the largest activation stayed below float16's 65,504 up to a LoRA B of {value / 2:g} — "
+                   "this model does not pass the update on — raise max_doublings.")
+
+
+def norm_on_inf(norm: torch.nn.Module, hidden_size: int, position: int = 0) -> dict:
+    """Feed the model's normalisation layer one token whose hidden vector holds a single +inf at
+    ``position`` (the rest 1.0) and count what comes out: ``{"nan", "zero", "inf", "finite_nonzero"}``.
+
+    RMSNorm (Qwen2, Llama) has no subtraction: ``x * rsqrt(mean(x**2))`` = ``x * rsqrt(inf)`` =
+    ``x * 0`` — the finite entries become 0 and the inf entry ``inf * 0`` = NaN. LayerNorm
+    (GPT-NeoX) subtracts the mean: ``inf - inf`` = NaN.
+    """
+    validate.positive_int("hidden_size", hidden_size, why="it is the width of the hidden vector")
+    validate.integer("position", position, minimum=0, why="it indexes the hidden vector")
+    weight = next(norm.parameters())
+    x = torch.ones(1, 1, hidden_size, dtype=weight.dtype)
+    x[..., position] = float("inf")
+    with torch.no_grad():
+        y = norm(x)
+    return {"nan": int(y.isnan().sum()), "zero": int((y == 0).sum()), "inf": int(y.isinf().sum()),
+            "finite_nonzero": int((torch.isfinite(y) & (y != 0)).sum()), "type": type(norm).__name__}
+
+
+def first_norm(model) -> torch.nn.Module:
+    """The model's first normalisation layer (RMSNorm or LayerNorm), for ``norm_on_inf``."""
+    for module in model.modules():
+        if "norm" in type(module).__name__.lower() and getattr(module, "weight", None) is not None:
+            return module
+    raise ValueError(f"{type(model).__name__} has no normalisation module with a weight — norm_on_inf needs "
+                     "one — pass a transformer language model.")
+
 
 def sft_run(model, tokenizer, dataset, callback=None, **config):
     """Train a TRL ``SFTTrainer`` (``course_utils.make_sft_trainer``: quiet, fp32 unless you pass
@@ -294,174 +411,319 @@ def sft_run(model, tokenizer, dataset, callback=None, **config):
     return trainer
 
 
-def _make_stop_callback_class():
+# ------------------------------------------------------------------------------------------------
+# The guard: a TrainerCallback that runs a guard function before every optimizer step
+# ------------------------------------------------------------------------------------------------
+
+def _make_guard_callback_class():
     from transformers import TrainerCallback
 
-    class StopOnNonFinite(TrainerCallback):
-        """Stop a ``Trainer`` at the first non-finite gradient or logged loss; keep the weights clean.
-
-        ``on_pre_optimizer_step`` (after clipping, before ``optimizer.step()``) looks at every
-        gradient: if one is inf/NaN it drops all gradients (the optimizer then skips every
-        parameter, as a GradScaler skips an overflowed fp16 step), records the step and asks the
-        Trainer to stop. ``on_log`` checks the logged ``loss`` and ``grad_norm`` too — set
-        ``logging_nan_inf_filter=False``, or the Trainer replaces a NaN loss by an average before
-        logging it. ``stopped_at`` is the 1-based step, ``reason`` says what was non-finite.
-        Unlike a Trainer subclass, it composes with any Trainer (SFTTrainer included).
+    class GuardCallback(TrainerCallback):
+        """Run ``guard(model, control)`` in ``on_pre_optimizer_step`` — after the backward and the
+        clipping, just before ``optimizer.step()``, the last moment a bad gradient can be stopped.
+        ``guard`` returns the name of what it found non-finite (or None) and does the rest itself:
+        keeping the bad gradient out of the weights and asking the Trainer to stop. The callback
+        records ``stopped_at`` (the 1-based step) and ``culprit`` (what the guard named).
         """
 
-        def __init__(self):
-            self.stopped_at: int | None = None
-            self.reason = ""
-
-        def _stop(self, control, step: int, reason: str):
-            if self.stopped_at is None:
-                self.stopped_at, self.reason = step, reason
-            control.should_training_stop = True
-            return control
+        def __init__(self, guard: Callable):
+            if not callable(guard):
+                raise TypeError(f"guard must be a function guard(model, control), got {type(guard).__name__}"
+                                " — the callback calls it before each optimizer step — pass your function.")
+            self.guard, self.stopped_at, self.culprit = guard, None, None
 
         def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-            bad = [n for n, p in model.named_parameters()
-                   if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
-            if bad:
-                model.zero_grad(set_to_none=True)  # no gradient, no update: the weights stay as they were
-                return self._stop(control, state.global_step + 1,
-                                  f"non-finite gradient in {len(bad)} tensors, e.g. {bad[0]}")
+            found = self.guard(model, control)
+            if found and self.stopped_at is None:
+                self.stopped_at, self.culprit = state.global_step + 1, found  # global_step counts done steps
             return control
 
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            for key in ("loss", "grad_norm"):
-                value = (logs or {}).get(key)
-                if value is not None and not math.isfinite(value):
-                    return self._stop(control, state.global_step, f"logged {key} = {value}")
-            return control
-
-    return StopOnNonFinite
+    return GuardCallback
 
 
 def __getattr__(name):  # build the callback class lazily: importing transformers costs seconds
-    if name == "StopOnNonFinite":
-        cls = _make_stop_callback_class()
+    if name == "GuardCallback":
+        cls = _make_guard_callback_class()
         globals()[name] = cls
         return cls
     raise AttributeError(name)
 
 
 # ------------------------------------------------------------------------------------------------
-# Exercise 1: find the first non-finite step
+# Exercise 1 (diagnosis): an unseen broken run, generated
 # ------------------------------------------------------------------------------------------------
 
-def _records(losses, norms):
-    return [{"step": i + 1, "loss": lo, "grad_norm": g, "clipped": False, "n_tokens": 10, "nonfinite": 0}
-            for i, (lo, g) in enumerate(zip(losses, norms))]
+CAUSES = ("all_masked_labels", "fp16_overflow", "learning_rate_too_high", "silent_zero_loss")
+_MODULES = ("embed_tokens", "layers.0.self_attn.o_proj", "layers.0.mlp.up_proj", "layers.0.mlp.down_proj",
+            "layers.1.self_attn.o_proj", "layers.1.mlp.up_proj", "layers.1.mlp.down_proj", "norm", "lm_head")
 
 
-def _first_step_cases() -> list[Case]:
-    nan, inf = float("nan"), float("inf")
-    return [
-        Case((_records([5.0, 4.0, 3.5], [2.0, 1.5, 1.0]),), None, label="a healthy run"),
-        Case((_records([5.0, 4.0, nan, nan], [2.0, 9.0, nan, nan]),), 3, label="loss turns NaN at step 3"),
-        Case((_records([5.0, 4.0, 3.9, nan], [2.0, 3.0, inf, nan]),), 3,
-             label="the gradient norm is inf one step before the loss"),
-        Case((_records([nan, 4.0], [0.0, 1.0]),), 1, label="NaN on the very first step"),
-    ]
+def broken_run(seed: int) -> tuple[dict, Diagnosis]:
+    """``(run, truth)``: a Trainer-style log of a QLoRA run that went wrong, and what broke it.
+
+    ``run`` = ``{"config", "log", "activation_max"}``: the config (lr, storage dtype, compute dtype),
+    one log row per step as the Trainer logs it (``loss`` — with ``logging_nan_inf_filter`` on, so a
+    NaN loss shows as 0.0 —, ``grad_norm``, ``n_tokens``), and the largest |output| of each module per
+    step (forward hooks, execution order). Causes: all labels masked (a hand-written masked mean:
+    NaN gradients), float16 overflow in one module, a learning rate too high (the backward overflows
+    first), and a look-alike from lesson 05: TRL's clamped mean on an empty batch, a *silent* 0.0
+    with zero gradients and no NaN anywhere. The truth's evidence: the step, or for fp16 the module.
+    """
+    validate.integer("seed", seed, minimum=0, why="it picks the case")
+    rng = random.Random(seed)
+    cause = CAUSES[seed % len(CAUSES)]
+    n = rng.randint(10, 14)
+    k = rng.randint(4, n - 3)  # the first bad step
+    lr = rng.choice((1e-4, 2e-4, 5e-4, 1e-3))
+    storage = rng.choice(("float16", "bfloat16", "float32"))
+    if cause == "fp16_overflow":
+        storage = "float16"
+    if cause == "learning_rate_too_high":
+        lr, storage = rng.choice((0.3, 1.0, 3.0)), rng.choice(("bfloat16", "float32"))
+    compute = storage if storage != "float32" else rng.choice(("float32", "bfloat16"))
+    base = {m: rng.uniform(2.0, 30.0) for m in _MODULES}
+    loss0, nan = rng.uniform(9.0, 12.0), float("nan")
+    culprit = rng.choice([m for m in _MODULES if "mlp" in m])
+    log, acts = [], {m: [] for m in _MODULES}
+    for step in range(1, n + 1):
+        loss = loss0 * (0.75 + 0.25 * math.exp(-step / 3)) + rng.uniform(-0.3, 0.3)
+        norm = rng.uniform(1.0, 6.0) * (3.0 if step <= 2 else 1.0)
+        tokens = rng.randint(35, 60)
+        grow = {m: 1.0 for m in _MODULES}
+        dead = False
+        if cause == "learning_rate_too_high":
+            blow = 4.0 ** max(0, step - 1)
+            grow = {m: blow for m in _MODULES}
+            norm *= blow if step < k else 1.0
+            loss = loss0 * (1.0 + 0.2 * max(0, step - k + 3)) if step <= k else loss
+            if step == k:
+                norm = float("inf")  # the backward overflows while the forward is still finite
+            dead = step > k
+        elif cause == "fp16_overflow":
+            g = (FP16_MAX / base[culprit]) ** (min(step, k) / k)
+            grow[culprit] = g
+            grow.update({m: min(g, 1.5) for m in _MODULES if m != culprit})
+            dead = step >= k
+        elif cause in ("all_masked_labels", "silent_zero_loss"):
+            if step == k or (cause == "silent_zero_loss" and step == k + rng.choice((1, 2))):
+                tokens = 0
+            dead = cause == "all_masked_labels" and step >= k
+        for i, m in enumerate(_MODULES):
+            value = base[m] * grow[m] * rng.uniform(0.9, 1.1)
+            if cause == "fp16_overflow" and step >= k:
+                after = i > _MODULES.index(culprit) or step > k
+                value = float("inf") if m == culprit else (nan if after else value)
+            elif dead and not (cause == "all_masked_labels" and step == k) and not (
+                    cause == "learning_rate_too_high" and step == k):
+                value = nan
+            acts[m].append(min(value, FP16_MAX) if (storage == "float16" and math.isfinite(value)) else value)
+        if cause == "silent_zero_loss" and tokens == 0:
+            loss, norm = 0.0, 0.0
+        elif dead or (cause == "all_masked_labels" and step == k):
+            loss, norm = 0.0, nan  # the Trainer logs a NaN loss as 0.0; grad_norm is unfiltered
+        log.append({"step": step, "loss": round(loss, 4), "grad_norm": norm, "n_tokens": tokens})
+    config = {"learning_rate": lr, "dtype": storage, "bnb_4bit_compute_dtype": compute,
+              "optim": "adamw_torch", "logging_nan_inf_filter": True}
+    evidence = culprit if cause == "fp16_overflow" else k
+    return {"config": config, "log": log, "activation_max": acts}, Diagnosis(cause, evidence)
 
 
-def _diagnose_first_step(got, case: Case):
-    records = case.args[0]
-    if isinstance(got, int) and case.expected and got == case.expected - 1:
-        return "off by one: return the record's `step` (counted from 1), not its index in the list."
-    loss_only = next((r["step"] for r in records if not math.isfinite(r["loss"])), None)
-    if got == loss_only and loss_only != case.expected:
-        return ("you only checked the loss: at this step the loss is still finite but the gradient norm is "
-                "inf — the backward broke first. Check `grad_norm` too.")
-    if case.expected is None and got is not None:
-        return "every loss and gradient norm here is finite: return None."
+def show_run(run: dict) -> None:
+    """Print a generated run as a learner would see it: the config, then one line per step with the
+    Trainer's log and each module's largest |activation| (execution order, left to right)."""
+    if not (isinstance(run, dict) and {"config", "log", "activation_max"} <= set(run)):
+        raise TypeError("run must be the first item broken_run(seed) returns — show_run prints its config, "
+                        "log and activations — call run, truth = broken_run(seed) first.")
+    print("config:", run["config"])
+    modules = list(run["activation_max"])
+    short = [m.replace("layers.", "L").replace("self_attn.", "").replace("mlp.", "") for m in modules]
+    print(f"{'':31}| largest |output| per module (execution order →)")
+    print(f"{'step':>4} {'loss':>8} {'grad_norm':>10} {'n_tok':>5} | " + " ".join(f"{s:>9}" for s in short))
+    for i, row in enumerate(run["log"]):
+        values = " ".join(f"{run['activation_max'][m][i]:9.3g}" for m in modules)
+        print(f"{row['step']:4d} {row['loss']:8.4g} {row['grad_norm']:10.4g} {row['n_tokens']:5d} | {values}")
+
+
+_MISCONCEPTIONS = {
+    ("all_masked_labels", "fp16_overflow"): (
+        "a logged loss of 0.0 is what the Trainer shows for *any* NaN step (logging_nan_inf_filter); "
+        "n_tokens of that step is normal — read the activations of that step"),
+    ("all_masked_labels", "learning_rate_too_high"): (
+        "a logged 0.0 is any NaN; this step still had supervised tokens — "
+        "what did the gradient norm do first?"),
+    ("all_masked_labels", "silent_zero_loss"): (
+        "n_tokens is 0 there, but the gradient norm is exactly 0.0, not NaN, and the run goes on finite: "
+        "the loss was clamped (sum / max(count, 1)), a silent zero, not a NaN"),
+    ("silent_zero_loss", "all_masked_labels"): (
+        "the empty step's gradient norm is NaN and every step after it is dead: the mean was 0/0 and "
+        "its NaN gradients reached the weights"),
+    ("fp16_overflow", "all_masked_labels"): (
+        "float16 storage alone is not evidence: at the first bad step no activation is inf, "
+        "and n_tokens is 0"),
+    ("fp16_overflow", "silent_zero_loss"): (
+        "float16 storage alone is not evidence: nothing is inf or NaN here at all"),
+    ("fp16_overflow", "learning_rate_too_high"): (
+        "this run is not float16, and at the first bad step the forward is finite: the gradient norm "
+        "turned inf first, after growing for several steps"),
+    ("learning_rate_too_high", "fp16_overflow"): (
+        "the gradient norm did not climb first: one module's activation reached inf (float16's ceiling "
+        "is 65504) while the others stayed small"),
+    ("learning_rate_too_high", "all_masked_labels"): (
+        "the bad step has n_tokens 0: no token carried loss, whatever the learning rate"),
+    ("learning_rate_too_high", "silent_zero_loss"): (
+        "nothing here is inf or NaN: a 0.0 loss with a 0.0 gradient norm on a step with n_tokens 0"),
+}
+
+DIAGNOSIS_HINTS = Hints(
+    question="Which step is the first one that is not healthy — and at that step, which of n_tokens, "
+             "grad_norm and the activations is unusual?",
+    pointer="Section 3 (the step, the module) and 2d (no targets): a logged 0.0 can be a NaN (section 1). "
+            "Read grad_norm of the first odd step: 0.0, NaN or inf? Then the activations of that step.",
+    answer="n_tokens 0 at the first odd step: grad_norm 0.0 → silent_zero_loss, NaN → all_masked_labels "
+           "(evidence: that step). Else, an inf activation at that step → fp16_overflow (evidence: the "
+           "first module in execution order that is inf). Else learning_rate_too_high (evidence: the "
+           "first step whose grad_norm is not finite).")
+
+
+def _evidence_ok(got, truth: Diagnosis) -> bool:
+    if isinstance(truth.evidence, str):  # a module: accept the full name or a path that ends with it
+        return isinstance(got, str) and bool(got) and (got == truth.evidence or got.endswith(truth.evidence))
+    return not isinstance(got, bool) and isinstance(got, int) and got == truth.evidence
+
+
+def check_diagnosis_run(fn, seeds: Sequence[int] | None = None):
+    """Checker for exercise 1: ``fn(run) -> Diagnosis(cause, evidence)`` on fresh ``broken_run``s."""
+    from .model import course_seed
+
+    seeds = seeds or [1000 + 17 * course_seed() + i for i in range(12)]  # 3 of each cause, never shown
+    return check_diagnosis("diagnose_run", fn, broken_run, seeds=seeds, evidence_ok=_evidence_ok,
+                           misconceptions=_MISCONCEPTIONS, hint=DIAGNOSIS_HINTS)
+
+
+# ------------------------------------------------------------------------------------------------
+# Exercise 2 (fix): the guard a GuardCallback runs before each optimizer step
+# ------------------------------------------------------------------------------------------------
+
+class _Control:
+    """Stands in for transformers' ``TrainerControl`` (the guard only sets ``should_training_stop``)."""
+
+    def __init__(self):
+        self.should_training_stop = False
+
+
+class _TwoLayers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.frozen = torch.nn.Linear(3, 4)
+        self.first = torch.nn.Linear(4, 4)
+        self.second = torch.nn.Linear(4, 2)
+        self.frozen.requires_grad_(False)  # like a 4-bit base layer: no gradient at all
+
+    def forward(self, x):
+        return self.second(torch.relu(self.first(self.frozen(x))))
+
+
+def _guard_case(bad: Sequence[tuple[str, float]], seed: int):
+    """A model after one healthy AdamW step and one more backward, with ``bad`` gradients planted."""
+    torch.manual_seed(seed)
+    model = _TwoLayers()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(5, 3)).pow(2).mean().backward()
+        if _ == 0:
+            opt.step()
+    params = dict(model.named_parameters())
+    for name, value in bad:
+        params[name].grad.view(-1)[seed % params[name].numel()] = value
+    return model, opt
+
+
+_GUARD_CASES = (  # (tag, bad gradients, expected name)
+    ("healthy", (), None),
+    ("nan", (("first.weight", float("nan")),), "first.weight"),
+    ("inf", (("second.bias", float("inf")),), "second.bias"),
+    ("neg_inf_two", (("first.bias", float("-inf")), ("second.weight", float("nan"))), "first.bias"),
+)
+
+
+def _run_guard(fn, tag: str, seed: int):
+    bad, expected = next((b, e) for t, b, e in _GUARD_CASES if t == tag)
+    model, opt = _guard_case(bad, seed)
+    before = {n: (None if p.grad is None else p.grad.clone()) for n, p in model.named_parameters()}
+    control = _Control()
+    found = fn(model, control)
+    grads_after = {n: p.grad for n, p in model.named_parameters()}
+    opt.step()  # the Trainer calls optimizer.step() right after the callback, whatever it decided
+    return {"found": found, "stopped": control.should_training_stop, "before": before,
+            "grads_after": grads_after, "weights_finite": all(bool(torch.isfinite(p).all())
+                                                               for p in model.parameters()),
+            "expected": expected}
+
+
+def _same(a, b) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+
+
+def _compare_guard(got, _expected):
+    if got["expected"] is None:
+        if got["found"]:
+            return f"the gradients are all finite, but your guard returned {got['found']!r}"
+        if got["stopped"]:
+            return "the gradients are all finite, but your guard stopped the run"
+        changed = [n for n, g in got["grads_after"].items() if not _same(g, got["before"][n])]
+        if changed:
+            return f"the gradients are all finite, but your guard changed {changed[0]}'s gradient"
+        return None
+    name = got["found"]
+    expected = got["expected"]
+    if not (isinstance(name, str) and name and (name == expected or expected.startswith(name + "."))):
+        return f"expected the first parameter with a non-finite gradient ({expected!r}), got {name!r}"
+    if not got["stopped"]:
+        return "you found it, but control.should_training_stop is still False: the run goes on"
+    if not got["weights_finite"]:
+        return ("you stopped the run, but the optimizer step that follows wrote the non-finite gradient "
+                "into the weights")
     return None
 
 
-def check_first_nonfinite_step(fn):
-    """Checker for exercise 1: ``fn(records) -> int | None``, the first step with a non-finite loss/norm."""
-    return run_check("first_nonfinite_step", fn, _first_step_cases(), diagnose=_diagnose_first_step,
-                     compare=lambda got, exp: None if got == exp and not isinstance(got, bool)
-                     else f"expected {exp!r}, got {got!r}",
-                     hint="walk the records in order; a step is non-finite when math.isfinite() is False for "
-                          "its loss or its grad_norm; return that record's 'step', or None.")
+def _diagnose_guard(got, case: Case):
+    if case.tag == "healthy":
+        return None
+    if got["found"] is None:
+        grads = [g for g in got["before"].values() if g is not None]
+        bad = [g for g in grads if not bool(torch.isfinite(g).all())]
+        if bad and not any(bool(v.isnan().any()) for v in bad):
+            return "this gradient holds an inf, not a NaN: `isnan` misses it — test with torch.isfinite."
+        return ("nothing found: look at each parameter's .grad (the weights are still finite before the "
+                "step), skip parameters whose .grad is None, and test with torch.isfinite.")
+    if isinstance(got["found"], str) and got["found"] != got["expected"] and case.tag == "neg_inf_two":
+        return "two parameters are bad here: name the first one in model.named_parameters() order."
+    if got["found"] and not got["stopped"]:
+        return "set control.should_training_stop = True: the Trainer reads it after the step."
+    if got["stopped"] and not got["weights_finite"]:
+        return ("stopping is not enough: the Trainer still calls optimizer.step() for this step, right after "
+                "the callback. Drop (or zero) the gradients so the step cannot spread the NaN.")
+    return None
 
 
-# ------------------------------------------------------------------------------------------------
-# Exercise 2: the mystery run
-# ------------------------------------------------------------------------------------------------
-
-MYSTERY_CONFIG = {"lr": 0.01, "optimizer": "adamw", "batch_size": 8, "max_length": 96, "steps": 12,
-                  "bnb_4bit_compute_dtype": "bfloat16", "dtype": "bfloat16", "lora_r": 8}
-
-
-def mystery_batches(tokenizer) -> list[dict]:
-    """The mystery run's micro-batches, in the order the run sees them (from two data sources).
-
-    Read the code only after you have made your diagnosis with the tools: it gives the answer away.
-    """
-    from .data import make_batches, make_messages
-
-    short = make_messages(n=48, seed=6)
-    long = make_messages(n=16, seed=7, context_words=120)
-    return make_batches(tokenizer, short + long, MYSTERY_CONFIG["batch_size"],
-                        max_length=MYSTERY_CONFIG["max_length"])
+GUARD_HINTS = Hints(
+    question="Where is the NaN before optimizer.step(): in the weights, or in their .grad? And what does "
+             "the Trainer do right after your callback returns?",
+    pointer="Section 3d (clip_grad_norm_ with error_if_nonfinite) and section 5: torch.isfinite catches inf "
+            "and NaN; frozen 4-bit weights have .grad None; the Trainer reads control.should_training_stop "
+            "only after optimizer.step().",
+    answer="for name, p in model.named_parameters(): if p.grad is not None and not torch.isfinite(p.grad)."
+           "all(): model.zero_grad(set_to_none=True); control.should_training_stop = True; return name — "
+           "after the loop, return None.")
 
 
-def mystery_run(steps: int | None = None):
-    """``(model, batches, records)`` of the mystery run after ``steps`` optimizer steps (default: all).
-
-    Its configuration is ``MYSTERY_CONFIG``: read it like your own training script. Replay it to
-    ``k - 1`` steps to look at the model just before step ``k``.
-    """
-    from .train import train
-
-    steps = MYSTERY_CONFIG["steps"] if steps is None else steps
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps={steps!r} must be an integer >= 0 — the number of optimizer steps to replay "
-                         "— pass e.g. steps=3, or None for the whole run.")
-    model, tokenizer = qlora_model(compute_dtype=MYSTERY_CONFIG["bnb_4bit_compute_dtype"],
-                                   dtype=MYSTERY_CONFIG["dtype"], r=MYSTERY_CONFIG["lora_r"])
-    batches = mystery_batches(tokenizer)
-    records = train(model, batches, steps=steps, lr=MYSTERY_CONFIG["lr"],
-                    optimizer=MYSTERY_CONFIG["optimizer"]) if steps else []
-    return model, batches, records
-
-
-MYSTERY_CAUSE = "all_masked_labels"
-_WRONG = {
-    "fp16_overflow": (
-        "there is no float16 in this run: it stores and computes in bfloat16, which has float32's range "
-        "(max ~3.4e38), and forward hooks on the model just before the bad step find no module whose output "
-        "is inf/NaN. The NaN is born after the model, in the loss."),
-    "learning_rate_too_high": (
-        "a too-high learning rate diverges and stays diverged (the gradient norm grows first, then "
-        "everything is NaN). Here the loss is NaN on two steps only, their gradient norm is exactly 0, "
-        "and the steps after them are finite again. Look at n_tokens of the bad steps."),
-    "gradient_explosion": (
-        "an exploding gradient shows a huge gradient norm around the NaN; here the gradient norm of the NaN "
-        "steps is exactly 0.0 — there is nothing to clip. Look at n_tokens of the bad steps."),
-}
-
-
-def _compare_cause(got, expected):
-    if not isinstance(got, str) or got not in CAUSES:
-        return f"expected one of {CAUSES}, got {got!r}"
-    return None if got == expected else f"{got!r} is not the cause"
-
-
-def _diagnose_cause(got, case: Case):
-    return _WRONG.get(got)
-
-
-def check_mystery_diagnosis(fn):
-    """Checker for exercise 2: ``fn() -> str``, the mystery run's cause, one of ``CAUSES``."""
-    return run_check("mystery_diagnosis", fn, [Case((), MYSTERY_CAUSE, label="the mystery run")],
-                     compare=_compare_cause, diagnose=_diagnose_cause,
-                     hint=f"return one of {CAUSES}. Use the tools: the first non-finite step, n_tokens "
-                          "of that step, first_nonfinite_module on the model just before it, "
-                          "anomaly_report.")
+def check_guard(fn):
+    """Checker for exercise 2: ``fn(model, control) -> str | None`` — see the notebook's exercise text."""
+    cases = [Case((tag, 3 + i), None, label=f"gradients: {tag}", tag=tag)
+             for i, (tag, _, _) in enumerate(_GUARD_CASES)]
+    return run_check("guard", lambda tag, seed: _run_guard(fn, tag, seed), cases, compare=_compare_guard,
+                     diagnose=_diagnose_guard, hint=GUARD_HINTS)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -469,13 +731,15 @@ def check_mystery_diagnosis(fn):
 # ------------------------------------------------------------------------------------------------
 
 CHECKLIST = (
-    ("Loss or grad norm inf/NaN at step k\n(first_nonfinite_step, StopOnNonFinite)", None),
+    ("Loss or grad norm inf/NaN at step k?\n(grad_norm column; logged loss 0.0 = NaN)", None),
     ("Step k has 0 supervised tokens?\n(n_tokens, detect_anomaly names the op)",
-     "all labels -100: drop fully masked batches,\nclamp the count (lesson 05)"),
+     "drop fully masked batches, or clamp\nthe count (lesson 05); ignore_index"),
     ("A module's forward output is inf?\n(watch_activations, DebugUnderflowOverflow)",
-     "fp16 past 65504: compute in bf16/fp32\n(dtype, bnb_4bit_compute_dtype)"),
-    ("Grad norm / activations growing\nover the steps before k?",
-     "learning rate too high: lower it, warm up\n(clipping alone did not rescue AdamW)"),
+     "fp16 past 65504: store/compute in bf16\n(fp16=True's GradScaler only skips steps)"),
+    ("Grad norm inf while the forward is finite?\nlr near the lowest diverging one?",
+     "lower the learning rate (measure it);\nclipping does not shrink Adam's step"),
+    ("Long sequences, gradient checkpointing,\nfp4 instead of nf4?",
+     "same NaN rules; checkpointing recomputes,\nit does not change the numbers"),
     ("Still unexplained?", "versions: a library bug\n(bitsandbytes #663 was one)"),
 )
 
@@ -485,16 +749,16 @@ def plot_checklist(ax=None):
     import matplotlib.pyplot as plt
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(9.5, 5.6))
+        _, ax = plt.subplots(figsize=(9.5, 6.4))
     ax.set_xlim(0, 10)
     ax.set_ylim(0, len(CHECKLIST) * 2)
     ax.axis("off")
-    box = dict(boxstyle="round,pad=0.4", fc="#fde2e4", ec="#9d0208")
     fix = dict(boxstyle="round,pad=0.4", fc="#d8f3dc", ec="#2d6a4f")
     for i, (question, remedy) in enumerate(CHECKLIST):
         y = len(CHECKLIST) * 2 - 1 - 2 * i
-        ax.text(2.6, y, question, ha="center", va="center", fontsize=8.5, bbox=box if i == 0 else
-                dict(boxstyle="round,pad=0.4", fc="#edf2fb", ec="#1d3557"))
+        ax.text(2.6, y, question, ha="center", va="center", fontsize=8.5,
+                bbox=dict(boxstyle="round,pad=0.4", fc="#fde2e4" if i == 0 else "#edf2fb",
+                          ec="#9d0208" if i == 0 else "#1d3557"))
         if i + 1 < len(CHECKLIST):
             ax.annotate("", xy=(2.6, y - 1.45), xytext=(2.6, y - 0.55), arrowprops=dict(arrowstyle="->"))
             if i:
