@@ -40,8 +40,9 @@ def main(argv=None) -> None:
 
     from transformers.utils import logging as hf_logging
 
+    from .losses import count_supervised
     from .model import load_course_model
-    from .token_weighting import count_supervised, flat_grad, uneven_micro_batches
+    from .token_weighting import flat_grad, uneven_micro_batches
     from .train import token_losses
 
     hf_logging.disable_progress_bar()

@@ -12,18 +12,20 @@ Three ways to put several examples into one tensor, and what each lets a real to
 
 ``padded_drift`` / ``packed_drift`` measure the leak as the max |Δlogit| of real tokens against each
 example run alone; ``allowed_attention`` returns the mask transformers really builds, and
-``plot_attention_layouts`` draws it. The ``check_*`` functions are the lesson's exercise checkers.
+``plot_attention_layouts`` draws it. ``first_token_source`` shows where a right-padded batched
+``generate`` reads its first new token. Exercises: ``padding_incident`` generates broken batches and
+generations for the diagnosis exercise (``check_padding_diagnosis``); ``check_block_mask`` grades the
+fix exercise (a 4-D mask built from ``position_ids``). Reference answers: ``answers/lesson03.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import random
 
 import torch
 
-from .checks import Case, run_check
+from . import validate
+from .checks import Case, Diagnosis, Hints, check_diagnosis, run_check
 from .data import IGNORE_INDEX, collate_right
 
 SIDES = ("right", "left")
@@ -144,6 +146,12 @@ def padded_drift(model, batch: dict, logits: torch.Tensor) -> float:
     ``logits`` come from whatever forward call you want to judge (with or without the mask); the
     batch's ``attention_mask`` is only used here to find the real tokens, on either side.
     """
+    validate.batch("batch", batch, need=("input_ids", "attention_mask"))
+    validate.tensor("logits", logits, ndim=3, integer_dtype=False)
+    if logits.shape[:2] != batch["input_ids"].shape:
+        raise ValueError(f"logits have shape {tuple(logits.shape)} but the batch "
+                         f"{tuple(batch['input_ids'].shape)} — each token's logits are compared with its "
+                         "solo run — pass the logits of this batch.")
     worst = 0.0
     for row, mask in enumerate(batch["attention_mask"].bool()):
         reference = alone_logits(model, batch["input_ids"][row][mask])
@@ -153,6 +161,12 @@ def padded_drift(model, batch: dict, logits: torch.Tensor) -> float:
 
 def packed_drift(model, batch: dict, logits: torch.Tensor) -> float:
     """Max |Δlogit| over every token of a packed row vs each example alone (segments from position_ids)."""
+    validate.batch("batch", batch, need=("input_ids", "position_ids"))
+    validate.tensor("logits", logits, ndim=3, integer_dtype=False)
+    if logits.shape[:2] != batch["input_ids"].shape:
+        raise ValueError(f"logits have shape {tuple(logits.shape)} but the batch "
+                         f"{tuple(batch['input_ids'].shape)} — each token's logits are compared with its "
+                         "solo run — pass the logits of this batch.")
     worst = 0.0
     for start, end in packed_segments(batch["position_ids"]):
         reference = alone_logits(model, batch["input_ids"][0, start:end])
@@ -169,6 +183,21 @@ def allowed_attention(model, input_ids, attention_mask=None, position_ids=None) 
     """
     from transformers.masking_utils import create_causal_mask
 
+    validate.tensor("input_ids", input_ids, ndim=2, integer_dtype=True)
+    validate.ids_fit_model(model, input_ids)
+    for name, extra in (("attention_mask", attention_mask), ("position_ids", position_ids)):
+        if extra is None:
+            continue
+        validate.tensor(name, extra, integer_dtype=None)
+        if extra.ndim == 2 and extra.shape != input_ids.shape:
+            raise ValueError(f"{name} has shape {tuple(extra.shape)} but input_ids {tuple(input_ids.shape)}"
+                             " — "
+                             "each token needs its own entry, else the mask would describe another batch — "
+                             f"pass the {name} collated with these input_ids.")
+        if extra.ndim != 2 and not (name == "attention_mask" and extra.ndim == 4):
+            raise ValueError(f"{name} has {extra.ndim} dimensions — a 2-D [batch, seq] tensor (or a 4-D "
+                             "[batch, 1, query, key] mask) is what transformers reads — pass the collate's "
+                             f"{name}.")
     embeds = model.get_input_embeddings()(input_ids)
     mask = create_causal_mask(config=model.config, inputs_embeds=embeds, attention_mask=attention_mask,
                               cache=None, position_ids=position_ids)
@@ -235,27 +264,6 @@ def plot_attention_layouts(panels: dict):
 # Batched generation
 # ------------------------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def captured_transformers_warnings():
-    """Collect transformers' log warnings in a list instead of printing them to stderr."""
-    from transformers.utils import logging as hf_logging
-
-    messages: list[str] = []
-
-    class _Keep(logging.Handler):
-        def emit(self, record):
-            messages.append(record.getMessage())
-
-    handler, root = _Keep(level=logging.WARNING), hf_logging.get_logger()
-    hf_logging.disable_default_handler()
-    root.addHandler(handler)
-    try:
-        yield messages
-    finally:
-        root.removeHandler(handler)
-        hf_logging.enable_default_handler()
-
-
 def _until_stop(tokens: list[int], stop_ids) -> list[int]:
     out = []
     for t in tokens:
@@ -272,9 +280,14 @@ def greedy_continuations(model, prompts: list[list[int]], pad_token_id: int, lay
 
     Each continuation is cut after its first stop token, so batch-mates that run on do not count.
     """
-    if layout not in ("alone",) + SIDES:
-        raise ValueError(f"layout={layout!r} is not 'alone', 'right' or 'left' — the three ways to feed "
-                         "prompts to generate() compared here — pass one of them.")
+    validate.choice("layout", layout, ("alone",) + SIDES, why="the three ways to feed prompts to generate() "
+                    "compared here")
+    validate.positive_int("max_new_tokens", max_new_tokens, why="it is how many tokens generate() adds")
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit and max(map(len, prompts), default=0) + max_new_tokens > limit:
+        raise ValueError(f"prompts plus max_new_tokens={max_new_tokens} exceed the model's {limit} positions"
+                         " — "
+                         "positions past the limit have no embedding — pass a smaller max_new_tokens.")
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=list(stop_ids),
                   pad_token_id=pad_token_id)
     if layout == "alone":
@@ -310,154 +323,215 @@ def differing_tokens(reference: list[list[int]], other: list[list[int]]) -> int:
 
 
 # ------------------------------------------------------------------------------------------------
-# Exercise checkers
+# Exercise 7.1 (diagnosis): a broken batch or a batched generation, from one of several causes
 # ------------------------------------------------------------------------------------------------
 
-def _random_examples(rng: random.Random, n: int, lo: int = 2, hi: int = 9, lm: bool = False) -> list[dict]:
-    """Hidden tokenized examples: a prompt with label -100, then an answer that carries loss.
+INCIDENT_CAUSES = (
+    "left_padding_without_mask",        # forward: pads before real tokens, no attention_mask
+    "no_leak",                          # forward: right padding, no attention_mask (looks alarming, is exact)
+    "packing_without_position_reset",   # forward: one packed row, position_ids 0..T-1
+    "packing_with_all_ones_mask",       # forward: reset position_ids plus an all-ones attention_mask
+    "packing_with_cache",               # forward: reset position_ids, no mask, default call (use_cache=True)
+    "right_padded_generation",          # generate: pads after the prompt, mask passed
+    "never_stops",                      # generate: lesson 02's look-alike, left padding is fine
+)
 
-    ``lm=True``: plain language modelling, every label is the token itself (no prompt mask), so only
-    the packing collate can put the -100 on each example's first token.
+
+def _content(rng: random.Random, n: int, avoid: set) -> list[int]:
+    return [t for t in (rng.randrange(10, 500) for _ in range(4 * n)) if t not in avoid][:n]
+
+
+def padding_incident(seed: int) -> tuple[dict, Diagnosis]:
+    """A broken (or look-alike) artefact and its true ``Diagnosis``; ``seed`` picks cause and contents.
+
+    The artefact is what you would have in hand when debugging: ``kind`` ("forward" or "generate"),
+    the ``batch`` exactly as passed to the model, the ``call`` keyword arguments (``use_cache``; absent
+    means the default, ``model.config.use_cache=True``), ``pad_token_id``, ``stop_ids``, for packed rows
+    the ``cu_seq_lens`` the data pipeline knows (where each example starts), and for generation the
+    ``generated`` token lists and ``max_new_tokens``. Evidence of the truth: the sorted list of affected
+    rows (padding and generation causes), the index of the first token that can see another example
+    (packing causes), or ``None`` (nothing leaks).
     """
-    examples = []
-    for _ in range(n):
-        length = rng.randint(lo, hi)
-        ids = [rng.randrange(3, 500) for _ in range(length)]
-        prompt = 0 if lm else rng.randint(1, length - 1)
-        examples.append({"input_ids": ids, "labels": [IGNORE_INDEX] * prompt + ids[prompt:],
-                         "attention_mask": [1] * length})
-    return examples
+    seed = validate.integer("seed", seed, minimum=0, why="it picks the generated case")
+    rng = random.Random(seed)
+    cause = INCIDENT_CAUSES[seed % len(INCIDENT_CAUSES)]
+    pad, im_end = rng.sample(range(0, 8), 2)
+    avoid = {pad, im_end}
+    art: dict = {"pad_token_id": pad, "stop_ids": (pad, im_end), "call": {}, "cu_seq_lens": None}
+    if cause.startswith("packing"):
+        lengths = [rng.randint(4, 12) for _ in range(rng.randint(2, 4))]
+        ids = _content(rng, sum(lengths), avoid)
+        starts = [sum(lengths[:i]) for i in range(len(lengths))]
+        reset = [p for n in lengths for p in range(n)]
+        batch = {"input_ids": torch.tensor([ids])}
+        if cause == "packing_without_position_reset":
+            batch["position_ids"] = torch.arange(len(ids))[None]
+            art["call"] = {"use_cache": False}
+        elif cause == "packing_with_all_ones_mask":
+            batch["position_ids"] = torch.tensor([reset])
+            batch["attention_mask"] = torch.ones(1, len(ids), dtype=torch.long)
+            art["call"] = {"use_cache": False}
+        else:
+            batch["position_ids"] = torch.tensor([reset])  # the default call: config.use_cache=True
+        art.update(kind="forward", batch=batch, cu_seq_lens=starts + [len(ids)])
+        return art, Diagnosis(cause, starts[1])
+    rows = rng.randint(3, 5)
+    lengths = [rng.randint(3, 9) for _ in range(rows)]
+    lengths[rng.randrange(rows)] = 10  # one longest row, so at least one row has no pads
+    prompts = [_content(rng, n, avoid) for n in lengths]
+    padded_rows = [i for i, n in enumerate(lengths) if n < 10]
+    side = "right" if cause in ("no_leak", "right_padded_generation") else "left"
+    batch = collate_padded([{"input_ids": p, "labels": p} for p in prompts], pad, side)
+    del batch["labels"]
+    if cause in ("left_padding_without_mask", "no_leak"):
+        del batch["attention_mask"]
+        art.update(kind="forward", batch=batch)
+        return art, Diagnosis(cause, padded_rows if cause != "no_leak" else None)
+    max_new = 8
+    art.update(kind="generate", batch=batch, max_new_tokens=max_new)
+    if cause == "right_padded_generation":
+        first = rng.randrange(10, 500)  # every padded row continues from the pad token: the same first token
+        generated = []
+        for i in range(rows):
+            body = ([first] if i in padded_rows else []) + _content(rng, rng.randint(2, 5), avoid)
+            generated.append(body + [im_end])
+        art["generated"] = generated
+        return art, Diagnosis(cause, padded_rows)
+    never = sorted(rng.sample(range(rows), rng.randint(1, rows)))
+    art["generated"] = [_content(rng, max_new, avoid) if i in never else
+                        _content(rng, rng.randint(1, max_new - 1), avoid) + [im_end] for i in range(rows)]
+    return art, Diagnosis(cause, never)
 
 
-def _exact(got, expected) -> str | None:
-    """Dicts of integer tensors must match exactly: same keys, shapes, dtype family and values."""
-    if not isinstance(got, dict):
-        return f"expected a dict of tensors with keys {sorted(expected)}, got {type(got).__name__}"
-    if set(got) != set(expected):
-        return f"expected keys {sorted(expected)}, got {sorted(got)}"
-    for key, want in expected.items():
-        have = got[key]
-        if not isinstance(have, torch.Tensor):
-            return f"[{key!r}]: expected a torch.Tensor, got {type(have).__name__}"
-        if have.shape != want.shape:
-            return f"[{key!r}]: expected shape {tuple(want.shape)}, got {tuple(have.shape)}"
-        if have.is_floating_point() or not torch.equal(have.long(), want):
-            return f"[{key!r}]: values differ, expected\n{want.tolist()}\ngot\n{have.tolist()}"
-    return None
+def _evidence_ok(got, truth: Diagnosis) -> bool:
+    if truth.evidence is None:
+        return got is None or (isinstance(got, (list, tuple, set)) and not got)
+    if isinstance(truth.evidence, list):
+        try:
+            return sorted(int(r) for r in got) == truth.evidence
+        except TypeError:
+            return False
+    return not isinstance(got, bool) and isinstance(got, int) and got == truth.evidence
 
 
-def _right_cases() -> list[Case]:
-    rng = random.Random(303)
-    cases = [Case((ex, pad), collate_padded(ex, pad, "right"), label=label)
-             for ex, pad, label in ((_random_examples(rng, 3), 0, "3 examples, pad 0"),
-                                    (_random_examples(rng, 4), 7, "4 examples, pad 7"))]
-    same = _random_examples(rng, 2, 5, 5)
-    cases.append(Case((same, 0), collate_padded(same, 0, "right"), label="equal lengths: no padding"))
+_INCIDENT_MISCONCEPTIONS = {
+    ("left_padding_without_mask", "no_leak"):
+        "the pads come AFTER every real token here: a causal mask already hides them (section 2).",
+    ("no_leak", "left_padding_without_mask"):
+        "pads BEFORE real tokens are visible to them unless attention_mask hides them (section 2).",
+    ("right_padded_generation", "never_stops"):
+        "the prompts end in the last column (left padding): the batch is fine, the rows never emit a "
+        "stop token (lesson 02).",
+    ("never_stops", "right_padded_generation"):
+        "every row stops; look at the last column of the prompts: generate() reads the first new token "
+        "there.",
+    ("packing_with_cache", "packing_with_all_ones_mask"):
+        "use_cache is off here; what else turns off transformers' inference from position_ids?",
+    ("packing_with_all_ones_mask", "packing_with_cache"):
+        "there is no attention_mask here; check the call's use_cache (absent = the config's True).",
+    ("packing_with_cache", "packing_without_position_reset"):
+        "position_ids never restart at 0: nothing marks where an example begins.",
+    ("packing_with_all_ones_mask", "packing_without_position_reset"):
+        "position_ids never restart at 0: nothing marks where an example begins.",
+}
+
+
+def check_padding_diagnosis(fn, seeds=None):
+    """Checker for exercise 7.1: ``fn(artefact) -> Diagnosis(cause, evidence)`` on fresh incidents.
+
+    ``seeds`` default to two rounds through every cause, offset by the course seed.
+    """
+    from .model import course_seed
+
+    if seeds is None:
+        base = 1000 * (course_seed() + 1)
+        seeds = [base + i for i in range(2 * len(INCIDENT_CAUSES))]
+    return check_diagnosis(
+        "padding_incident", fn, padding_incident, seeds=seeds, evidence_ok=_evidence_ok,
+        misconceptions=_INCIDENT_MISCONCEPTIONS,
+        hint=Hints(question="Which tensor tells you where each example (or each prompt) begins, and what "
+                            "was passed with it: a mask, reset positions, a cache?",
+                   pointer="Sections 2 and 3 list the forward calls that leak; section 1 shows where "
+                           "generate() reads its first new token. Look at artefact['batch'], "
+                           "artefact['call'] and, for generations, whether each row contains a stop id.",
+                   answer="generate: a pad in the last prompt column -> right_padded_generation (rows "
+                          "with a pad), else rows without a stop id -> never_stops. Forward, one packed row: "
+                          "position_ids without a reset -> packing_without_position_reset; an attention_mask "
+                          "-> packing_with_all_ones_mask; else packing_with_cache (evidence cu_seq_lens[1]). "
+                          "Padded rows: pads at the start -> left_padding_without_mask (rows with pads), "
+                          "at the end -> no_leak (None)."))
+
+
+# ------------------------------------------------------------------------------------------------
+# Exercise 7.2 (fix): a 4-D mask from position_ids, safe with a cache or an all-ones mask
+# ------------------------------------------------------------------------------------------------
+
+def _block_cases() -> list[Case]:
+    from .answers.lesson03 import block_mask_from_position_ids as reference
+
+    rng = random.Random(306)
+    rows = []
+    for lengths in ([3, 4, 2], [6], [1, 1, 5, 2]):
+        rows.append([p for n in lengths for p in range(n)])
+    cases = [Case((torch.tensor([r]),), reference(torch.tensor([r])),
+                  label=f"one packed row, {len(r)} tokens", tag="one_row") for r in rows]
+    two = []
+    for _ in range(2):  # two packed rows of one width; TRL pads position_ids with 0 (a one-token "example")
+        lengths = [rng.randint(1, 5) for _ in range(rng.randint(2, 3))]
+        two.append([p for n in lengths for p in range(n)])
+    width = max(map(len, two))
+    pos = torch.tensor([r + [0] * (width - len(r)) for r in two])
+    cases.append(Case((pos,), reference(pos), label="two packed rows, padded with position 0",
+                      tag="two_rows"))
     return cases
 
 
-def _diagnose_right(got, case: Case):
-    if not isinstance(got, dict) or "labels" not in got or not isinstance(got.get("labels"), torch.Tensor):
+def _compare_mask(got, expected) -> str | None:
+    if not isinstance(got, torch.Tensor):
+        return f"expected a torch.Tensor, got {type(got).__name__}"
+    if got.shape != expected.shape:
+        return f"expected shape {tuple(expected.shape)} ([batch, 1, query, key]), got {tuple(got.shape)}"
+    if got.dtype != torch.bool:
+        return f"expected a boolean mask (True = may attend), got dtype {got.dtype}"
+    if not torch.equal(got, expected):
+        diff = (got != expected).nonzero()[0].tolist()
+        return f"first wrong cell [batch, head, query, key] = {diff}: got {bool(got[tuple(diff)])}"
+    return None
+
+
+def _diagnose_mask(got, case: Case):
+    if not isinstance(got, torch.Tensor):
         return None
-    examples, pad = case.args
     want = case.expected
-    if got["labels"].shape == want["labels"].shape:
-        pads = want["attention_mask"] == 0
-        if pads.any() and (got["labels"][pads] == pad).all():
-            return ("padded positions got label pad_token_id: those pads would be trained. "
-                    "Pad labels with -100.")
-        if torch.equal(got["labels"], torch.where(pads, IGNORE_INDEX, want["input_ids"])):
-            return ("you rebuilt labels from input_ids, so the prompt's -100 is lost: copy each example's "
-                    "own labels and pad them with -100.")
-        left = collate_padded(examples, pad, "left")
-        if torch.equal(got["labels"], left["labels"]):
-            return ("you padded on the left; a training collate pads on the right "
-                    "(pads after the real tokens).")
-    mask = got.get("attention_mask")
-    if isinstance(mask, torch.Tensor) and mask.shape == want["attention_mask"].shape \
-            and bool((mask == 1).all()):
-        return "attention_mask must be 0 on the pads (1 only on real tokens)."
-    return None
-
-
-def check_collate_right(fn):
-    """Checker: ``fn(examples, pad_token_id)`` right-pads ``input_ids``/``attention_mask``/``labels``."""
-    return run_check("collate_right_with_labels", fn, _right_cases(), compare=_exact,
-                     diagnose=_diagnose_right,
-                     hint="pad every row to the longest: input_ids with pad_token_id, attention_mask with 0, "
-                          "labels with -100 (keep each example's own labels); return long tensors.")
-
-
-def _left_cases() -> list[Case]:
-    rng = random.Random(304)
-    cases = []
-    for n, pad in ((3, 0), (4, 5)):
-        prompts = [[rng.randrange(3, 500) for _ in range(rng.randint(2, 8))] for _ in range(n)]
-        cases.append(Case((prompts, pad), collate_left(prompts, pad), label=f"{n} prompts, pad {pad}"))
-    prompts = [[11, 12, 13, 14, 15], [21, 22]]
-    cases.append(Case((prompts, 0), collate_left(prompts, 0), label="one long, one short prompt"))
-    return cases
-
-
-def _diagnose_left(got, case: Case):
-    if not isinstance(got, dict) or not isinstance(got.get("input_ids"), torch.Tensor):
+    if got.shape == want.shape[:1] + want.shape[2:] or got.shape == want.shape[2:]:
+        return ("transformers passes only a 4-D mask through unchanged: add the head dimension, "
+                "[batch, 1, T, T].")
+    if got.shape != want.shape or got.dtype != torch.bool:
         return None
-    prompts, pad = case.args
-    width = max(map(len, prompts))
-    right = torch.tensor([list(p) + [pad] * (width - len(p)) for p in prompts])
-    if got["input_ids"].shape == right.shape and torch.equal(got["input_ids"].long(), right):
-        return ("you padded on the right: generate() appends after the LAST column, which is a pad for the "
-                "short prompts. Put the pads first.")
-    mask = got.get("attention_mask")
-    if isinstance(mask, torch.Tensor) and mask.shape == case.expected["attention_mask"].shape \
-            and bool((mask == 1).all()):
-        return "attention_mask must be 0 on the pads, else the prompt attends to them."
-    return None
+    length = want.shape[-1]
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    if torch.equal(got, causal.expand_as(want)):
+        return ("that is the plain causal mask: every example sees the ones before it — cut it where "
+                "position_ids restart.")
+    if torch.equal(got, ~want):
+        return "True must mean 'may attend' (you returned the blocked cells)."
+    same = want | (want.transpose(-1, -2))
+    if torch.equal(got, same):
+        return "inside an example a token may see only itself and earlier tokens: AND with the causal mask."
+    if bool((got & ~causal).any()):
+        return "a query sees a later key: keep the causal part (keys no later than the query)."
+    return ("the block boundaries are off: a new example starts exactly where position_ids is 0 (that token "
+            "belongs to the NEW example).")
 
 
-def check_collate_left(fn):
-    """Checker: ``fn(prompts, pad_token_id)`` left-pads prompts into ``input_ids`` and ``attention_mask``."""
-    return run_check("collate_left_for_generation", fn, _left_cases(), compare=_exact,
-                     diagnose=_diagnose_left,
-                     hint="pad every prompt on the LEFT to the longest: input_ids with pad_token_id, "
-                          "attention_mask 0 on pads and 1 on the prompt; return only those two keys.")
-
-
-def _packed_cases() -> list[Case]:
-    rng = random.Random(305)
-    cases = [Case((ex,), collate_packed(ex), label=label)
-             for ex, label in ((_random_examples(rng, 3), "3 chat examples"),
-                               (_random_examples(rng, 4, 2, 5, lm=True), "4 examples, labels = input_ids"))]
-    one = _random_examples(rng, 1)
-    cases.append(Case((one,), collate_packed(one), label="a single example"))
-    return cases
-
-
-def _diagnose_packed(got, case: Case):
-    if not isinstance(got, dict):
-        return None
-    if "attention_mask" in got:
-        return ("drop the attention_mask: with an all-ones mask transformers no longer infers the "
-                "block-diagonal mask from position_ids (masking_utils only does so when attention_mask "
-                "is None).")
-    want = case.expected
-    pos, labels = got.get("position_ids"), got.get("labels")
-    if isinstance(pos, torch.Tensor) and pos.shape == want["position_ids"].shape[1:]:
-        return "keep the batch dimension: every tensor should have shape [1, total_tokens]."
-    if isinstance(pos, torch.Tensor) and pos.shape == want["position_ids"].shape \
-            and torch.equal(pos.long(), torch.arange(pos.shape[1])[None]):
-        return ("position_ids must restart at 0 for every example: the reset is what marks a boundary, so "
-                "without it every example attends to the ones before it.")
-    if isinstance(labels, torch.Tensor) and labels.shape == want["labels"].shape:
-        joined = torch.tensor([sum((list(e["labels"]) for e in case.args[0]), [])])
-        if torch.equal(labels.long(), joined):
-            return ("set the FIRST label of every example to -100: after the shift it would be predicted "
-                    "from the previous example's last token (TRL does labels[position_ids == 0] = -100).")
-    return None
-
-
-def check_collate_packed(fn):
-    """Checker: ``fn(examples)`` packs into one row with reset ``position_ids`` and -100 at boundaries."""
-    return run_check("collate_packed", fn, _packed_cases(), compare=_exact, diagnose=_diagnose_packed,
-                     hint="concatenate input_ids and labels into one row [1, total]; position_ids restart at "
-                          "0 for each example; the first label of each example is -100; no attention_mask.")
+def check_block_mask(fn):
+    """Checker for exercise 7.2: ``fn(position_ids [B, T]) -> bool mask [B, 1, T, T]`` (True = may attend)."""
+    return run_check("block_mask_from_position_ids", fn, _block_cases(), compare=_compare_mask,
+                     diagnose=_diagnose_mask,
+                     hint=Hints(
+                         question="For a query at position i of a row, which keys belong to its own example "
+                                  "and come no later than i?",
+                         pointer="position_ids restart at 0 where an example begins (section 3's "
+                                 "packed_segments); block_causal_mask builds the same picture from lengths.",
+                         answer="example = (position_ids == 0).cumsum(-1); mask = (example[:, :, None] == "
+                                "example[:, None, :]) & causal (tril); return mask[:, None]."))

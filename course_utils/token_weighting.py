@@ -15,10 +15,13 @@ The two agree only when every nᵢ is the same. This module measures that on the
 - ``token_weights`` / ``plot_token_weights``: the weight one token gets under each scheme, drawn;
 - ``train_and_track`` / ``param_distance``: two training runs compared on a held-out loss and in weights;
 - ``cite_source``: quote the lines of the installed library that implement the fix;
-- ``check_token_weights`` / ``check_accumulate_token_weighted``: the lesson's exercise checkers.
+- ``accumulation_trace`` / ``check_trace_diagnosis``: exercise 7.1, diagnose an unseen accumulation trace;
+- ``check_sequence_weighted``: exercise 7.2, per-sequence averaging across micro-batches (references in
+  ``answers/lesson07.py``).
 
 Used by lesson 07 (``solutions/07_token_weighted.ipynb``) and its worker ``course_utils/ddp_grad.py``.
-The loss pieces come from ``course_utils.train`` (``token_losses``, ``micro_batch_loss``).
+The loss pieces come from ``course_utils.train`` (``token_losses``, ``micro_batch_loss``) and the token
+count from ``course_utils.losses.count_supervised``.
 """
 
 from __future__ import annotations
@@ -32,35 +35,31 @@ from pathlib import Path
 
 import torch
 
-from .checks import Case, run_check
+from . import validate
+from .checks import Case, Diagnosis, Hints, check_diagnosis, run_check
 from .data import IGNORE_INDEX, collate_right, make_messages, tokenize_chat
+from .losses import count_supervised
 from .train import micro_batch_loss, token_losses
 
 SCHEMES = ("mean", "token")
 
 
 def _check_scheme(scheme: str) -> None:
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme={scheme!r} is not one of {SCHEMES} — 'mean' averages each micro-batch's "
-                         "mean loss, 'token' divides the summed loss by the step's token count — pass one.")
+    validate.choice("scheme", scheme, SCHEMES, why="'mean' averages each micro-batch's mean loss, 'token' "
+                    "divides the summed loss by the step's token count")
 
 
 def _check_micro_batches(micro_batches) -> None:
-    if not isinstance(micro_batches, (list, tuple)) or not micro_batches or not all(
-            isinstance(b, dict) and "labels" in b and "input_ids" in b for b in micro_batches):
-        raise ValueError("micro_batches must be a non-empty list of batches (dicts with input_ids, labels, "
-                         "attention_mask) — one accumulation step is a list of them — build them with "
-                         "data.make_batches() or uneven_micro_batches().")
+    if isinstance(micro_batches, (list, tuple)) and not micro_batches:
+        raise ValueError("micro_batches must be a non-empty list of batches — one accumulation step is a "
+                         "list "
+                         "of them — build them with data.make_batches() or uneven_micro_batches().")
+    validate.batches("micro_batches", micro_batches)
 
 
 # ------------------------------------------------------------------------------------------------
 # Data: micro-batches whose supervised-token counts differ (or not)
 # ------------------------------------------------------------------------------------------------
-
-def count_supervised(batch: dict) -> int:
-    """Tokens of ``batch`` that carry loss: labels after the one-token shift that are not -100."""
-    return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
-
 
 def multi_turn_conversations(n: int, seed: int = 0, max_turns: int = 6) -> list[list[dict]]:
     """``n`` chats of 1..``max_turns`` question/answer turns: the assistant says 5 to ~50 tokens.
@@ -68,9 +67,8 @@ def multi_turn_conversations(n: int, seed: int = 0, max_turns: int = 6) -> list[
     Real SFT data has answers from a word to pages; the toy tasks alone vary only 5-8 tokens, so
     the lesson stacks turns to get realistic spread in supervised tokens per example.
     """
-    if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
-        raise ValueError(f"max_turns={max_turns!r} must be a positive integer — it is the most "
-                         "question/answer pairs per chat — pass e.g. max_turns=6.")
+    validate.positive_int("n", n, why="it is the number of chats")
+    validate.positive_int("max_turns", max_turns, why="it is the most question/answer pairs per chat")
     rng = random.Random(seed)
     pool = iter(make_messages("mixed", n * max_turns, seed=seed))
     return [sum((next(pool) for _ in range(rng.randint(1, max_turns))), []) for _ in range(n)]
@@ -108,14 +106,21 @@ def equal_count_micro_batches(tokenizer, k: int = 4, batch_size: int = 2, seed: 
 
 
 def merge_micro_batches(micro_batches: list[dict], pad_token_id: int = 0) -> dict:
-    """The one big batch that the micro-batches pretend to be: every row, right-padded to one width."""
+    """The one big batch that the micro-batches pretend to be: every row, right-padded to one width.
+
+    Real tokens are those with ``attention_mask == 1``, wherever they sit, so left-padded micro-batches
+    merge correctly too (the pads are dropped, never the real tokens).
+    """
     _check_micro_batches(micro_batches)
+    validate.integer("pad_token_id", pad_token_id, minimum=0, why="it is a token id")
     rows = []
     for b in micro_batches:
-        mask = b.get("attention_mask", torch.ones_like(b["input_ids"]))
-        for ids, labels, m in zip(b["input_ids"], b["labels"], mask):
-            n = int(m.sum())  # right padding: the real tokens are the first n
-            rows.append({"input_ids": ids[:n].tolist(), "labels": labels[:n].tolist()})
+        mask = b.get("attention_mask", torch.ones_like(b["input_ids"])).bool()
+        for ids, labels, real in zip(b["input_ids"], b["labels"], mask):
+            if not real.any():
+                raise ValueError("a row of a micro-batch has no real token (attention_mask all 0) — it would "
+                                 "be all padding in the big batch — drop empty rows before merging.")
+            rows.append({"input_ids": ids[real].tolist(), "labels": labels[real].tolist()})
     return collate_right(rows, pad_token_id)
 
 
@@ -166,10 +171,17 @@ def accumulated_grad(model, micro_batches: list[dict], scheme: str = "token") ->
 
 def relative_error(grad: torch.Tensor, reference: torch.Tensor) -> float:
     """‖grad − reference‖ / ‖reference‖: 1e-7 is float noise, 1e-2 is a different gradient."""
+    validate.tensor("grad", grad)
+    validate.tensor("reference", reference)
     if grad.shape != reference.shape:
         raise ValueError(f"gradients of shapes {tuple(grad.shape)} and {tuple(reference.shape)} — they "
                          "must come from the same model — flatten both with flat_grad().")
-    return float((grad.double() - reference.double()).norm() / reference.double().norm())
+    norm = reference.double().norm()
+    if not torch.isfinite(norm) or norm == 0:
+        raise ValueError(f"the reference gradient's norm is {float(norm)} — a relative error needs a finite, "
+                         "non-zero reference (a zero one means no token carried loss) — compare against a "
+                         "step with supervised tokens, or use the absolute difference.")
+    return float((grad.double() - reference.double()).norm() / norm)
 
 
 def token_weights(n_tokens: list[int], scheme: str) -> list[float]:
@@ -179,9 +191,11 @@ def token_weights(n_tokens: list[int], scheme: str) -> list[float]:
     tokens sum to 1 — they differ in *which* tokens get the weight.
     """
     _check_scheme(scheme)
-    if not n_tokens or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in n_tokens):
-        raise ValueError(f"n_tokens={n_tokens!r} must be a non-empty list of positive ints — one "
-                         "supervised-token count per micro-batch — e.g. [12, 40, 7].")
+    validate.non_empty("n_tokens", n_tokens, what="positive ints (one supervised-token count per "
+                       "micro-batch)", fix="pass e.g. [12, 40, 7].")
+    for n in n_tokens:
+        validate.positive_int("each n_tokens entry", n, why="a micro-batch's weight is 1/n, so it needs "
+                              "positive ints")
     k, total = len(n_tokens), sum(n_tokens)
     return [1 / (k * n) if scheme == "mean" else 1 / total for n in n_tokens]
 
@@ -326,9 +340,11 @@ def run_ddp_grad(nproc: int = 2, seed: int = 0, batch_size: int = 2, timeout: fl
     (``all_reduce``). ``sys.executable -m torch.distributed.run`` is torchrun with this kernel's
     Python, so the workers see the same packages; ``--standalone`` picks a free port.
     """
-    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
-        raise ValueError(f"nproc={nproc!r} must be a positive integer — it is the number of processes "
-                         "torchrun starts — pass e.g. nproc=2.")
+    # validate everything before launching anything: a bad argument must not cost two torchrun launches
+    validate.positive_int("nproc", nproc, why="it is the number of processes torchrun starts")
+    validate.integer("seed", seed, minimum=0, why="it picks the micro-batches")
+    validate.positive_int("batch_size", batch_size, why="each rank needs at least one chat")
+    validate.number("timeout", timeout, positive=True, why="it bounds how long torchrun may run")
     out = Path(tempfile.mkdtemp(prefix="sft-lab-07-ddp-")) / "grads.pt"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "course_utils.ddp_grad", "--out", str(out), "--seed", str(seed),
@@ -347,71 +363,146 @@ def run_ddp_grad(nproc: int = 2, seed: int = 0, batch_size: int = 2, timeout: fl
 
 
 # ------------------------------------------------------------------------------------------------
-# Exercise 1: the weight of one token
+# Exercise 7.1 (diagnosis): an accumulation trace from one of several causes
 # ------------------------------------------------------------------------------------------------
 
-def _weight_cases() -> list[Case]:
-    cases = []
-    for counts in ([10, 10], [3, 30], [7, 1, 12, 40], [100]):
-        for scheme in SCHEMES:
-            cases.append(Case((counts, scheme), token_weights(counts, scheme), label=f"{counts}, {scheme!r}"))
-    return cases
+TRACE_CAUSES = (
+    "per_micro_batch_mean",     # each micro-batch's mean ÷ K with unequal token counts (this lesson)
+    "per_rank_mean",            # each rank's own mean, DDP averages the ranks (section 8.2)
+    "missing_division_by_k",    # lesson 01's look-alike: means summed over K micro-batches, no ÷ K
+    "empty_micro_batch",        # lesson 05's look-alike: a micro-batch with no supervised token, 0/0
+    "token_weighted",           # healthy: summed loss ÷ the step's (global) token count
+)
 
 
-def _diagnose_weights(got, case: Case):
-    counts, scheme = case.args
-    k, total = len(counts), sum(counts)
-    if not isinstance(got, (list, tuple)) or len(got) != k:
-        return "return one weight per micro-batch (a list as long as n_tokens)."
-    guesses = {
-        "per-micro-batch mean without ÷K: 1/nᵢ — the K micro-batches then count K times.":
-            [1 / n for n in counts],
-        "that is the per-micro-batch mean ÷ K; the 'token' scheme gives every token 1/N, N = sum(n_tokens).":
-            [1 / (k * n) for n in counts],
-        "that is the token scheme (1/N); 'mean' divides each micro-batch's mean by K: 1/(K·nᵢ).":
-            [1 / total] * k,
-        "1/K is a micro-batch's share; one token of it gets 1/(K·nᵢ) ('mean') or 1/N ('token').":
-            [1 / k] * k,
-    }
-    for hint, guess in guesses.items():
-        if all(abs(g - e) < 1e-9 for g, e in zip(got, guess)):
-            return hint
-    return None
+def accumulation_trace(seed: int) -> tuple[dict, Diagnosis]:
+    """A debug trace of one optimizer step and its true ``Diagnosis``; ``seed`` picks cause and numbers.
+
+    The trace is what a ``print`` in the training loop would show: ``world_size``, ``accum_steps`` and one
+    row per ``.backward()`` call with ``rank``, ``micro_step``, ``n_tokens`` (supervised tokens of that
+    micro-batch), ``summed_loss`` (its summed cross-entropy) and ``backward_loss`` (the number that was
+    back-propagated). DDP averages the ranks' gradients. Evidence of the truth: ``micro_step`` or ``rank``
+    whose tokens weigh the most (``per_micro_batch_mean``, ``per_rank_mean``), the ``micro_step`` that
+    gave NaN (``empty_micro_batch``), the factor by which the step is too large (``missing_division_by_k``)
+    or ``None`` (``token_weighted``).
+    """
+    seed = validate.integer("seed", seed, minimum=0, why="it picks the generated case")
+    rng = random.Random(seed)
+    cause = TRACE_CAUSES[seed % len(TRACE_CAUSES)]
+    many_ranks = cause == "per_rank_mean" or (cause == "token_weighted" and rng.random() < 0.5)
+    world = rng.randint(2, 4) if many_ranks else 1
+    k = 1 if cause == "per_rank_mean" else rng.randint(2, 5)
+    slots = [(r, m) for r in range(world) for m in range(k)]
+    if cause == "missing_division_by_k":
+        same = rng.randint(8, 60)
+        counts = [same] * len(slots)  # equal counts: the ONLY fault is the missing ÷ K
+    else:
+        counts = rng.sample(range(5, 90), len(slots))  # distinct, so one micro-batch is clearly the smallest
+    if cause == "empty_micro_batch":
+        counts[rng.randrange(len(counts))] = 0
+    total = sum(counts)
+    rows = []
+    for (rank, micro), n in zip(slots, counts):
+        summed = round(n * rng.uniform(1.5, 4.0), 4)
+        if cause == "token_weighted":
+            backward = summed / total * world  # × world undoes DDP's average
+        elif cause == "missing_division_by_k":
+            backward = summed / n
+        elif cause == "empty_micro_batch":
+            backward = summed / n / k if n else float("nan")
+        else:  # per_micro_batch_mean, per_rank_mean
+            backward = summed / n / k
+        rows.append({"rank": rank, "micro_step": micro, "n_tokens": n, "summed_loss": summed,
+                     "backward_loss": backward})
+    trace = {"world_size": world, "accum_steps": k, "rows": rows}
+    smallest = min(rows, key=lambda r: r["n_tokens"])
+    evidence = {"per_micro_batch_mean": smallest["micro_step"], "per_rank_mean": smallest["rank"],
+                "missing_division_by_k": k, "token_weighted": None,
+                "empty_micro_batch": smallest["micro_step"]}[cause]
+    return trace, Diagnosis(cause, evidence)
 
 
-def check_token_weights(fn) -> object:
-    """Checker for exercise 1: ``fn(n_tokens, scheme) -> [weight of one token of micro-batch i]``."""
-    return run_check("token_weights", fn, _weight_cases(), diagnose=_diagnose_weights,
-                     hint="scheme 'mean': a token of micro-batch i weighs 1/(K·nᵢ); scheme 'token': 1/N "
-                          "for every token, with N = sum(n_tokens).")
+def _trace_evidence_ok(got, truth: Diagnosis) -> bool:
+    if truth.evidence is None:
+        return got is None
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        return False
+    return abs(got - truth.evidence) < 1e-6
+
+
+_TRACE_MISCONCEPTIONS = {
+    ("per_micro_batch_mean", "missing_division_by_k"):
+        "the token counts are all equal here, so the per-micro-batch mean would be exact; add up the weights "
+        "(backward_loss / summed_loss) times the tokens: the step counts K times.",
+    ("missing_division_by_k", "per_micro_batch_mean"):
+        "the weights add up to 1 here (no missing ÷ K); compare the weight of one token across "
+        "micro-batches.",
+    ("per_micro_batch_mean", "per_rank_mean"):
+        "there is one micro-batch per rank and world_size > 1: DDP averages the ranks' means.",
+    ("per_rank_mean", "per_micro_batch_mean"):
+        "world_size is 1: there are no ranks to average, only micro-batches.",
+    ("per_micro_batch_mean", "token_weighted"):
+        "every token has the same weight 1/N (DDP's average included): this step is the big batch.",
+    ("per_rank_mean", "token_weighted"):
+        "the ranks multiplied by world_size and divided by the GLOBAL count: after DDP's average every "
+        "token weighs 1/N.",
+}
+
+
+def check_trace_diagnosis(fn, seeds=None):
+    """Checker for exercise 7.1: ``fn(trace) -> Diagnosis(cause, evidence)`` on fresh traces of each cause."""
+    from .model import course_seed
+
+    if seeds is None:
+        base = 1000 * (course_seed() + 1)
+        seeds = [base + i for i in range(3 * len(TRACE_CAUSES))]
+    return check_diagnosis(
+        "accumulation_trace", fn, accumulation_trace, seeds=seeds, evidence_ok=_trace_evidence_ok,
+        misconceptions=_TRACE_MISCONCEPTIONS,
+        hint=Hints(question="What weight does ONE token of each row get in the step's gradient, once DDP has "
+                            "averaged the ranks? Is it the same for every row, and do the weights add up "
+                            "to 1?",
+                   pointer="A row's per-token weight is backward_loss / summed_loss, divided by world_size "
+                           "(DDP's average); section 4 gives the weights each scheme should produce.",
+                   answer="w = backward_loss / summed_loss / world_size; NaN -> empty_micro_batch (that "
+                          "micro_step); all w equal and Σ w·n = K -> missing_division_by_k (evidence K); "
+                          "all w "
+                          "equal and Σ w·n = 1 -> token_weighted (None); unequal w -> per_rank_mean if "
+                          "world_size > 1 (the rank with fewest tokens) else per_micro_batch_mean (the "
+                          "micro_step with fewest tokens)."))
 
 
 # ------------------------------------------------------------------------------------------------
-# Exercise 2: token-weighted accumulation, checked against the full-batch gradient
+# Exercise 7.2 (fix): per-sequence averaging across micro-batches
 # ------------------------------------------------------------------------------------------------
 
 _HIDDEN: dict = {}
 
 
 def _hidden_setup():
-    """The course model and hidden variable-length steps (built once per kernel)."""
+    """The course model and hidden steps with micro-batches of different sizes (built once per kernel)."""
     if not _HIDDEN:
         from .model import load_course_model
 
         model, tok = load_course_model(device="cpu")
-        steps = [uneven_micro_batches(tok, k=k, batch_size=b, seed=100 + k)
-                 for k, b in ((2, 2), (3, 1), (4, 2))]
-        empty = uneven_micro_batches(tok, k=3, batch_size=1, seed=7)
-        # lesson 05's case: a micro-batch whose every label is -100
-        empty[1] = {**empty[1], "labels": torch.full_like(empty[1]["labels"], IGNORE_INDEX)}
-        steps.append(empty)
-        _HIDDEN.update(model=model, tok=tok, steps=steps, labels=[
-            "2 micro-batches x 2 chats", "3 micro-batches x 1 chat", "4 micro-batches x 2 chats",
-            "a micro-batch with no supervised token"])
+        steps, labels = [], []
+        for seed, sizes in ((101, (1, 3)), (102, (2, 2, 1)), (103, (3, 1, 2))):
+            examples = [tokenize_chat(tok, c) for c in multi_turn_conversations(sum(sizes), seed)]
+            starts = [sum(sizes[:i]) for i in range(len(sizes))]
+            steps.append([collate_right(examples[s: s + n], tok.pad_token_id) for s, n in zip(starts, sizes)])
+            labels.append(f"micro-batches of {list(sizes)} chats")
+        # lesson 05's case: a row with no supervised token (truncated away) inside a micro-batch
+        last = steps[-1][2]
+        steps[-1][2] = {**last, "labels": torch.cat([torch.full_like(last["labels"][:1], IGNORE_INDEX),
+                                                     last["labels"][1:]])}
+        labels[-1] += ", one chat with no supervised token"
+        _HIDDEN.update(model=model, tok=tok, steps=steps, labels=labels)
     return _HIDDEN
 
 
 def _grad_compare(got, expected) -> str | None:
+    if isinstance(got, str):
+        return got
     if not isinstance(got, torch.Tensor):
         return f"expected the step's gradient, got {type(got).__name__}"
     if not torch.isfinite(got).all():
@@ -419,54 +510,63 @@ def _grad_compare(got, expected) -> str | None:
     err = relative_error(got, expected)
     if err < 1e-4:
         return None
-    return f"relative gradient error {err:.2e} vs the full-batch gradient (want < 1e-4)"
+    return f"relative gradient error {err:.2e} vs the per-sequence objective (want < 1e-4)"
 
 
-def check_accumulate_token_weighted(fn) -> object:
-    """Checker for exercise 2: ``fn(model, micro_batches)`` must leave the big batch's gradient in ``.grad``.
+def check_sequence_weighted(fn):
+    """Checker for exercise 7.2: after ``fn(model, micro_batches)``, ``.grad`` must be the gradient of the
+    mean over the step's sequences (those with a supervised token) of each sequence's mean token loss."""
+    from .answers.lesson07 import accumulate_sequence_weighted as reference
 
-    Each hidden step is compared, as a whole gradient, with ``full_batch_grad`` of the merged step.
-    """
     hidden = _hidden_setup()
-    model, tok = hidden["model"], hidden["tok"]
+    model = hidden["model"]
 
-    def learner_grad(micro_batches):
+    def grad_of(accumulate, micro_batches):
         model.zero_grad(set_to_none=True)
-        fn(model, micro_batches)
+        accumulate(model, micro_batches)
         if all(p.grad is None for p in model.parameters()):
-            return "no gradient"
+            return "no parameter has a .grad: call .backward() on each micro-batch's loss"
         grad = flat_grad(model)
         model.zero_grad(set_to_none=True)
         return grad
 
-    cases = [Case((mbs,), full_batch_grad(model, mbs, tok.pad_token_id), label=label)
+    cases = [Case((mbs,), grad_of(reference, mbs), label=label, tag="step")
              for mbs, label in zip(hidden["steps"], hidden["labels"])]
 
     def diagnose(got, case: Case):
-        if isinstance(got, str):
-            return "no parameter has a .grad: call .backward() on each micro-batch's loss."
+        if not isinstance(got, torch.Tensor):
+            return None
         if not torch.isfinite(got).all():
-            return ("a micro-batch with no supervised token gave NaN: its own mean is 0/0 (lesson 05). "
-                    "Divide the *summed* loss by the step's total count and the empty micro-batch adds 0.")
+            return ("a sequence with no supervised token gave 0/0 = NaN: leave it out (it has no mean), "
+                    "and do not count it among the sequences.")
         mbs = case.args[0]
-        k = len(mbs)
-        mean_grad = accumulated_grad(model, mbs, "mean")
-        if relative_error(got, mean_grad) < 1e-4:
-            return ("that is the per-micro-batch mean ÷ K: each token weighs 1/(K·nᵢ). Divide each "
-                    "micro-batch's *summed* loss by the total supervised tokens of all micro-batches.")
-        if relative_error(got, k * mean_grad) < 1e-4:
-            return "that is the sum of per-micro-batch means: no token weighting and K times too large."
+        if relative_error(got, accumulated_grad(model, mbs, "token")) < 1e-4:
+            return ("that is per-token averaging (summed loss ÷ the step's tokens): long answers dominate. "
+                    "Average each sequence over its own tokens first.")
+
+        def per_micro_batch(m, batches):  # each micro-batch's mean over its sequences, ÷ K
+            for b in batches:
+                reference(m, [b], _scale=1 / len(batches))
+        if relative_error(got, grad_of(per_micro_batch, mbs)) < 1e-4:
+            return ("that averages sequences inside each micro-batch, then ÷ K: a sequence in a small "
+                    "micro-batch counts more. Divide by the number of sequences of the whole step.")
         ratio = float(got.norm() / case.expected.norm())
-        n_total = sum(count_supervised(b) for b in mbs)
         if relative_error(got / ratio, case.expected) < 1e-4:
-            if abs(ratio - n_total) / n_total < 1e-3:
-                return "right direction, N times too large: divide the summed loss by N, the step's tokens."
-            return (f"right direction, {ratio:.3g}x the size: the weights are right up to a constant — "
-                    "check what you divide by (the supervised tokens of ALL micro-batches, after the shift).")
+            return (f"right direction, {ratio:.3g}x the size: check what you divide by — the sequences of "
+                    f"the "
+                    "whole step that have at least one supervised token.")
         return None
 
-    return run_check("accumulate_token_weighted", learner_grad, cases, compare=_grad_compare,
-                     diagnose=diagnose,
-                     hint="count N = supervised tokens over all micro-batches first (count_supervised), "
-                          "then for each micro-batch: summed, _ = token_losses(model, batch); "
-                          "(summed / N).backward().")
+    return run_check("accumulate_sequence_weighted", lambda mbs: grad_of(fn, mbs), cases,
+                     compare=_grad_compare, diagnose=diagnose,
+                     hint=Hints(question="Under per-sequence averaging, what weight does one token of a "
+                                         "sequence "
+                                         "with n supervised tokens get, in a step of S sequences?",
+                                pointer="The per-token loss comes from F.cross_entropy(..., "
+                                        "reduction='none') on "
+                                        "the shifted logits and labels (section 4's picture; lesson 05 "
+                                        "for the "
+                                        "sequence with no target).",
+                                answer="S = rows with a supervised token over ALL micro-batches; for each "
+                                       "micro-batch: per-row summed CE / per-row count, keep rows with "
+                                       "count > 0, (their sum / S).backward()."))

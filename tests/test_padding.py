@@ -4,15 +4,12 @@ import pytest
 import torch
 
 from course_utils import load_course_model, make_messages, tokenize_chat
-from course_utils.data import IGNORE_INDEX
 from course_utils.padding import (
     allowed_attention,
     attention_categories,
     block_causal_mask,
-    captured_transformers_warnings,
-    check_collate_left,
-    check_collate_packed,
-    check_collate_right,
+    check_block_mask,
+    check_padding_diagnosis,
     collate_left,
     collate_packed,
     collate_padded,
@@ -22,7 +19,9 @@ from course_utils.padding import (
     packed_drift,
     packed_segments,
     padded_drift,
+    padding_incident,
 )
+from course_utils.quiet import captured_log
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +73,7 @@ def test_collate_packed_matches_trl(course):
     lambda: packed_segments(torch.tensor([0, 1, 2])),
     lambda: packed_segments(torch.tensor([[1, 2, 0]])),
     lambda: greedy_continuations(None, [[1, 2]], 0, layout="middle"),
+    lambda: padding_incident(-1),
 ])
 def test_bad_input_raises_what_why_fix(bad_call):
     with pytest.raises(ValueError, match="—"):
@@ -125,82 +125,190 @@ def test_right_padded_generation_warns_and_left_does_not(course):
     prompts = [tok.apply_chat_template(c[:1], add_generation_prompt=True, tokenize=True, return_dict=False)
                for c in make_messages("mixed", n=3, seed=99, context_words=2, long_tail=True)]
     alone = greedy_continuations(model, prompts, tok.pad_token_id, "alone", max_new_tokens=4)
-    with captured_transformers_warnings() as right_warnings:
+    with captured_log("transformers") as right_warnings:
         greedy_continuations(model, prompts, tok.pad_token_id, "right", max_new_tokens=4)
-    with captured_transformers_warnings() as left_warnings:
+    with captured_log("transformers") as left_warnings:
         left = greedy_continuations(model, prompts, tok.pad_token_id, "left", max_new_tokens=4)
     assert any("right-padding was detected" in w for w in right_warnings)
     assert left_warnings == [] and left == alone
 
 
-# ---- checkers ----------------------------------------------------------------------------------------
-
-def test_check_collate_right():
-    assert check_collate_right(lambda ex, pad: collate_padded(ex, pad, "right"))
-    stub = check_collate_right(_stub)
-    assert not stub and "not implemented" in stub.message
-
-    def pads_labelled_with_pad_id(ex, pad):
-        batch = collate_padded(ex, pad, "right")
-        batch["labels"][batch["attention_mask"] == 0] = pad
-        return batch
-    result = check_collate_right(pads_labelled_with_pad_id)
-    assert not result and "those pads would be trained" in result.message
-
-    def labels_from_input_ids(ex, pad):
-        batch = collate_padded(ex, pad, "right")
-        batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, IGNORE_INDEX)
-        return batch
-    result = check_collate_right(labels_from_input_ids)
-    assert not result and "prompt's -100 is lost" in result.message
-
-    result = check_collate_right(lambda ex, pad: collate_padded(ex, pad, "left"))
-    assert not result and "you padded on the left" in result.message
+@pytest.mark.parametrize("kwargs", [
+    dict(input_ids=torch.ones(2, 42, dtype=torch.long), attention_mask=torch.ones(1, 3, dtype=torch.long)),
+    dict(input_ids=torch.ones(42, dtype=torch.long)),
+    dict(input_ids=torch.ones(1, 5, dtype=torch.long), position_ids=torch.arange(4)[None]),
+    dict(input_ids=torch.ones(1, 5, dtype=torch.long), attention_mask=torch.ones(1, 1, 5, dtype=torch.long)),
+])
+def test_allowed_attention_rejects_a_mask_of_another_shape(course, kwargs):
+    """issue 21: a mask of another batch used to be ignored silently (plain causal mask, no leak)."""
+    model, _, _ = course
+    with pytest.raises(ValueError, match="—"):
+        allowed_attention(model, **kwargs)
 
 
-def test_check_collate_left():
-    assert check_collate_left(collate_left)
-    assert not check_collate_left(_stub)
-
-    def right_padded(prompts, pad):
-        width = max(map(len, prompts))
-        return {"input_ids": torch.tensor([p + [pad] * (width - len(p)) for p in prompts]),
-                "attention_mask": torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts])}
-    result = check_collate_left(right_padded)
-    assert not result and "you padded on the right" in result.message
-
-    def mask_all_ones(prompts, pad):
-        batch = collate_left(prompts, pad)
-        batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
-        return batch
-    result = check_collate_left(mask_all_ones)
-    assert not result and "attention_mask must be 0" in result.message
+def test_generation_beyond_the_position_limit_is_refused(course):
+    model, tok, _ = course
+    with pytest.raises(ValueError, match="positions"):
+        greedy_continuations(model, [[1, 2]], tok.pad_token_id, "alone", max_new_tokens=100_000)
 
 
-def test_check_collate_packed():
-    assert check_collate_packed(collate_packed)
-    assert not check_collate_packed(_stub)
+# ---- exercise checkers -------------------------------------------------------------------------------
 
-    def no_reset(ex):
-        batch = collate_packed(ex)
-        batch["position_ids"] = torch.arange(batch["input_ids"].shape[1])[None]
-        return batch
-    result = check_collate_packed(no_reset)
-    assert not result and "restart at 0" in result.message
+def _stub(*args, **kwargs):
+    raise NotImplementedError
 
-    def boundary_labels_kept(ex):
-        batch = collate_packed(ex)
-        batch["labels"] = torch.tensor([sum((list(e["labels"]) for e in ex), [])])
-        return batch
-    result = check_collate_packed(boundary_labels_kept)
-    assert not result and "FIRST label" in result.message
 
-    def with_ones_mask(ex):
-        batch = collate_packed(ex)
-        batch["attention_mask"] = torch.ones_like(batch["input_ids"])
-        return batch
-    result = check_collate_packed(with_ones_mask)
-    assert not result and "drop the attention_mask" in result.message
+def _mask_by_position_difference(position_ids):
+    """A second correct answer: a query at position p sees the p keys before it and itself."""
+    batch, length = position_ids.shape
+    out = torch.zeros(batch, 1, length, length, dtype=torch.bool)
+    for b in range(batch):
+        for i in range(length):
+            out[b, 0, i, i - int(position_ids[b, i]): i + 1] = True
+    return out
+
+
+def _causal_only(position_ids):
+    length = position_ids.shape[-1]
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    return causal.expand(position_ids.shape[0], 1, length, length)
+
+
+def _blocks_without_causal(position_ids):
+    example = (position_ids == 0).cumsum(-1)
+    return (example[:, :, None] == example[:, None, :])[:, None]
+
+
+def _inverted(position_ids):
+    from course_utils.answers.lesson03 import block_mask_from_position_ids
+    return ~block_mask_from_position_ids(position_ids)
+
+
+def _boundary_off_by_one(position_ids):
+    example = (position_ids == 0).cumsum(-1)
+    example = torch.cat([example[:, :1], example[:, :-1]], dim=-1)  # a first token joins the previous example
+    causal = torch.ones(position_ids.shape[-1], position_ids.shape[-1], dtype=torch.bool).tril()
+    return ((example[:, :, None] == example[:, None, :]) & causal)[:, None]
+
+
+def _three_dims(position_ids):
+    from course_utils.answers.lesson03 import block_mask_from_position_ids
+    return block_mask_from_position_ids(position_ids)[:, 0]
+
+
+def _diagnosis_variant(artefact):
+    """A second correct diagnosis: reads the attention mask's first column and the pad positions."""
+    from course_utils.checks import Diagnosis
+
+    batch = artefact["batch"]
+    ids, pad = batch["input_ids"], artefact["pad_token_id"]
+    if "generated" in artefact:
+        short = [r for r in range(len(ids)) if int(ids[r, -1]) == pad]
+        if short:
+            return Diagnosis("right_padded_generation", short)
+        return Diagnosis("never_stops", [r for r, g in enumerate(artefact["generated"])
+                                         if not any(t in artefact["stop_ids"] for t in g)])
+    if ids.shape[0] == 1:
+        pos = batch["position_ids"][0].tolist()
+        if pos == list(range(len(pos))):
+            cause = "packing_without_position_reset"
+        elif "attention_mask" in batch:
+            cause = "packing_with_all_ones_mask"
+        else:
+            cause = "packing_with_cache"
+        return Diagnosis(cause, pos.index(0, 1) if 0 in pos[1:] else artefact["cu_seq_lens"][1])
+    rows = sorted({int(r) for r in (ids[:, 0] == pad).nonzero().flatten()})
+    return Diagnosis("left_padding_without_mask", rows) if rows else Diagnosis("no_leak", None)
+
+
+def _always_left_padding(artefact):
+    from course_utils.checks import Diagnosis
+    return Diagnosis("left_padding_without_mask", [0])
+
+
+def _mask_means_safe(artefact):
+    """Misconception: 'the attention_mask was passed, so generation is fine' -> blames the model."""
+    from course_utils.answers.lesson03 import diagnose_padding_incident
+    from course_utils.checks import Diagnosis
+
+    truth = diagnose_padding_incident(artefact)
+    if truth.cause == "right_padded_generation":
+        return Diagnosis("never_stops", [])
+    return truth
+
+
+def _any_pad_leaks(artefact):
+    """Misconception: any pad without a mask leaks, whichever side it is on."""
+    from course_utils.answers.lesson03 import diagnose_padding_incident
+    from course_utils.checks import Diagnosis
+
+    truth = diagnose_padding_incident(artefact)
+    if truth.cause == "no_leak":
+        ids = artefact["batch"]["input_ids"]
+        return Diagnosis("left_padding_without_mask",
+                         [r for r in range(len(ids)) if int(ids[r, -1]) == artefact["pad_token_id"]])
+    return truth
+
+
+def _cache_is_harmless(artefact):
+    """Misconception: restarted position_ids are enough, whatever the call."""
+    from course_utils.answers.lesson03 import diagnose_padding_incident
+    from course_utils.checks import Diagnosis
+
+    truth = diagnose_padding_incident(artefact)
+    if truth.cause == "packing_with_cache":
+        return Diagnosis("no_leak", None)
+    return truth
+
+
+def _reference(name):
+    from course_utils.answers import lesson03
+    return getattr(lesson03, name)
+
+
+CORRECT = [
+    (check_padding_diagnosis, lambda: _reference("diagnose_padding_incident")),
+    (check_padding_diagnosis, lambda: _diagnosis_variant),
+    (check_block_mask, lambda: _reference("block_mask_from_position_ids")),
+    (check_block_mask, lambda: _mask_by_position_difference),
+]
+
+
+@pytest.mark.parametrize("checker, answer", CORRECT)
+def test_checker_accepts_correct_answers(checker, answer, capsys):
+    assert checker(answer())
+
+
+@pytest.mark.parametrize("checker", [check_padding_diagnosis, check_block_mask])
+def test_checker_rejects_the_stub(checker, capsys):
+    result = checker(_stub)
+    assert not result and "not implemented" in result.message
+
+
+WRONG = [
+    (check_block_mask, _causal_only, "plain causal mask"),
+    (check_block_mask, _blocks_without_causal, "AND with the causal mask"),
+    (check_block_mask, _inverted, "True must mean"),
+    (check_block_mask, _boundary_off_by_one, "block boundaries are off"),
+    (check_block_mask, _three_dims, "add the head dimension"),
+    (check_padding_diagnosis, _always_left_padding, "is not what broke this run"),
+    (check_padding_diagnosis, _mask_means_safe, "generate() reads the first new token"),
+    (check_padding_diagnosis, _any_pad_leaks, "causal mask already hides them"),
+    (check_padding_diagnosis, _cache_is_harmless, "is not what broke this run"),
+]
+
+
+@pytest.mark.parametrize("checker, wrong, phrase", WRONG)
+def test_checker_names_the_misconception(checker, wrong, phrase, capsys):
+    result = checker(wrong)
+    assert not result and phrase in result.message, result.message
+
+
+def test_incidents_cover_every_cause_and_differ_by_seed():
+    causes = {padding_incident(s)[1].cause for s in range(14)}
+    assert len(causes) == 7
+    a, b = padding_incident(0)[0], padding_incident(7)[0]
+    assert not torch.equal(a["batch"]["input_ids"], b["batch"]["input_ids"])
 
 
 def test_differing_tokens():
