@@ -303,7 +303,7 @@ def apply_chat_template_path(tokenizer, args):
         return tokenizer, [Finding("info", "chat-template-path", f"chat_template_path={path!r} not applied",
                                    "not a local .jinja file: TRL would clone it with clone_chat_template",
                                    "run the doctor on the cloned tokenizer (save it first)", "04")]
-    tokenizer = copy.copy(tokenizer)  # a shallow copy: the caller's tokenizer keeps its template
+    tokenizer = copy.deepcopy(tokenizer)  # a copy: the caller's tokenizer keeps its template and tokens
     tokenizer.chat_template = Path(path).read_text(encoding="utf-8")
     return tokenizer, []
 

@@ -168,7 +168,7 @@ def _expected_render(tokenizer, messages: list[dict]) -> dict:
     """The oracle: Qwen2's text, the mask on ``\\n + content + <|im_end|> + \\n`` of each assistant turn."""
     from .data import tokenize_chat
 
-    oracle = copy.copy(tokenizer)
+    oracle = copy.deepcopy(tokenizer)
     oracle.chat_template = QWEN2_CHAT_TEMPLATE
     encoded = tokenize_chat(oracle, messages)  # locates assistant spans by rendering prefixes
     return {"messages": messages, "input_ids": encoded["input_ids"], "mask": encoded["assistant_mask"]}
@@ -258,10 +258,10 @@ def _course_tokenizer():
 
 
 def with_template(tokenizer, template: str):
-    """A shallow copy of ``tokenizer`` carrying ``template`` (the original is left alone)."""
+    """A copy of ``tokenizer`` carrying ``template`` (the original, special tokens included, is left alone)."""
     validate.tokenizer("tokenizer", tokenizer)
     _check_template("template", template)
-    tok = copy.copy(tokenizer)
+    tok = copy.deepcopy(tokenizer)  # a shallow copy would share (and leak) special-token changes
     tok.chat_template = template
     return tok
 

@@ -44,7 +44,7 @@ def stop_outside_template():
 
 def with_template(course, template):
     model, tok = course
-    tok = copy.copy(tok)
+    tok = copy.deepcopy(tok)
     tok.chat_template = template
     return model, tok
 
@@ -135,7 +135,7 @@ def test_pad_is_the_graded_stop_token(course):
     finding = next(f for f in run(course, text_rows, {"learning_rate": 2e-5}) if f.check == "pad-is-eos")
     assert "keeps 0 of them" in finding.evidence  # transformers' collator masks every graded eos
     model, tok = course
-    own_pad = copy.copy(tok)
+    own_pad = copy.deepcopy(tok)
     own_pad.pad_token = "<|im_start|>"  # any token that is not the stop token
     assert "pad-is-eos" not in run((model, own_pad), text_rows, {"learning_rate": 2e-5}).checks()
 
@@ -171,7 +171,7 @@ def test_wrapped_packing_without_boundaries(course):
 
 def test_right_padding_for_generation(course):
     model, tok = course
-    left = copy.copy(tok)
+    left = copy.deepcopy(tok)
     left.padding_side = "left"
     assert "right-padding" in run(course, rows(), GOOD).checks("info")
     assert "right-padding" not in run((model, left), rows(), GOOD).checks()
@@ -214,7 +214,7 @@ def test_report_renders_as_text_html_and_json(course):
 def _setup(tmp_path, course, *, template=None, data=None, config=None, lines=None):
     model, tok = course
     directory = tmp_path / "model"
-    tok = copy.copy(tok)
+    tok = copy.deepcopy(tok)
     if template is not None:
         tok.chat_template = template
     model.save_pretrained(directory)
