@@ -258,7 +258,7 @@ def _course_tokenizer():
 
 
 def with_template(tokenizer, template: str):
-    """A copy of ``tokenizer`` carrying ``template`` (the original, special tokens included, is left alone)."""
+    """A copy of ``tokenizer`` carrying ``template`` (the original and its special tokens are untouched)."""
     validate.tokenizer("tokenizer", tokenizer)
     _check_template("template", template)
     tok = copy.deepcopy(tokenizer)  # a shallow copy would share (and leak) special-token changes
