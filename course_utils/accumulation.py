@@ -53,6 +53,8 @@ def run_from(model, start_state: dict, micro_batches, *, seed: int | None = None
 
 def relative_difference(a: torch.Tensor, b: torch.Tensor, reference: torch.Tensor) -> float:
     """``‖a − b‖ / ‖reference‖``: how far apart two runs ended, relative to e.g. how far one moved."""
+    for name, t in (("a", a), ("b", b), ("reference", reference)):
+        validate.tensor(name, t)
     if a.shape != b.shape or a.shape != reference.shape:
         raise ValueError(f"shapes differ ({tuple(a.shape)}, {tuple(b.shape)}, {tuple(reference.shape)}) — "
                          "the runs must be of the same model — pass flat_params() of the same model.")
@@ -204,6 +206,9 @@ def plot_clip_setting(grid: dict, k: int, threshold, ax=None):
 
 def clip_title(k: int, threshold) -> str:
     """The title ``plot_clip_setting`` gives the plot of ``(K, max_grad_norm)``."""
+    validate.positive_int("k", k, why="it is the number of micro-batches per step")
+    if threshold != "off":
+        validate.number("threshold", threshold, positive=True, why="it is a max_grad_norm; 'off' for none")
     return f"pre-clip gradient norm, K = {k}, max_grad_norm = {_label(threshold)}"
 
 
@@ -583,3 +588,8 @@ def check_accumulation_step(fn):
                "norm = clip_grad_norm_(params, max_grad_norm); optimizer.step(); return float(norm).")
     return run_check("accumulation_step", lambda model, groups, t: _observe_steps(fn, model, groups, t),
                      _step_cases(), compare=_compare_step, diagnose=_diagnose_step, hint=hints)
+
+
+# Every public function above checks its arguments by their conventional names (model, tokenizer,
+# batch, steps, ...) before it runs: one what/why/fix message for the slips learners make most.
+validate.check_module_arguments(globals())

@@ -621,3 +621,8 @@ def check_collate_keep_eos(fn):
     """
     return run_check("collate_keep_eos", fn, _collate_cases(), compare=_compare_collate,
                      diagnose=_diagnose_collate, hint=COLLATE_HINTS)
+
+
+# Every public function above checks its arguments by their conventional names (model, tokenizer,
+# batch, steps, ...) before it runs: one what/why/fix message for the slips learners make most.
+validate.check_module_arguments(globals())

@@ -770,3 +770,8 @@ def plot_checklist(ax=None):
     ax.set_title("NaN checklist: cheapest check first (each 'yes' leads to the fix measured in this lesson)",
                  fontsize=9.5)
     return ax
+
+
+# Every public function above checks its arguments by their conventional names (model, tokenizer,
+# batch, steps, ...) before it runs: one what/why/fix message for the slips learners make most.
+validate.check_module_arguments(globals())

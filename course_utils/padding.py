@@ -535,3 +535,8 @@ def check_block_mask(fn):
                                  "packed_segments); block_causal_mask builds the same picture from lengths.",
                          answer="example = (position_ids == 0).cumsum(-1); mask = (example[:, :, None] == "
                                 "example[:, None, :]) & causal (tril); return mask[:, None]."))
+
+
+# Every public function above checks its arguments by their conventional names (model, tokenizer,
+# batch, steps, ...) before it runs: one what/why/fix message for the slips learners make most.
+validate.check_module_arguments(globals())

@@ -388,3 +388,8 @@ def check_template_diagnosis(fn, tokenizer=None):
                    "assistant_mask(...) with the template TRL would use; sum 0 -> markers_mark_nothing; "
                    "<|im_end|> not masked -> stop_token_not_graded; else trains_correctly "
                    "(evidence: the mask's sum)."))
+
+
+# Every public function above checks its arguments by their conventional names (model, tokenizer,
+# batch, steps, ...) before it runs: one what/why/fix message for the slips learners make most.
+validate.check_module_arguments(globals())

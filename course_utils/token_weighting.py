@@ -570,3 +570,8 @@ def check_sequence_weighted(fn):
                                 answer="S = rows with a supervised token over ALL micro-batches; for each "
                                        "micro-batch: per-row summed CE / per-row count, keep rows with "
                                        "count > 0, (their sum / S).backward()."))
+
+
+# Every public function above checks its arguments by their conventional names (model, tokenizer,
+# batch, steps, ...) before it runs: one what/why/fix message for the slips learners make most.
+validate.check_module_arguments(globals())

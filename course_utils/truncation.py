@@ -608,3 +608,8 @@ def check_prepare_for_packer(fn) -> object:
                                         "has_targets() tells whether labels still carry loss.",
                                 answer="for each example: cut ids and labels to row_capacity (or skip it if "
                                        "longer), then keep it only if has_targets(labels[1:])."))
+
+
+# Every public function above checks its arguments by their conventional names (model, tokenizer,
+# batch, steps, ...) before it runs: one what/why/fix message for the slips learners make most.
+validate.check_module_arguments(globals())

@@ -264,7 +264,7 @@ def test_custom_loss_trainer_and_sft_run_log_reject_bad_arguments(course):
     with pytest.raises(ValueError, match="not one of"):
         acc.custom_loss_trainer("mean")
     with pytest.raises(ValueError, match="accum_steps=0"):
-        acc.sft_run_log(None, course[1], None, accum_steps=0, batch_size=2)
+        acc.sft_run_log(course[0], course[1], None, accum_steps=0, batch_size=2)
 
 
 def test_broken_run_rejects_a_negative_seed():

@@ -296,7 +296,7 @@ def test_generate_greedy_records_stops(course):
         generate_greedy(model, tok, [], max_new_tokens=5)
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate_greedy(model, tok, prompts, max_new_tokens=0)
-    with pytest.raises(ValueError, match="no records"):
+    with pytest.raises(ValueError, match="non-empty list"):
         stop_rate([])
 
 

@@ -270,7 +270,7 @@ def test_bad_input_raises_with_fix():
     with pytest.raises(ValueError, match="float32.*pass e.g."):
         nd.qlora_model(compute_dtype="fp8")
     with pytest.raises(ValueError, match="counts steps from 1"):
-        nd.batch_at_step([{}], 0)
+        nd.batch_at_step([{"input_ids": torch.ones(1, 2, dtype=torch.long)}], 0)
     with pytest.raises(ValueError, match="must be a finite number > 0"):
         nd.plant_large_update(torch.nn.Linear(2, 2), -1)
     with pytest.raises(ValueError, match="no LoRA adapter inside an MLP"):
