@@ -207,7 +207,7 @@ def plot_clip_setting(grid: dict, k: int, threshold, ax=None):
 def clip_title(k: int, threshold) -> str:
     """The title ``plot_clip_setting`` gives the plot of ``(K, max_grad_norm)``."""
     validate.positive_int("k", k, why="it is the number of micro-batches per step")
-    if threshold != "off":
+    if threshold not in ("off", None):
         validate.number("threshold", threshold, positive=True, why="it is a max_grad_norm; 'off' for none")
     return f"pre-clip gradient norm, K = {k}, max_grad_norm = {_label(threshold)}"
 

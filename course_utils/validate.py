@@ -202,8 +202,8 @@ def _by_name(name: str, value) -> None:
         positive_int(name, value)
     elif name in _IDS:
         integer(name, value, minimum=0, why="it is a token id")
-    elif name == "grid" and (not isinstance(value, dict) or not value):
-        raise TypeError(f"grid must be a non-empty dict of runs, got {type(value).__name__} — the plot looks "
+    elif name == "grid" and not isinstance(value, dict):
+        raise TypeError(f"grid must be a dict of runs, got {type(value).__name__} — the plot looks "
                         "up (K, max_grad_norm) in it — pass the grid clip_grid() returned.")
     elif name in _SEQUENCES and (value is None or isinstance(value, (int, float, str, dict))):
         raise TypeError(f"{name} must be a sequence or tensor (of token ids, labels or masks), got "
