@@ -33,7 +33,7 @@ export TOKENIZERS_PARALLELISM := false
 # SFTTrainer run 10-30x slower (measured). Override with `make test OMP_NUM_THREADS=4`.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install lab test unit notebooks robustness robustness-ci claims exercises check-exercises model \
+.PHONY: install lab test test-slow unit notebooks robustness robustness-ci claims exercises check-exercises model \
 	lint timings clean wheelhouse test-latest instructors
 
 install: $(STAMP)
@@ -58,6 +58,9 @@ test: install $(TEST_STAMP)
 	$(PY) -m pytest tests solutions --nbval-lax --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300 \
 	  -n $(JOBS) --dist loadfile --durations=12 -q
+
+test-slow: install $(TEST_STAMP)  # the slow checks: both models rebuild identically; the doctor's timing
+	$(PY) -m pytest tests -m slow -n $(JOBS) -q
 
 unit: install $(TEST_STAMP)
 	$(PY) -m pytest tests -q

@@ -290,6 +290,7 @@ def test_read_config_rejects_non_objects():
         doctor.read_config([1])
 
 
+@pytest.mark.slow
 def test_command_line_runs_in_a_process_under_15_s_on_1000_rows(tmp_path, course):
     """The real command on 1,000 rows: exit 1 on the broken set-up, stderr without a traceback, <= 15 s."""
     argv = _setup(tmp_path, course, data=rows(1000, context_words=20, long_tail=True),

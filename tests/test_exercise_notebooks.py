@@ -51,7 +51,7 @@ def _probe(calls, learner_names):
     for call in calls:
         code = compile(call, "<probe>", "eval")
         for label, fn in candidates():
-            _signal.alarm(4)
+            _signal.alarm(2)
             try:
                 with _cl.redirect_stdout(_io.StringIO()), _cl.redirect_stderr(_io.StringIO()):
                     result = eval(code, {**globals(), "_candidate": fn})

@@ -118,6 +118,7 @@ def test_tokenizer_round_trips_through_save_and_autotokenizer(shipped, tmp_path)
     assert reloaded.decode(_ids(reloaded, [])[-1]) == SAMPLE_TEXTS[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_rebuild_is_deterministic(name, tmp_path):
     recipe = RECIPES[name]
