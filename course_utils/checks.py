@@ -190,6 +190,16 @@ def run_check(name: str, fn: Callable, cases: Sequence[Case], *,
     return _report(name, True, f"✅ {name}: all {len(cases)} cases pass.", quiet, hints)
 
 
+def fresh_seeds(n: int) -> list[int]:
+    """``n`` consecutive seeds for a diagnosis checker, offset by the course seed: every ``COURSE_SEED``
+    grades other cases, and consecutive seeds walk through every cause of a generator that picks
+    ``cause = CAUSES[seed % len(CAUSES)]``."""
+    from .model import course_seed
+
+    base = 1000 * (course_seed() + 1)
+    return list(range(base, base + n))
+
+
 def check_diagnosis(name: str, fn: Callable, make_case: Callable[[int], tuple[object, Diagnosis]], *,
                     seeds: Sequence[int], evidence_ok: Callable[[object, Diagnosis], bool] | None = None,
                     misconceptions: dict[tuple[str, str], str] | None = None,

@@ -25,7 +25,7 @@ import random
 import torch
 
 from . import validate
-from .checks import Case, Diagnosis, Hints, check_diagnosis, run_check
+from .checks import Case, Diagnosis, Hints, check_diagnosis, fresh_seeds, run_check
 from .data import IGNORE_INDEX, collate_right
 
 SIDES = ("right", "left")
@@ -441,11 +441,8 @@ def check_padding_diagnosis(fn, seeds=None):
 
     ``seeds`` default to two rounds through every cause, offset by the course seed.
     """
-    from .model import course_seed
-
     if seeds is None:
-        base = 1000 * (course_seed() + 1)
-        seeds = [base + i for i in range(2 * len(INCIDENT_CAUSES))]
+        seeds = fresh_seeds(2 * len(INCIDENT_CAUSES))
     return check_diagnosis(
         "padding_incident", fn, padding_incident, seeds=seeds, evidence_ok=_evidence_ok,
         misconceptions=_INCIDENT_MISCONCEPTIONS,

@@ -18,7 +18,7 @@ import random
 import tempfile
 
 from . import validate
-from .checks import Case, Diagnosis, Hints, check_diagnosis, run_check
+from .checks import Case, Diagnosis, Hints, check_diagnosis, fresh_seeds, run_check
 
 # Qwen2.5-Instruct's default system prompt, and the one the Qwen2.5 base checkpoints ship instead.
 INSTRUCT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
@@ -376,7 +376,7 @@ def check_template_diagnosis(fn, tokenizer=None):
     (0 when SFTTrainer refuses or the mask is empty)."""
     tokenizer = tokenizer if tokenizer is not None else _course_tokenizer()
     return check_diagnosis(
-        "diagnose_template", fn, lambda seed: _template_case(tokenizer, seed), seeds=range(3000, 3010),
+        "diagnose_template", fn, lambda seed: _template_case(tokenizer, seed), seeds=fresh_seeds(10),
         misconceptions=TEMPLATE_MISCONCEPTIONS,
         hint=Hints("Before any mask: does this set-up ask for assistant-only loss at all, and does its "
                    "template carry {% generation %} markers, or will TRL have to look it up?",

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from . import validate
-from .checks import Case, Diagnosis, Hints, check_diagnosis, run_check
+from .checks import Case, Diagnosis, Hints, check_diagnosis, fresh_seeds, run_check
 from .data import IGNORE_INDEX, collate_right, make_messages, tokenize_chat
 from .losses import count_supervised
 from .train import micro_batch_loss, token_losses
@@ -451,11 +451,8 @@ _TRACE_MISCONCEPTIONS = {
 
 def check_trace_diagnosis(fn, seeds=None):
     """Checker for exercise 7.1: ``fn(trace) -> Diagnosis(cause, evidence)`` on fresh traces of each cause."""
-    from .model import course_seed
-
     if seeds is None:
-        base = 1000 * (course_seed() + 1)
-        seeds = [base + i for i in range(3 * len(TRACE_CAUSES))]
+        seeds = fresh_seeds(3 * len(TRACE_CAUSES))
     return check_diagnosis(
         "accumulation_trace", fn, accumulation_trace, seeds=seeds, evidence_ok=_trace_evidence_ok,
         misconceptions=_TRACE_MISCONCEPTIONS,

@@ -136,10 +136,10 @@ def unseen_labelled_example(tokenizer, seed: int) -> dict:
 def check_label_diagnosis(fn, tokenizer):
     """Checker for exercise 1: ``fn(example) -> Diagnosis(cause, evidence)`` with ``cause`` one of
     ``LABEL_CAUSES`` and ``evidence`` the number of tokens that carry loss."""
-    from .checks import Hints, check_diagnosis
+    from .checks import Hints, check_diagnosis, fresh_seeds
 
     return check_diagnosis(
-        "diagnose_labels", fn, lambda seed: _labelled_case(tokenizer, seed), seeds=range(1000, 1010),
+        "diagnose_labels", fn, lambda seed: _labelled_case(tokenizer, seed), seeds=fresh_seeds(10),
         misconceptions=LABEL_MISCONCEPTIONS,
         hint=Hints("Which positions have a label that is not -100, and is each label the token at its own "
                    "position? Is <|im_end|> among them?",
