@@ -59,7 +59,7 @@ test: install $(TEST_STAMP)
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300 \
 	  -n $(JOBS) --dist loadfile --durations=12 -q
 
-test-slow: install $(TEST_STAMP)  # the slow checks: both models rebuild identically; the doctor's timing
+test-slow: install $(TEST_STAMP)  # the slow checks: model rebuilds, every claim, bad input, SFTWatch, doctor timing
 	$(PY) -m pytest tests -m slow -n $(JOBS) -q
 
 unit: install $(TEST_STAMP)

@@ -21,6 +21,8 @@ from collections import Counter
 
 import pytest
 
+pytestmark = pytest.mark.slow  # ~800 calls: `make test-slow` (and CI) run it
+
 MODULES = ("data", "losses", "train", "model", "viz", "tour", "accumulation", "eos", "padding", "templates",
            "truncation", "nan_detective", "token_weighting")
 # Not learner-facing: the checkers (they take the learner's function and never raise on a wrong one).

@@ -20,6 +20,7 @@ def measured():
     return claims.run_all()
 
 
+@pytest.mark.slow  # runs every claim (~15 s of CPU): `make test-slow` and CI
 def test_committed_verdicts_hold(measured):
     expected = claims.committed_verdicts(course_model_name())
     if expected is None:
@@ -34,6 +35,7 @@ def test_committed_verdicts_hold(measured):
     assert not changes, "\n".join(changes)
 
 
+@pytest.mark.slow  # runs every claim (~15 s of CPU): `make test-slow` and CI
 def test_every_claim_states_condition_and_numbers(measured):
     for row in measured:
         assert row["condition"], f"claim {row['number']} ({row['key']}) states no condition"
@@ -41,6 +43,7 @@ def test_every_claim_states_condition_and_numbers(measured):
         assert row["lesson"], f"claim {row['number']} ({row['key']}) names no lesson"
 
 
+@pytest.mark.slow  # runs every claim (~15 s of CPU): `make test-slow` and CI
 def test_a_changed_verdict_fails_naming_the_claim(measured):
     row = next(r for r in measured if r["key"] == "one_empty_batch_nan_for_good")
     committed = {r["key"]: r["verdict"] for r in measured}

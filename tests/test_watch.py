@@ -12,6 +12,8 @@ from course_utils.data import IGNORE_INDEX
 from course_utils.train import logged
 from course_utils.watch import SFTWatch
 
+pytestmark = pytest.mark.slow  # real SFTTrainer runs: `make test-slow` (and CI) run them
+
 
 def watched(dataset, model=None, trainer_cls=None, watch=None, **config):
     if model is None:
