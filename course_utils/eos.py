@@ -104,6 +104,12 @@ def generate_greedy(model, tokenizer, prompts: list[str], *, max_new_tokens: int
     finally:
         tokenizer.padding_side = side
     encoded = encoded.to(model.device)
+    limit = getattr(model.config, "max_position_embeddings", None)
+    prompt_len = encoded["input_ids"].shape[1]
+    if limit is not None and prompt_len + max_new_tokens > limit:
+        raise ValueError(f"max_new_tokens={max_new_tokens} plus the {prompt_len}-token prompt exceeds the "
+                         f"model's {limit} positions — past them the model has no position to use — pass "
+                         f"max_new_tokens <= {limit - prompt_len}.")
     with torch.no_grad():
         out = model.generate(**encoded, max_new_tokens=max_new_tokens, do_sample=False,
                              pad_token_id=tokenizer.pad_token_id, **generate_kwargs)

@@ -148,3 +148,12 @@ def test_diagnosis_checker_grades_fresh_cases():
     assert good and not memorised and not wrong_evidence
     assert "a looks like b" in named.message
 
+
+
+def test_generation_past_the_model_positions_is_refused(course):
+    from course_utils.data import make_messages
+    from course_utils.eos import chat_prompts, generate_greedy
+
+    model, tokenizer = course
+    with pytest.raises(ValueError, match="positions"):
+        generate_greedy(model, tokenizer, chat_prompts(tokenizer, make_messages("add", 1)), max_new_tokens=100_000)
