@@ -156,4 +156,5 @@ def test_generation_past_the_model_positions_is_refused(course):
 
     model, tokenizer = course
     with pytest.raises(ValueError, match="positions"):
-        generate_greedy(model, tokenizer, chat_prompts(tokenizer, make_messages("add", 1)), max_new_tokens=100_000)
+        prompts = chat_prompts(tokenizer, make_messages("add", 1))
+        generate_greedy(model, tokenizer, prompts, max_new_tokens=100_000)
