@@ -158,3 +158,20 @@ def test_generation_past_the_model_positions_is_refused(course):
     with pytest.raises(ValueError, match="positions"):
         prompts = chat_prompts(tokenizer, make_messages("add", 1))
         generate_greedy(model, tokenizer, prompts, max_new_tokens=100_000)
+
+
+def test_the_course_is_offline_by_itself_without_make():
+    """`jupyter lab` started by hand (or an IDE) leaves HF_HUB_OFFLINE unset: importing course_utils sets
+    it (unless the user chose), before transformers reads it."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    code = ("import os, course_utils, huggingface_hub.constants as c; "
+            "print(os.environ['HF_HUB_OFFLINE'], c.HF_HUB_OFFLINE)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "True"]
+    env["HF_HUB_OFFLINE"] = "0"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "False"], "a user's explicit choice wins"
