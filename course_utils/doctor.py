@@ -318,21 +318,14 @@ def _form(rows) -> str:
 
 
 def end_of_turn_id(tokenizer) -> int | None:
-    """The first special token the template writes after an assistant message (``<|im_end|>``)."""
-    probe = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "DOCTORPROBE"},
-             {"role": "user", "content": "q"}]
+    """The id of the template's end-of-turn token (``data.end_of_turn_token``), or ``None`` when the
+    tokenizer has no template or its turns end with plain text (then there is no stop id to check)."""
+    from .data import end_of_turn_token
+
     try:
-        text = tokenizer.apply_chat_template(probe, tokenize=False)
-    except Exception:  # no template, or one that rejects this probe: no end-of-turn token to check
+        return tokenizer.convert_tokens_to_ids(end_of_turn_token(tokenizer))
+    except Exception:  # no template, or one that rejects the probe or ends turns with text
         return None
-    added = set(tokenizer.get_added_vocab().values())
-    after = text[text.index("DOCTORPROBE") + len("DOCTORPROBE"):]
-    for token in tokenizer(after, add_special_tokens=False)["input_ids"]:
-        if token in added:
-            return token
-        if tokenizer.decode([token]).strip():
-            return None
-    return None
 
 
 # ---------------------------------------------------------------------------------------------

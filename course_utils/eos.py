@@ -29,33 +29,10 @@ import time
 
 from . import validate
 from .checks import Case, Diagnosis, Hints, run_check
-from .data import IGNORE_INDEX
 
-_PROBE_USER, _PROBE_ANSWER = "probe question", "probe answer"
-
-
-def end_of_turn_token(tokenizer) -> str:
-    """The first special token the chat template writes after an assistant message.
-
-    A user turn follows the assistant's, because some templates only close a turn when another
-    one starts. Plain text before any special token means the template ends turns with text.
-    """
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("this tokenizer has no chat_template — the end-of-turn token is defined by the "
-                         "template — set tokenizer.chat_template (or load an instruct tokenizer).")
-    messages = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_ANSWER},
-                {"role": "user", "content": _PROBE_USER}]
-    text = tokenizer.apply_chat_template(messages, tokenize=False)
-    after = text[text.index(_PROBE_ANSWER) + len(_PROBE_ANSWER):]
-    added = set(tokenizer.get_added_vocab().values())
-    for token in tokenizer(after, add_special_tokens=False)["input_ids"]:
-        if token in added:
-            return tokenizer.convert_ids_to_tokens(token)
-        if tokenizer.decode([token]).strip():
-            break
-    raise ValueError(f"no special token follows the assistant message in {after[:40]!r} — this template "
-                     "ends turns with plain text, so there is no single stop id — pass stop strings to "
-                     "generate() instead (stop_strings=..., tokenizer=...).")
+# end_of_turn_token (the first special token a template writes after an assistant message) lives in the
+# core, course_utils.data: lesson 02 teaches it here, and the doctor checks it too. One copy of the idea.
+from .data import IGNORE_INDEX, end_of_turn_token  # noqa: F401
 
 
 def stop_token_ids(tokenizer) -> list[int]:
