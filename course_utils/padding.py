@@ -140,6 +140,14 @@ def alone_logits(model, input_ids) -> torch.Tensor:
     return model(input_ids=ids, use_cache=False).logits[0].float().cpu()
 
 
+def _check_logits_of(batch: dict, logits) -> None:
+    validate.tensor("logits", logits, ndim=3, integer_dtype=False)
+    if logits.shape[:2] != batch["input_ids"].shape:
+        raise ValueError(f"logits have shape {tuple(logits.shape)} but the batch "
+                         f"{tuple(batch['input_ids'].shape)} — each token's logits are compared with its "
+                         "solo run — pass the logits of this batch.")
+
+
 def padded_drift(model, batch: dict, logits: torch.Tensor) -> float:
     """Max |Δlogit| over real tokens (``attention_mask == 1``) of a padded batch vs each row alone.
 
@@ -147,11 +155,7 @@ def padded_drift(model, batch: dict, logits: torch.Tensor) -> float:
     batch's ``attention_mask`` is only used here to find the real tokens, on either side.
     """
     validate.batch("batch", batch, need=("input_ids", "attention_mask"))
-    validate.tensor("logits", logits, ndim=3, integer_dtype=False)
-    if logits.shape[:2] != batch["input_ids"].shape:
-        raise ValueError(f"logits have shape {tuple(logits.shape)} but the batch "
-                         f"{tuple(batch['input_ids'].shape)} — each token's logits are compared with its "
-                         "solo run — pass the logits of this batch.")
+    _check_logits_of(batch, logits)
     worst = 0.0
     for row, mask in enumerate(batch["attention_mask"].bool()):
         reference = alone_logits(model, batch["input_ids"][row][mask])
@@ -162,11 +166,7 @@ def padded_drift(model, batch: dict, logits: torch.Tensor) -> float:
 def packed_drift(model, batch: dict, logits: torch.Tensor) -> float:
     """Max |Δlogit| over every token of a packed row vs each example alone (segments from position_ids)."""
     validate.batch("batch", batch, need=("input_ids", "position_ids"))
-    validate.tensor("logits", logits, ndim=3, integer_dtype=False)
-    if logits.shape[:2] != batch["input_ids"].shape:
-        raise ValueError(f"logits have shape {tuple(logits.shape)} but the batch "
-                         f"{tuple(batch['input_ids'].shape)} — each token's logits are compared with its "
-                         "solo run — pass the logits of this batch.")
+    _check_logits_of(batch, logits)
     worst = 0.0
     for start, end in packed_segments(batch["position_ids"]):
         reference = alone_logits(model, batch["input_ids"][0, start:end])
