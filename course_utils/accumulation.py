@@ -212,53 +212,34 @@ def clip_title(k: int, threshold) -> str:
     return f"pre-clip gradient norm, K = {k}, max_grad_norm = {_label(threshold)}"
 
 
-def clip_frame(grid: dict, k: int, threshold) -> str:
-    """One explorer frame: the plot of ``(K, max_grad_norm)`` as an ``<img>`` whose alt text is its title.
+def clip_frame(grid: dict, k: int, threshold):
+    """One explorer frame: the plot of ``(K, max_grad_norm)`` on a pyplot-free Figure, and its clip rates."""
+    from .train import clip_rate
+    from .viz import figure
 
-    Drawn on a pyplot-free Figure (no global figure state) and sent as one HTML string, so the picture
-    and its title reach the browser in one message.
-    """
-    import base64
-    import html
-    import io
-
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7, 3.3), dpi=90)
-    plot_clip_setting(grid, k, threshold, ax=fig.add_subplot())
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    title = html.escape(clip_title(k, threshold))
-    return (f'<img src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}" '
-            f'alt="{title}" title="{title}">')
+    fig, ax = figure(7, 3.3)
+    plot_clip_setting(grid, k, threshold, ax=ax)
+    if threshold in ("off", None):
+        return "no clipping: both runs take every step as it comes", fig
+    rates = (f"{name}: clip rate {clip_rate(grid[(k, threshold, divided)]):.0%}"
+             for divided, name in ((True, "loss / K"), (False, "no division")))
+    return " · ".join(rates), fig
 
 
 def clip_explorer(grid: dict):
-    """An ipywidgets explorer over the precomputed grid: K and max_grad_norm sliders → curves and clip rates.
+    """An explorer over the precomputed grid: K and max_grad_norm sliders → curves and clip rates.
 
-    Every point is a finished run, so moving a slider only redraws. The plot is replaced in place (one
-    HTML value: picture and title together), so quick successive moves always end on the last
-    setting; "no clipping" is the option "off" (a slider cannot hold ``None``). Without a widget
-    frontend (nbval, a static render) the widget shows nothing and nothing fails.
+    Every point is a finished run, so moving a slider only redraws (``viz.what_if``); "no clipping" is
+    the option "off" (a slider cannot hold ``None``).
     """
-    import ipywidgets as widgets
+    from .viz import what_if
 
     ks = sorted({k for k, _, _ in grid})
-    by_label = {_label(t): t for _, t, _ in grid}
-    labels = sorted(by_label, key=lambda lab: math.inf if by_label[lab] is None else by_label[lab])
-    room = {"style": {"description_width": "initial"}, "layout": widgets.Layout(width="420px")}
-    k_slider = widgets.SelectionSlider(options=ks, value=ks[-1], description="K (accumulation steps)", **room)
-    t_slider = widgets.SelectionSlider(options=labels, value=labels[0], description="max_grad_norm", **room)
-    plot = widgets.HTML()
-
-    def redraw(_=None):
-        plot.value = clip_frame(grid, k_slider.value, by_label[t_slider.value])
-
-    k_slider.observe(redraw, names="value")
-    t_slider.observe(redraw, names="value")
-    redraw()
-    return widgets.VBox([k_slider, t_slider, plot])
+    thresholds = sorted({t for _, t, _ in grid}, key=lambda t: math.inf if t is None else t)
+    return what_if(lambda k, max_grad_norm: clip_frame(grid, k, max_grad_norm),
+                   {"k": ks, "max_grad_norm": {_label(t): t for t in thresholds}},
+                   start={"k": ks[-1], "max_grad_norm": thresholds[0]},
+                   descriptions={"k": "K (accumulation steps)"})
 
 
 

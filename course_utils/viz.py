@@ -4,10 +4,13 @@
   threshold), so "which run crosses the line" is visible at a glance.
 - ``token_viewer``: the tokens of a sequence as coloured boxes, coloured by a 0/1 mask (which
   tokens carry loss, which are attended) with chosen tokens outlined (e.g. ``<|im_end|>``).
+- ``what_if``: one slider per knob of a lesson (batch size, threshold, padding side, ``max_length``,
+  learning rate...); each move redraws the lesson's own picture or table in place. Every lesson has one.
 """
 
 from __future__ import annotations
 
+import functools
 import html
 from collections.abc import Iterable, Sequence
 
@@ -92,3 +95,138 @@ def token_viewer(tokenizer, input_ids: Sequence[int], mask: Sequence[int], *,
            f'{_box("grey", False, False)} not · {_box("outlined", False, True)} '
            f'{", ".join(sorted(highlight)) or "highlighted"} · {sum(on)}/{len(on)} tokens</div>')
     return HTML(f'<div style="{_STYLE}">{boxes}</div>{key}')
+
+
+# ------------------------------------------------------------------------------------------------
+# "What if": a lesson's knob on a slider
+# ------------------------------------------------------------------------------------------------
+
+def figure(width: float = 7, height: float = 3.3):
+    """A matplotlib Figure with one axes, made without pyplot: ``(fig, ax)``.
+
+    Frames of a ``what_if`` control are drawn this way, so moving a slider never touches pyplot's
+    global "current figure" (nor leaves figures open for the notebook to show twice).
+    """
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=90)
+    return fig, fig.add_subplot()
+
+
+def _frame_parts(shown) -> tuple[str, list]:
+    """Split what a frame function returned into (text, figures)."""
+    parts = shown if isinstance(shown, tuple) else (shown,)
+    texts = [p for p in parts if isinstance(p, str)]
+    figures = [p for p in parts if hasattr(p, "savefig")]
+    if len(texts) + len(figures) != len(parts) or not parts:
+        kinds = ", ".join(type(p).__name__ for p in parts) or "nothing"
+        raise TypeError(f"a what_if frame returned {kinds} — the control can show text and matplotlib "
+                        "figures only — return a str, a Figure (viz.figure()), or a tuple of them.")
+    return "\n".join(texts), figures
+
+
+def _frame_html(text: str, figures: list) -> str:
+    """Text as preformatted lines, each figure as an ``<img>`` whose alt text is its first title."""
+    import base64
+    import io
+
+    pieces = [f'<pre style="margin:4px 0">{html.escape(text)}</pre>'] if text else []
+    for fig in figures:
+        fig.tight_layout()
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png")
+        title = html.escape(next((ax.get_title() for ax in fig.axes if ax.get_title()), "figure"))
+        pieces.append(f'<img src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}" '
+                      f'alt="{title}" title="{title}">')
+    return "".join(pieces)
+
+
+def _options(name: str, options) -> tuple[list, dict]:
+    """Slider options and the map back to values: a dict's keys are labels (values may be None)."""
+    if isinstance(options, dict):
+        labels, values = [str(k) for k in options], dict(zip(map(str, options), options.values()))
+    elif isinstance(options, (list, tuple, range)):
+        labels, values = list(options), None
+    else:
+        raise TypeError(f"what_if's {name!r} is a {type(options).__name__} — a slider needs a list of "
+                        f"choices — pass a list, or a dict {{label: value}} (e.g. {{'off': None}}).")
+    if not labels:
+        raise ValueError(f"what_if's {name!r} has no choices — a slider needs at least one — pass a "
+                         "non-empty list or dict.")
+    return labels, values
+
+
+def what_if(frame, controls: dict, *, start: dict | None = None, descriptions: dict | None = None,
+            width: str = "440px"):
+    """A "what if" control: one slider per knob in ``controls``; each move redraws ``frame(**choice)``.
+
+    ``controls`` maps each keyword of ``frame`` to its choices (a list, or ``{label: value}`` where a
+    value such as ``None`` cannot sit on a slider); ``start`` gives starting values (default: each
+    first choice); ``descriptions`` longer slider names. ``frame`` returns a str, a matplotlib Figure or a
+    tuple of them. Frames are cached, so going back is instant; the whole frame is one HTML value, so
+    quick successive moves always end on the last setting. Without a widget frontend (nbval, a static
+    render of the notebook) the control's plain text is the starting frame's text: the cell still
+    prints the default answer.
+    """
+    import ipywidgets as widgets
+
+    if not callable(frame):
+        raise TypeError(f"what_if's frame is a {type(frame).__name__} — it draws one setting — pass a "
+                        "function of the knobs, e.g. lambda batch_size: ...")
+    if not isinstance(controls, dict) or not controls:
+        raise ValueError("what_if got no controls — each is a slider — pass {'knob': [choices], ...}.")
+    start = dict(start or {})
+    room = {"style": {"description_width": "initial"}, "layout": widgets.Layout(width=width)}
+    sliders, maps = {}, {}
+    for name, options in controls.items():
+        labels, maps[name] = _options(name, options)
+        value = start.pop(name, labels[0] if maps[name] is None else None)
+        if maps[name] is not None:  # start is given as a value; the slider holds its label
+            value = next((lab for lab, v in maps[name].items() if v == value), labels[0])
+        if value not in labels:
+            raise ValueError(f"what_if's start for {name!r} is {value!r}, not one of its choices {labels} "
+                             "— the slider must begin on a choice — pick one of them.")
+        label = (descriptions or {}).get(name, name)
+        sliders[name] = widgets.SelectionSlider(options=labels, value=value, description=label, **room)
+    if start:
+        raise ValueError(f"what_if's start names {sorted(start)}, which are not controls "
+                         f"{sorted(controls)} — pass start values for the controls only.")
+    return _what_if_class()(frame, sliders, maps)
+
+
+@functools.cache
+def _what_if_class():
+    """The widget class, made once on first use (ipywidgets is imported only by lessons that draw)."""
+    import ipywidgets as widgets
+
+    class WhatIf(widgets.VBox):
+        """The sliders above one HTML output; its plain-text form is the current frame's text."""
+
+        def __init__(self, frame, sliders, maps):
+            self._frame, self._maps, self._cache = frame, maps, {}
+            self._sliders, self.text = sliders, ""
+            self.output = widgets.HTML()
+            super().__init__([*sliders.values(), self.output])
+            for slider in sliders.values():
+                slider.observe(self.redraw, names="value")
+            self.redraw()
+
+        def choice(self) -> dict:
+            """The current setting as the frame's keyword arguments."""
+            return {name: s.value if self._maps[name] is None else self._maps[name][s.value]
+                    for name, s in self._sliders.items()}
+
+        def redraw(self, _=None):
+            key = tuple(s.value for s in self._sliders.values())
+            if key not in self._cache:
+                text, figures = _frame_parts(self._frame(**self.choice()))
+                self._cache[key] = (text, _frame_html(text, figures))
+            self.text, self.output.value = self._cache[key]
+
+        def _repr_mimebundle_(self, **kwargs):
+            bundle = super()._repr_mimebundle_(**kwargs)
+            setting = ", ".join(f"{name} = {s.value}" for name, s in self._sliders.items())
+            bundle["text/plain"] = f"[what if: {setting}; move the sliders in JupyterLab]\n{self.text}"
+            return bundle
+
+    return WhatIf

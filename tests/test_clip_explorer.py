@@ -20,7 +20,7 @@ def test_no_clipping_is_the_option_off_and_redraws(grid):
     assert t_slider.options == ("1", "17.3", "off")
     t_slider.value = "off"  # raised a TraitError (None is not an index) before
     assert acc.clip_title(2, None) == "pre-clip gradient norm, K = 2, max_grad_norm = off"
-    assert image.value.startswith("<img src=\"data:image/png;base64,")
+    assert "<img src=\"data:image/png;base64," in image.value
     assert f'alt="{acc.clip_title(2, None)}"' in image.value
 
 
