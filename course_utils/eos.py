@@ -168,27 +168,27 @@ def train_until_stops(model, batches: list[dict], probe: dict, stop_id: int, *, 
 
     The criterion is measured, not a step count fitted to one model and one CPU: every ``chunk``
     steps, the mean ``stop_probability`` on ``probe`` (rows of the training data) must reach
-    ``level``. Returns ``records`` (``train``'s, steps renumbered), ``steps``, ``seconds``,
-    ``reached`` and ``p_stop`` (the last probe measurement). ``train`` starts a fresh AdamW per
-    chunk; at this size that costs a few steps, not the outcome.
+    ``level``. One ``train`` run (one AdamW) that ends when the criterion is met. Returns ``records``,
+    ``steps``, ``seconds``, ``reached``, ``p_stop`` (the last probe measurement) and ``history``
+    (``(step, p_stop)`` at each check).
     """
     from .train import train
 
     validate.number("level", level, positive=True)
     validate.positive_int("chunk", chunk, why="it is the steps between two checks of the criterion")
     validate.positive_int("max_steps", max_steps, why="it caps the run when the criterion is never met")
-    records, start, p = [], time.perf_counter(), 0.0
-    while len(records) < max_steps:
-        n = min(chunk, max_steps - len(records))
-        offset = len(records)
-        rotated = batches[offset % len(batches):] + batches[:offset % len(batches)]  # keep cycling the data
-        for r in train(model, rotated, steps=n, lr=lr, progress=False):
-            records.append({**r, "step": r["step"] + offset})
-        p = float(stop_probability(model, probe, stop_id).mean())
-        if p >= level:
-            break
+    history, start = [], time.perf_counter()
+
+    def criterion(step, trained):
+        if step % chunk and step < max_steps:
+            return False
+        history.append((step, float(stop_probability(trained, probe, stop_id).mean())))
+        return history[-1][1] >= level
+
+    records = train(model, batches, steps=max_steps, lr=lr, on_step=criterion, progress=False)
+    p = history[-1][1]
     return {"records": records, "steps": len(records), "seconds": time.perf_counter() - start,
-            "reached": p >= level, "p_stop": p}
+            "reached": p >= level, "p_stop": p, "history": history}
 
 
 def graded_text(tokenizer, input_ids, labels) -> str:
@@ -286,6 +286,43 @@ def stop_criterion_callback(probe: dict, stop_id: int, *, level: float = 0.9, ev
     callback = StopCriterion()
     callback.history = []
     return callback
+
+
+# ------------------------------------------------------------------------------------------------
+# What if: another eos list for generate(), on each trained model
+# ------------------------------------------------------------------------------------------------
+
+def stop_explorer(models: dict, tokenizer, prompts: list[str], eos_choices: dict, *, max_new_tokens: int = 40,
+                  turn_markers: tuple[str, ...] = ("<|im_start|>",), shown: int = 3):
+    """What if ``generate()`` got another eos list? A dropdown over trained models, one over eos lists.
+
+    ``models``: ``{label: model}`` trained in the lesson; ``eos_choices``: ``{label: ids or None}``
+    (``None``: the model's ``generation_config``, what a user gets by default). Each frame generates
+    greedily for ``prompts`` (a forward pass per token, well under a second on the course model) and
+    shows the stop rate and the first ``shown`` replies: a config fix helps only a model that learned
+    to emit the token.
+    """
+    from .viz import what_if
+
+    for name, value, example in (("models", models, "{'graded': model}"),
+                                 ("eos_choices", eos_choices, "{'generation_config': None, 'end': [id]}")):
+        if not isinstance(value, dict) or not value:
+            raise ValueError(f"stop_explorer's {name} must be a non-empty dict, got {type(value).__name__} — "
+                             f"each entry is one choice of the control — pass e.g. {example}.")
+    validate.positive_int("shown", shown, why="it is how many replies each frame prints")
+
+    def frame(model, eos):
+        extra = {} if eos_choices[eos] is None else {"eos_token_id": eos_choices[eos]}
+        records = generate_greedy(models[model], tokenizer, prompts, max_new_tokens=max_new_tokens,
+                                  turn_markers=turn_markers, **extra)
+        lines = [f"stop rate {stop_rate(records):.2f} over {len(records)} prompts "
+                 f"(max_new_tokens={max_new_tokens})"]
+        lines += [f"{'stopped' if r['stopped'] else 'ran on '} | {r['text'][:70]!r}" for r in records[:shown]]
+        return "\n".join(lines)
+
+    return what_if(frame, {"model": list(models), "eos": list(eos_choices)},
+                   descriptions={"model": "trained model", "eos": "eos_token_id for generate()"},
+                   width="620px")
 
 
 # ------------------------------------------------------------------------------------------------

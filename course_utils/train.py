@@ -97,7 +97,8 @@ def train(model, micro_batches: Sequence[dict], *, steps: int, accum_steps: int 
     the micro-batch losses, as a logger would show it), ``grad_norm`` (before clipping),
     ``clipped``, ``n_tokens`` (supervised tokens in the step) and ``nonfinite`` (micro-batches
     whose loss was inf or NaN), ``skipped`` (micro-batches not run) and ``weights_finite``.
-    ``on_step(step, model)`` runs after each update, e.g. to snapshot parameters.
+    ``on_step(step, model)`` runs after each update, e.g. to snapshot parameters; if it returns True,
+    training ends there (a criterion met: ``eos.train_until_stops``).
 
     ``loss_fn(logits, labels)``: a per-micro-batch mean written your way (lesson 05 passes the
     masked means of ``losses``) instead of ``normalise``; it is divided by ``accum_steps`` like the
@@ -149,9 +150,9 @@ def train(model, micro_batches: Sequence[dict], *, steps: int, accum_steps: int 
                         "clipped": max_grad_norm is not None and grad_norm > max_grad_norm,
                         "n_tokens": step_tokens, "nonfinite": nonfinite, "skipped": skipped,
                         "weights_finite": params_finite(model)})
-        if on_step is not None:
-            on_step(step + 1, model)
         bar.update()
+        if on_step is not None and on_step(step + 1, model):
+            break  # the caller's criterion is met
     bar.close()
     model.eval()
     return records

@@ -156,9 +156,22 @@ def _options(name: str, options) -> tuple[list, dict]:
     return labels, values
 
 
+def _is_scale(labels) -> bool:
+    """Numbers (and "off", no value) sit on a slider; names of set-ups read better in a dropdown."""
+    def number(label) -> bool:
+        try:
+            float(label)
+            return not isinstance(label, bool)
+        except (TypeError, ValueError):
+            return label == "off"
+    return all(number(label) for label in labels)
+
+
 def what_if(frame, controls: dict, *, start: dict | None = None, descriptions: dict | None = None,
             width: str = "440px"):
     """A "what if" control: one slider per knob in ``controls``; each move redraws ``frame(**choice)``.
+
+    A knob whose choices are numbers (or "off") is a slider; one of named set-ups is a dropdown.
 
     ``controls`` maps each keyword of ``frame`` to its choices (a list, or ``{label: value}`` where a
     value such as ``None`` cannot sit on a slider); ``start`` gives starting values (default: each
@@ -187,7 +200,8 @@ def what_if(frame, controls: dict, *, start: dict | None = None, descriptions: d
             raise ValueError(f"what_if's start for {name!r} is {value!r}, not one of its choices {labels} "
                              "— the slider must begin on a choice — pick one of them.")
         label = (descriptions or {}).get(name, name)
-        sliders[name] = widgets.SelectionSlider(options=labels, value=value, description=label, **room)
+        kind = widgets.SelectionSlider if _is_scale(labels) else widgets.Dropdown
+        sliders[name] = kind(options=labels, value=value, description=label, **room)
     if start:
         raise ValueError(f"what_if's start names {sorted(start)}, which are not controls "
                          f"{sorted(controls)} — pass start values for the controls only.")

@@ -93,6 +93,9 @@ def test_train_records_and_clipping(course, tokenizer):
     assert all(r["clipped"] and r["grad_norm"] > 1e-3 for r in records) and clip_rate(records) == 1.0
     assert all(math.isfinite(r["loss"]) and r["nonfinite"] == 0 for r in records)
     assert records[0]["n_tokens"] == sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches[:2])
+    seen = []
+    records = train(model, batches, steps=5, lr=1e-3, on_step=lambda step, m: seen.append(step) or step == 2)
+    assert seen == [1, 2] and len(records) == 2, "on_step returning True ends training after that step"
 
 
 @pytest.mark.parametrize(

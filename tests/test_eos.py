@@ -345,3 +345,27 @@ def test_train_until_stops_respects_cap_and_criterion(course):
         train_until_stops(model, batches, batches[0], eot, lr=1e-3, max_steps=0)
     with pytest.raises(ValueError, match="every"):
         stop_criterion_callback(batches[0], eot, every=0)
+
+
+# ---- the "what if" control: another eos list for generate() ---------------------------------------
+
+def test_stop_explorer_generates_each_setting_and_prints_its_start(course):
+    from course_utils.eos import chat_prompts, stop_explorer
+
+    model, tokenizer = course
+    prompts = chat_prompts(tokenizer, [[{"role": "user", "content": "What is 2 + 2?"}]])
+    # every token is a stop token in the second list: generation must stop at once
+    everything = list(range(model.config.vocab_size))
+    control = stop_explorer({"course model": model}, tokenizer, prompts,
+                            {"generation_config": None, "every token": everything}, max_new_tokens=4)
+    assert "stop rate" in control._repr_mimebundle_()["text/plain"]
+    control.children[1].value = "every token"
+    assert control.text.splitlines()[0].startswith("stop rate 1.00"), "a reply ends on its first token"
+
+
+@pytest.mark.parametrize("models, eos_choices", [({}, {"x": None}), ({"m": 1}, []), ("model", {"x": None})])
+def test_stop_explorer_rejects_empty_or_non_dict_choices(course, models, eos_choices):
+    from course_utils.eos import stop_explorer
+
+    with pytest.raises(ValueError, match="non-empty dict"):
+        stop_explorer(models, course[1], ["hi"], eos_choices)

@@ -23,6 +23,8 @@ def test_starts_where_told_and_prints_that_frame_without_a_frontend(control):
     plain = control._repr_mimebundle_()["text/plain"]
     assert "batch_size = 2, side = right" in plain and "batch 2, padding R" in plain
     assert control.children[0].description == "batch size"
+    kinds = [type(c).__name__ for c in control.children[:2]]
+    assert kinds == ["SelectionSlider", "Dropdown"], "numbers on a slider, named set-ups in a dropdown"
 
 
 def test_a_move_redraws_text_and_picture_in_one_value(control):
