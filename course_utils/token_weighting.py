@@ -276,6 +276,46 @@ def cite_source(obj, *needles: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------
+# What if: another number of micro-batches, another order of the chats
+# ------------------------------------------------------------------------------------------------
+
+ORDERS = ("sorted by answer length", "as drawn")
+
+
+def accumulation_explorer(model, tokenizer, seed: int = 0, n_chats: int = 8):
+    """What if the same ``n_chats`` chats were split into K micro-batches, sorted by length or not?
+
+    Each frame measures one optimizer step's gradient under both schemes against the big batch's
+    (three forward/backward passes over ``n_chats`` chats: a fraction of a second on the course model)
+    and draws the per-token weights. K = 1 is exact for both; the per-micro-batch mean drifts as K
+    grows and as sorting makes the counts uneven; the token-weighted sum stays exact.
+    """
+    from .viz import figure, what_if
+
+    validate.positive_int("n_chats", n_chats, why="it is the size of the step's big batch")
+    examples = [tokenize_chat(tokenizer, c) for c in multi_turn_conversations(n_chats, seed)]
+    by_length = sorted(examples, key=lambda e: sum(label != IGNORE_INDEX for label in e["labels"]))
+    ks = [k for k in range(1, n_chats + 1) if n_chats % k == 0]
+
+    def frame(k, order):
+        rows = by_length if order == ORDERS[0] else examples
+        size = n_chats // k
+        micro = [collate_right(rows[i: i + size], tokenizer.pad_token_id) for i in range(0, n_chats, size)]
+        counts = [count_supervised(b) for b in micro]
+        full = full_batch_grad(model, micro, tokenizer.pad_token_id)
+        errors = {scheme: relative_error(accumulated_grad(model, micro, scheme), full) for scheme in SCHEMES}
+        fig, ax = figure(8, 3.4)
+        plot_token_weights(counts, ax=ax)
+        ax.set_title(f"per-token weight, K = {k} micro-batches of {size} chats, {order}")
+        return (f"supervised tokens per micro-batch: {counts}\n"
+                f"gradient vs the big batch of {n_chats} (relative error): per-micro-batch mean ÷ K "
+                f"{errors['mean']:.1e}, token-weighted {errors['token']:.1e}"), fig
+
+    return what_if(frame, {"k": ks, "order": list(ORDERS)}, start={"k": ks[len(ks) // 2]},
+                   descriptions={"k": "K (micro-batches)", "order": "chats"}, width="520px")
+
+
+# ------------------------------------------------------------------------------------------------
 # transformers / TRL: the gradient the Trainer hands its optimizer
 # ------------------------------------------------------------------------------------------------
 

@@ -279,3 +279,20 @@ def test_worker_in_one_process_matches_full_batch(model_tok, monkeypatch, tmp_pa
     assert result["world_size"] == 1 and len(result["n_tokens"]) == 1
     for scheme in ("rank_mean", "global_count"):  # one rank: both schemes are the full batch
         assert tw.relative_error(result[scheme], ref) < 1e-5
+
+
+def test_accumulation_explorer_is_exact_at_k1_and_token_weighted_everywhere(course):
+    model, tokenizer = course
+    control = tw.accumulation_explorer(model, tokenizer, seed=0, n_chats=4)
+    assert "K (micro-batches)" in [c.description for c in control.children]
+    assert "supervised tokens per micro-batch" in control._repr_mimebundle_()["text/plain"]
+
+    def errors():
+        mean, token = (float(x) for x in control.text.split("÷ K ")[1].split(", token-weighted "))
+        return mean, token
+
+    control.children[0].value = 1
+    assert errors() == (0.0, 0.0), "one micro-batch is the big batch"
+    control.children[0].value = 4
+    mean, token = errors()
+    assert token < 1e-5 < 1e-2 < mean, "four single-chat micro-batches: only the token-weighted sum is exact"
