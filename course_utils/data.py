@@ -158,6 +158,7 @@ def assistant_char_spans(tokenizer, messages: list[dict], train_on_eos: bool = T
     validate.tokenizer("tokenizer", tokenizer)
     _check_messages(messages)
     text = tokenizer.apply_chat_template(messages, tokenize=False)
+    closing = None if train_on_eos else end_of_turn_token(tokenizer)
     spans = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
@@ -171,7 +172,7 @@ def assistant_char_spans(tokenizer, messages: list[dict], train_on_eos: bool = T
                 "assistant spans cannot be located by prefix — use a template like Qwen2.5's."
             )
         if not train_on_eos:
-            end = text.rindex(tokenizer.convert_ids_to_tokens(end_of_turn_id(tokenizer)), start, end)
+            end = text.rindex(closing, start, end)
         spans.append((start, end))
     return text, spans
 
@@ -206,11 +207,8 @@ def end_of_turn_token(tokenizer) -> str:
 
 
 def end_of_turn_id(tokenizer) -> int:
-    """The id of ``<|im_end|>``, the token that closes every turn in the Qwen2.5 template."""
-    from .model import token_id
-
-    validate.tokenizer("tokenizer", tokenizer)
-    return token_id(tokenizer, "<|im_end|>")
+    """The id of ``end_of_turn_token``: what closes every turn of the template (Qwen2.5: ``<|im_end|>``)."""
+    return tokenizer.convert_tokens_to_ids(end_of_turn_token(tokenizer))
 
 
 def _check_messages(messages) -> None:

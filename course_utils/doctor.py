@@ -317,13 +317,13 @@ def _form(rows) -> str:
     return "text"
 
 
-def end_of_turn_id(tokenizer) -> int | None:
-    """The id of the template's end-of-turn token (``data.end_of_turn_token``), or ``None`` when the
-    tokenizer has no template or its turns end with plain text (then there is no stop id to check)."""
-    from .data import end_of_turn_token
+def _end_of_turn_or_none(tokenizer) -> int | None:
+    """``data.end_of_turn_id``, or ``None`` when the tokenizer has no template or its turns end with
+    plain text (then there is no stop id to check)."""
+    from .data import end_of_turn_id
 
     try:
-        return tokenizer.convert_tokens_to_ids(end_of_turn_token(tokenizer))
+        return end_of_turn_id(tokenizer)
     except Exception:  # no template, or one that rejects the probe or ends turns with text
         return None
 
@@ -731,7 +731,7 @@ def _run_checks(rows, form, tokenizer, args, precision, unknown, config, source,
                                     f"{type(exc).__name__}: {str(exc)[:200]}",
                                     "fix the rows or the template it names; SFTTrainer would stop here",
                                     "04"))
-    eot = end_of_turn_id(tokenizer) if form != "text" else tokenizer.eos_token_id
+    eot = _end_of_turn_or_none(tokenizer) if form != "text" else tokenizer.eos_token_id
     if model_obj is None and forward and precision["fp16"] and source is not None:
         model_obj = _load_model(source)
     gen_eos = _generation_eos_ids(source, model_obj)
