@@ -143,9 +143,14 @@ def failures_from_junit(path: Path) -> list[tuple[str, str]]:
     return failures
 
 
+def run_stem(notebook: Path, config: Config) -> str:
+    """A file name for one run's reports: a model given as a directory (``/x/model``) becomes ``_x_model``."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{notebook.stem}-{config.model}-s{config.seed}-t{config.threads}")
+
+
 def run_one(notebook: Path, config: Config, workdir: Path, timeout: int = 900) -> RunResult:
     """Run ``notebook`` under nbval with ``config``'s environment; collect failures and outcomes."""
-    stem = f"{notebook.stem}-{config.model}-s{config.seed}-t{config.threads}"
+    stem = run_stem(notebook, config)
     junit, outcomes = workdir / f"{stem}.xml", workdir / f"{stem}.jsonl"
     env = {**os.environ, **config.env(), "COURSE_OUTCOMES": str(outcomes), "COURSE_NOTEBOOK": notebook.name,
            "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false"}

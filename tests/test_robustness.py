@@ -140,3 +140,12 @@ def test_thread_budget_never_runs_more_threads_than_jobs(monkeypatch):
                                     progress=lambda line: None)
     assert peak[0] == 2 and len(results) == 9
     assert [(r.notebook[:2], r.config) for r in results][:3] == [("00", QWEN), ("01", QWEN), ("02", QWEN)]
+
+
+def test_a_model_directory_makes_a_flat_report_name():
+    from pathlib import Path
+
+    from course_utils.robustness import run_stem
+
+    stem = run_stem(Path("solutions/02_eos_never_stops.ipynb"), Config("/work/third model/model", 0, 1))
+    assert "/" not in stem and " " not in stem and stem.startswith("02_eos_never_stops-")
