@@ -226,11 +226,12 @@ def clip_frame(grid: dict, k: int, threshold):
     return " · ".join(rates), fig
 
 
-def clip_explorer(grid: dict):
+def clip_explorer(grid: dict, start_threshold=None):
     """An explorer over the precomputed grid: K and max_grad_norm sliders → curves and clip rates.
 
     Every point is a finished run, so moving a slider only redraws (``viz.what_if``); "no clipping" is
-    the option "off" (a slider cannot hold ``None``).
+    the option "off" (a slider cannot hold ``None``). It opens at the largest K and
+    ``start_threshold`` (default: the lowest threshold of the grid).
     """
     from .viz import what_if
 
@@ -238,7 +239,8 @@ def clip_explorer(grid: dict):
     thresholds = sorted({t for _, t, _ in grid}, key=lambda t: math.inf if t is None else t)
     return what_if(lambda k, max_grad_norm: clip_frame(grid, k, max_grad_norm),
                    {"k": ks, "max_grad_norm": {_label(t): t for t in thresholds}},
-                   start={"k": ks[-1], "max_grad_norm": thresholds[0]},
+                   start={"k": ks[-1], "max_grad_norm": thresholds[0] if start_threshold is None
+                          else start_threshold},
                    descriptions={"k": "K (accumulation steps)"})
 
 
