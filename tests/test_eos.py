@@ -1,19 +1,17 @@
-"""Tests for course_utils.eos (lesson 02): the checkers, the stop helpers, the masks."""
+"""Tests for course_utils.eos (lesson 02): the stop helpers, the masks, a checker's graded hints
+(the checkers' answers: test_checkers.py)."""
 
 import copy
 
 import pytest
 import torch
+from conftest import stub
 
-from course_utils import IGNORE_INDEX
 from course_utils.answers import lesson02 as answers
-from course_utils.checks import Diagnosis
 from course_utils.eos import (
     CAUSES,
     answer_accuracy,
     broken_generation_run,
-    check_collate_keep_eos,
-    check_diagnosis_exercise,
     check_stop_token_ids,
     generate_greedy,
     graded_span_has_stop,
@@ -33,49 +31,11 @@ def tok(course):  # `course` is the session-wide (model, tokenizer) of tests/con
     return course[1]
 
 
-def stub(*args, **kwargs):
-    raise NotImplementedError("Exercise: write your solution here")
-
-
 # --- exercise 1: stop ids -------------------------------------------------------------------------
-
-def stop_ids_by_token_scan(tokenizer):
-    """A second correct answer: tokenize the whole rendering and scan from the answer's last token."""
-    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "zebra"},
-                {"role": "user", "content": "b"}]
-    enc = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
-    answer = tokenizer("zebra", add_special_tokens=False)["input_ids"]
-    start = next(i for i in range(len(enc)) if enc[i:i + len(answer)] == answer) + len(answer)
-    special = set(tokenizer.all_special_ids) | set(tokenizer.get_added_vocab().values())
-    eot = next(t for t in enc[start:] if t in special)
-    return list(dict.fromkeys([tokenizer.eos_token_id, eot]))
-
-
-@pytest.mark.parametrize("answer", [answers.stop_token_ids, stop_ids_by_token_scan])
-def test_stop_token_ids_checker_accepts_correct_answers(tok, answer):
-    assert check_stop_token_ids(answer, tok)
-
 
 def test_stop_token_ids_reference(tok):
     assert answers.end_of_turn_token(tok) == "<|im_end|>"
     assert answers.stop_token_ids(tok) == [tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")]
-
-
-def test_stop_token_ids_checker_rejects_stub(tok, capsys):
-    assert not check_stop_token_ids(stub, tok)
-    assert "not implemented" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("wrong, hint", [
-    (lambda t: [t.eos_token_id], "you returned only the tokenizer's eos"),
-    (lambda t: [t.eos_token_id, t.convert_tokens_to_ids("<|im_end|>")], "you hard-coded <|im_end|>"),
-    (lambda t: [t.convert_tokens_to_ids(answers.end_of_turn_token(t))], "keep the tokenizer's eos"),
-    (lambda t: [t.eos_token_id, t.convert_tokens_to_ids("<|im_start|>")], "turn *opener*"),
-])
-def test_stop_token_ids_checker_names_the_misconception(tok, wrong, hint):
-    result = check_stop_token_ids(wrong, tok)
-    assert not result
-    assert hint in result.message
 
 
 def test_stop_token_ids_hints_are_graded(tok):
@@ -99,71 +59,6 @@ def test_end_of_turn_token_bad_input(tok):
 
 # --- exercise 2: diagnosis ------------------------------------------------------------------------
 
-def diagnose_generations_other_order(artefact):
-    """A second correct answer: graded span first, padding look-alike by the rows, all rows as evidence."""
-    gens, cfg = artefact["generations"], artefact["generate_config"]
-    stop = artefact["end_of_turn_token"] if artefact["format"] == "chat" else artefact["eos_token"]
-    if not any(stop in row for row in artefact["graded_span"]):
-        cause = "pad_equals_eos" if artefact["pad_token"] == stop and artefact["format"] == "plain" \
-            else "stop_token_not_graded"
-        return Diagnosis(cause, stop)
-    if not cfg["attention_mask_passed"]:
-        longest = max(len(g["prompt_tokens"]) for g in gens)
-        return Diagnosis("left_padding_without_mask",
-                         [i for i, g in enumerate(gens) if len(g["prompt_tokens"]) < longest])
-    if stop not in cfg["eos_tokens"]:
-        return Diagnosis("wrong_stop_ids", stop)
-    return Diagnosis("max_new_tokens_too_small", cfg["max_new_tokens"])
-
-
-@pytest.mark.parametrize("answer", [answers.diagnose_generations, diagnose_generations_other_order])
-def test_diagnosis_checker_accepts_correct_answers(answer):
-    assert check_diagnosis_exercise(answer)
-
-
-def test_diagnosis_checker_rejects_stub():
-    assert not check_diagnosis_exercise(stub)
-
-
-def _always(cause):
-    def diagnose(artefact):
-        return Diagnosis(cause, artefact["end_of_turn_token"])
-    return diagnose
-
-
-def _never_pad_eos(artefact):
-    truth = answers.diagnose_generations(artefact)
-    if truth.cause == "pad_equals_eos":
-        return Diagnosis("stop_token_not_graded", truth.evidence)
-    return truth
-
-
-def _ignores_padding(artefact):
-    """Calls every run that does not stop a graded-span bug: misses lesson 03's look-alike."""
-    truth = answers.diagnose_generations(artefact)
-    if truth.cause == "left_padding_without_mask":
-        return Diagnosis("stop_token_not_graded", artefact["end_of_turn_token"])
-    return truth
-
-
-def _wrong_evidence(artefact):
-    truth = answers.diagnose_generations(artefact)
-    return Diagnosis(truth.cause, "row 0")
-
-
-@pytest.mark.parametrize("wrong, phrase", [
-    (_always("wrong_stop_ids"), "no reply contains the end-of-turn token"),
-    (_always("stop_token_not_graded"), "the model DOES write the end-of-turn token"),
-    (_never_pad_eos, "which collator built the labels"),
-    (_ignores_padding, "only padded rows are garbled"),
-    (_wrong_evidence, "does not show it"),
-])
-def test_diagnosis_checker_names_the_misconception(wrong, phrase):
-    result = check_diagnosis_exercise(wrong)
-    assert not result
-    assert phrase in result.message
-
-
 def test_broken_generation_run_draws_every_cause_and_varies():
     causes = {broken_generation_run(seed)[1].cause for seed in range(len(CAUSES))}
     assert causes == set(CAUSES)
@@ -172,86 +67,6 @@ def test_broken_generation_run_draws_every_cause_and_varies():
     assert broken_generation_run(7) == broken_generation_run(7), "seeded: the same seed, the same case"
     with pytest.raises(ValueError, match="seed"):
         broken_generation_run(-1)
-
-
-# --- exercise 3: the keep-eos collator ------------------------------------------------------------
-
-def collate_left(examples, pad_token_id):
-    """A second correct answer: left padding."""
-    width = max(len(e["input_ids"]) for e in examples)
-    rows = [(width - len(e["input_ids"]), list(e["input_ids"]), list(e.get("labels", e["input_ids"])))
-            for e in examples]
-    return {"input_ids": torch.tensor([[pad_token_id] * k + ids for k, ids, _ in rows]),
-            "attention_mask": torch.tensor([[0] * k + [1] * len(ids) for k, ids, _ in rows]),
-            "labels": torch.tensor([[IGNORE_INDEX] * k + labels for k, _, labels in rows])}
-
-
-def collate_pad_id_then_first_eos(examples, pad_token_id):
-    """A third correct answer, the common fix: mask by pad id, then restore the first eos of each row."""
-    batch = answers.collate_keep_eos(examples, pad_token_id)
-    labels = batch["input_ids"].clone()
-    for i, e in enumerate(examples):
-        if "labels" in e:
-            labels[i, :len(e["labels"])] = torch.tensor(e["labels"])
-    labels[batch["input_ids"] == pad_token_id] = IGNORE_INDEX
-    for i, e in enumerate(examples):
-        eos = e["input_ids"][-1]
-        first = int((batch["input_ids"][i] == eos).nonzero()[0, 0])
-        labels[i, first] = eos
-        labels[i, first + 1:] = IGNORE_INDEX
-    batch["labels"] = labels
-    return batch
-
-
-@pytest.mark.parametrize("answer", [answers.collate_keep_eos, collate_left, collate_pad_id_then_first_eos])
-def test_collate_checker_accepts_correct_answers(answer):
-    assert check_collate_keep_eos(answer)
-
-
-def test_collate_checker_rejects_stub():
-    assert not check_collate_keep_eos(stub)
-
-
-def _pad_id_masking(examples, pad):
-    batch = answers.collate_keep_eos(examples, pad)
-    batch["labels"] = batch["input_ids"].clone()
-    batch["labels"][batch["input_ids"] == pad] = IGNORE_INDEX  # transformers' collator: by id
-    return batch
-
-
-def _ignores_prompt_mask(examples, pad):
-    return answers.collate_keep_eos([{"input_ids": e["input_ids"]} for e in examples], pad)
-
-
-def _trains_padding(examples, pad):
-    batch = answers.collate_keep_eos(examples, pad)
-    batch["labels"] = torch.where(batch["attention_mask"] == 1, batch["labels"], batch["input_ids"])
-    return batch
-
-
-def _keeps_last_eos(examples, pad):
-    batch = answers.collate_keep_eos(examples, pad)
-    batch["labels"][:, -1] = batch["input_ids"][:, -1]
-    return batch
-
-
-def _all_ones_mask(examples, pad):
-    batch = answers.collate_keep_eos(examples, pad)
-    batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
-    return batch
-
-
-@pytest.mark.parametrize("wrong, phrase", [
-    (_pad_id_masking, "you masked by pad *id*"),
-    (_ignores_prompt_mask, "overwrote the example's prompt mask"),
-    (_trains_padding, "the padding carries labels"),
-    (_keeps_last_eos, "you kept the row's *last* eos"),
-    (_all_ones_mask, "the attention mask is all ones"),
-])
-def test_collate_checker_names_the_misconception(wrong, phrase):
-    result = check_collate_keep_eos(wrong)
-    assert not result
-    assert phrase in result.message
 
 
 # --- helpers --------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Lesson 03 (padding, attention masks, packing): collates, leak measurements and exercise checkers."""
+"""Lesson 03 (padding, attention masks, packing): collates, leak measurements, the incident generator."""
 
 import pytest
 import torch
@@ -8,8 +8,6 @@ from course_utils.padding import (
     allowed_attention,
     attention_categories,
     block_causal_mask,
-    check_block_mask,
-    check_padding_diagnosis,
     collate_left,
     collate_packed,
     collate_padded,
@@ -29,10 +27,6 @@ def course():
     model, tok = load_course_model()
     convs = make_messages("mixed", n=3, seed=2, context_words=3, long_tail=True)
     return model, tok, [tokenize_chat(tok, m) for m in convs]
-
-
-def _stub(*args, **kwargs):
-    raise NotImplementedError
 
 
 # ---- references --------------------------------------------------------------------------------------
@@ -152,157 +146,7 @@ def test_generation_beyond_the_position_limit_is_refused(course):
         greedy_continuations(model, [[1, 2]], tok.pad_token_id, "alone", max_new_tokens=100_000)
 
 
-# ---- exercise checkers -------------------------------------------------------------------------------
-
-def _stub(*args, **kwargs):
-    raise NotImplementedError
-
-
-def _mask_by_position_difference(position_ids):
-    """A second correct answer: a query at position p sees the p keys before it and itself."""
-    batch, length = position_ids.shape
-    out = torch.zeros(batch, 1, length, length, dtype=torch.bool)
-    for b in range(batch):
-        for i in range(length):
-            out[b, 0, i, i - int(position_ids[b, i]): i + 1] = True
-    return out
-
-
-def _causal_only(position_ids):
-    length = position_ids.shape[-1]
-    causal = torch.ones(length, length, dtype=torch.bool).tril()
-    return causal.expand(position_ids.shape[0], 1, length, length)
-
-
-def _blocks_without_causal(position_ids):
-    example = (position_ids == 0).cumsum(-1)
-    return (example[:, :, None] == example[:, None, :])[:, None]
-
-
-def _inverted(position_ids):
-    from course_utils.answers.lesson03 import block_mask_from_position_ids
-    return ~block_mask_from_position_ids(position_ids)
-
-
-def _boundary_off_by_one(position_ids):
-    example = (position_ids == 0).cumsum(-1)
-    example = torch.cat([example[:, :1], example[:, :-1]], dim=-1)  # a first token joins the previous example
-    causal = torch.ones(position_ids.shape[-1], position_ids.shape[-1], dtype=torch.bool).tril()
-    return ((example[:, :, None] == example[:, None, :]) & causal)[:, None]
-
-
-def _three_dims(position_ids):
-    from course_utils.answers.lesson03 import block_mask_from_position_ids
-    return block_mask_from_position_ids(position_ids)[:, 0]
-
-
-def _diagnosis_variant(artefact):
-    """A second correct diagnosis: reads the attention mask's first column and the pad positions."""
-    from course_utils.checks import Diagnosis
-
-    batch = artefact["batch"]
-    ids, pad = batch["input_ids"], artefact["pad_token_id"]
-    if "generated" in artefact:
-        short = [r for r in range(len(ids)) if int(ids[r, -1]) == pad]
-        if short:
-            return Diagnosis("right_padded_generation", short)
-        return Diagnosis("never_stops", [r for r, g in enumerate(artefact["generated"])
-                                         if not any(t in artefact["stop_ids"] for t in g)])
-    if ids.shape[0] == 1:
-        pos = batch["position_ids"][0].tolist()
-        if pos == list(range(len(pos))):
-            cause = "packing_without_position_reset"
-        elif "attention_mask" in batch:
-            cause = "packing_with_all_ones_mask"
-        else:
-            cause = "packing_with_cache"
-        return Diagnosis(cause, pos.index(0, 1) if 0 in pos[1:] else artefact["cu_seq_lens"][1])
-    rows = sorted({int(r) for r in (ids[:, 0] == pad).nonzero().flatten()})
-    return Diagnosis("left_padding_without_mask", rows) if rows else Diagnosis("no_leak", None)
-
-
-def _always_left_padding(artefact):
-    from course_utils.checks import Diagnosis
-    return Diagnosis("left_padding_without_mask", [0])
-
-
-def _mask_means_safe(artefact):
-    """Misconception: 'the attention_mask was passed, so generation is fine' -> blames the model."""
-    from course_utils.answers.lesson03 import diagnose_padding_incident
-    from course_utils.checks import Diagnosis
-
-    truth = diagnose_padding_incident(artefact)
-    if truth.cause == "right_padded_generation":
-        return Diagnosis("never_stops", [])
-    return truth
-
-
-def _any_pad_leaks(artefact):
-    """Misconception: any pad without a mask leaks, whichever side it is on."""
-    from course_utils.answers.lesson03 import diagnose_padding_incident
-    from course_utils.checks import Diagnosis
-
-    truth = diagnose_padding_incident(artefact)
-    if truth.cause == "no_leak":
-        ids = artefact["batch"]["input_ids"]
-        return Diagnosis("left_padding_without_mask",
-                         [r for r in range(len(ids)) if int(ids[r, -1]) == artefact["pad_token_id"]])
-    return truth
-
-
-def _cache_is_harmless(artefact):
-    """Misconception: restarted position_ids are enough, whatever the call."""
-    from course_utils.answers.lesson03 import diagnose_padding_incident
-    from course_utils.checks import Diagnosis
-
-    truth = diagnose_padding_incident(artefact)
-    if truth.cause == "packing_with_cache":
-        return Diagnosis("no_leak", None)
-    return truth
-
-
-def _reference(name):
-    from course_utils.answers import lesson03
-    return getattr(lesson03, name)
-
-
-CORRECT = [
-    (check_padding_diagnosis, lambda: _reference("diagnose_padding_incident")),
-    (check_padding_diagnosis, lambda: _diagnosis_variant),
-    (check_block_mask, lambda: _reference("block_mask_from_position_ids")),
-    (check_block_mask, lambda: _mask_by_position_difference),
-]
-
-
-@pytest.mark.parametrize("checker, answer", CORRECT)
-def test_checker_accepts_correct_answers(checker, answer, capsys):
-    assert checker(answer())
-
-
-@pytest.mark.parametrize("checker", [check_padding_diagnosis, check_block_mask])
-def test_checker_rejects_the_stub(checker, capsys):
-    result = checker(_stub)
-    assert not result and "not implemented" in result.message
-
-
-WRONG = [
-    (check_block_mask, _causal_only, "plain causal mask"),
-    (check_block_mask, _blocks_without_causal, "AND with the causal mask"),
-    (check_block_mask, _inverted, "True must mean"),
-    (check_block_mask, _boundary_off_by_one, "block boundaries are off"),
-    (check_block_mask, _three_dims, "add the head dimension"),
-    (check_padding_diagnosis, _always_left_padding, "is not what broke this run"),
-    (check_padding_diagnosis, _mask_means_safe, "generate() reads the first new token"),
-    (check_padding_diagnosis, _any_pad_leaks, "causal mask already hides them"),
-    (check_padding_diagnosis, _cache_is_harmless, "is not what broke this run"),
-]
-
-
-@pytest.mark.parametrize("checker, wrong, phrase", WRONG)
-def test_checker_names_the_misconception(checker, wrong, phrase, capsys):
-    result = checker(wrong)
-    assert not result and phrase in result.message, result.message
-
+# ---- exercises (the checkers' answers: test_checkers.py) ---------------------------------------------
 
 def test_incidents_cover_every_cause_and_differ_by_seed():
     causes = {padding_incident(s)[1].cause for s in range(14)}

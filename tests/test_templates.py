@@ -1,11 +1,10 @@
-"""Unit tests for course_utils.templates (lesson 04): template surgery, probes and both checkers."""
+"""Unit tests for course_utils.templates (lesson 04): template surgery, probes, the diagnosis generator (the
+checkers' answers: test_checkers.py)."""
 
 import pytest
 from trl.chat_template_utils import get_training_chat_template, has_generation_markers, qwen2_5_chat_template
 
 from course_utils import templates
-from course_utils.answers import lesson04 as answers
-from course_utils.checks import Diagnosis
 from course_utils.quiet import captured_log
 from course_utils.templates import (
     BASE_SYSTEM,
@@ -14,43 +13,10 @@ from course_utils.templates import (
     add_generation_markers,
     assistant_mask,
     base_variant,
-    check_generation_template,
-    check_template_diagnosis,
     masked_tokens,
 )
 
 CONVERSATION = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "5"}]
-
-# Exercise 1: reference and known-wrong answers (same text as Qwen2's template, different marker placement)
-_HEAD = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-         "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
-         "{% if message['role'] == 'assistant' %}")
-_TAIL = ("{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-         "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-REFERENCE = (_HEAD + "{{ '<|im_start|>assistant' }}{% generation %}"
-             "{{ '\\n' + message['content'] + '<|im_end|>\\n' }}{% endgeneration %}" + _TAIL)
-EOT_OUTSIDE = (_HEAD + "{{ '<|im_start|>assistant' }}{% generation %}{{ '\\n' + message['content'] }}"
-               "{% endgeneration %}{{ '<|im_end|>\\n' }}" + _TAIL)
-HEADER_INSIDE = (_HEAD + "{% generation %}{{ '<|im_start|>assistant\\n' + message['content'] + "
-                 "'<|im_end|>\\n' }}{% endgeneration %}" + _TAIL)
-AFTER_NEWLINE = (_HEAD + "{{ '<|im_start|>assistant\\n' }}{% generation %}"
-                 "{{ message['content'] + '<|im_end|>\\n' }}{% endgeneration %}" + _TAIL)
-
-
-# A second correct answer: the same mask, written with whitespace control and a loop-level role test
-REFERENCE_2 = (
-    "{%- for message in messages %}{%- if loop.first and messages[0]['role'] != 'system' %}"
-    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
-    "{%- set is_assistant = message['role'] == 'assistant' %}"
-    "{{- '<|im_start|>' + message['role'] }}"
-    "{%- if is_assistant %}{% generation %}{{- '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endgeneration %}"
-    "{%- else %}{{- '\\n' + message['content'] + '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
-
-
-def _stub(*args):
-    raise NotImplementedError
 
 
 # ------------------------------------------------------------------------------------------------
@@ -107,83 +73,8 @@ def test_other_family_tokenizer_leaves_the_shared_one_alone(tokenizer, tmp_path)
 
 
 # ------------------------------------------------------------------------------------------------
-# Exercise 1 checker
-# ------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("template", [REFERENCE, REFERENCE_2], ids=["reference", "whitespace-control"])
-def test_generation_checker_accepts_every_correct_template(tokenizer, template):
-    assert check_generation_template(lambda: template, tokenizer)
-    assert answers.qwen2_training_template() == REFERENCE
-
-
-def test_generation_checker_rejects_a_stub(tokenizer):
-    result = check_generation_template(_stub, tokenizer)
-    assert not result and "not implemented" in result.message
-
-
-@pytest.mark.parametrize("template, hint", [
-    (QWEN2_CHAT_TEMPLATE, "all zeros"),
-    (EOT_OUTSIDE, "never be trained to end its turn"),
-    (HEADER_INSIDE, "header"),
-    (AFTER_NEWLINE, "opens after the '\\n'"),
-    ("{% for m in messages %}{{ m['content'] }}{% endfor %}", "render the original text exactly"),
-    ("{% generation %}", "does not render"),
-])
-def test_generation_checker_names_the_mistake(tokenizer, template, hint):
-    result = check_generation_template(lambda: template, tokenizer)
-    assert not result and hint in result.message
-
-
-# ------------------------------------------------------------------------------------------------
 # Exercise 2 checker (diagnosis)
 # ------------------------------------------------------------------------------------------------
-
-def _diagnose_by_rendering_first(setup):
-    """A second correct diagnosis: renders with TRL's patched template inside a try, masks first."""
-    tok, conv = setup["tokenizer"], setup["conversation"]
-    if not setup["assistant_only_loss"]:
-        return Diagnosis("whole_sequence_graded", len(tok.apply_chat_template(conv, tokenize=True,
-                                                                               return_dict=True)["input_ids"]))
-    try:
-        template = tok.chat_template if has_generation_markers(tok.chat_template) else \
-            get_training_chat_template(tok)
-    except ValueError:
-        return Diagnosis("refused_exact_match", 0)
-    out = assistant_mask(tok, conv, chat_template=template)
-    kept = masked_tokens(tok, out["input_ids"], out["assistant_masks"])
-    cause = ("markers_mark_nothing" if not kept else
-             "trains_correctly" if "<|im_end|>" in kept else "stop_token_not_graded")
-    return Diagnosis(cause, len(kept))
-
-
-@pytest.mark.parametrize("fn", [answers.diagnose_template, _diagnose_by_rendering_first],
-                         ids=["reference", "render-first"])
-def test_template_diagnosis_accepts_correct_logic(tokenizer, fn):
-    assert check_template_diagnosis(fn, tokenizer)
-
-
-def _eyeballs_the_template(setup):
-    looks_like_qwen = "<|im_start|>" in setup["tokenizer"].chat_template
-    return Diagnosis("trains_correctly" if looks_like_qwen else "refused_exact_match", 0)
-
-
-def _trusts_markers(setup):
-    if has_generation_markers(setup["tokenizer"].chat_template):
-        return Diagnosis("trains_correctly", 0)
-    return answers.diagnose_template(setup)
-
-
-@pytest.mark.parametrize(("fn", "phrase"), [
-    (_stub, "not implemented"),
-    (_eyeballs_the_template, "is not what broke"),
-    (_trusts_markers, "is not what broke"),
-    (lambda setup: "trains_correctly", "expected a Diagnosis"),
-    (lambda setup: Diagnosis(answers.diagnose_template(setup).cause, -1), "evidence"),
-])
-def test_template_diagnosis_rejects_wrong_logic(tokenizer, fn, phrase):
-    result = check_template_diagnosis(fn, tokenizer)
-    assert not result and phrase in result.message
-
 
 def test_template_diagnosis_generator_covers_every_cause(tokenizer):
     causes = {templates._template_case(tokenizer, seed)[1].cause for seed in range(3000, 3010)}

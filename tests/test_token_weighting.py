@@ -1,4 +1,4 @@
-"""Lesson 07: the gradient oracle, the schemes, the checkers and the torchrun worker."""
+"""Lesson 07: the gradient oracle, the schemes, the trace generator and the torchrun worker."""
 
 import os
 
@@ -8,7 +8,6 @@ import torch
 from course_utils import load_course_model
 from course_utils import token_weighting as tw
 from course_utils.losses import count_supervised
-from course_utils.train import token_losses
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -103,155 +102,7 @@ def test_merge_handles_left_padded_micro_batches(model_tok):
     assert all(torch.equal(merged_left[k], merged_right[k]) for k in merged_right)
 
 
-# ---- exercise checkers ----------------------------------------------------------------------------
-
-def _stub(*args, **kwargs):
-    raise NotImplementedError
-
-
-def _reference(name):
-    from course_utils.answers import lesson07
-    return getattr(lesson07, name)
-
-
-def _diagnose_by_ratios(trace):
-    """A second correct diagnosis: compares each row's weight with 1/N instead of with each other."""
-    import math
-
-    from course_utils.checks import Diagnosis
-
-    rows, world, k = trace["rows"], trace["world_size"], trace["accum_steps"]
-    bad = [r for r in rows if not math.isfinite(r["backward_loss"])]
-    if bad:
-        return Diagnosis("empty_micro_batch", bad[0]["micro_step"])
-    n_total = sum(r["n_tokens"] for r in rows)
-    ratio = [r["backward_loss"] / r["summed_loss"] / world * n_total for r in rows]  # 1.0 when healthy
-    if all(abs(x - 1) < 1e-6 for x in ratio):
-        return Diagnosis("token_weighted", None)
-    if all(abs(x - ratio[0]) < 1e-6 * ratio[0] for x in ratio):
-        return Diagnosis("missing_division_by_k", k)
-    worst = rows[ratio.index(max(ratio))]
-    return Diagnosis("per_rank_mean", worst["rank"]) if world > 1 else Diagnosis("per_micro_batch_mean",
-                                                                                  worst["micro_step"])
-
-
-def _ignores_world_size(trace):
-    """Misconception: forgets DDP's average, so a correct multi-rank step looks W times too large."""
-    from course_utils.checks import Diagnosis
-
-    truth = _reference("diagnose_accumulation_trace")(trace)
-    if truth.cause == "token_weighted" and trace["world_size"] > 1:
-        return Diagnosis("per_micro_batch_mean", 0)
-    return truth
-
-
-def _ranks_are_micro_batches(trace):
-    """Misconception: a DDP step is just accumulation, so per-rank means are 'per_micro_batch_mean'."""
-    from course_utils.checks import Diagnosis
-
-    truth = _reference("diagnose_accumulation_trace")(trace)
-    if truth.cause == "per_rank_mean":
-        return Diagnosis("per_micro_batch_mean", 0)
-    return truth
-
-
-def _unequal_blamed_on_k(trace):
-    """Misconception: any too-large step is the missing / K of lesson 01."""
-    from course_utils.checks import Diagnosis
-
-    truth = _reference("diagnose_accumulation_trace")(trace)
-    if truth.cause == "missing_division_by_k":
-        return Diagnosis("per_micro_batch_mean", 0)
-    return truth
-
-
-def _sequence_weighted_loop(model, micro_batches):
-    """A second correct fix: a loop over rows, each row's mean / S."""
-    import torch.nn.functional as F
-
-    rows = [(b, r) for b in micro_batches for r in range(len(b["labels"]))
-            if (b["labels"][r, 1:] != -100).any()]
-    for b in micro_batches:
-        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-        loss = 0.0
-        for r in range(len(b["labels"])):
-            labels = b["labels"][r, 1:]
-            if (labels != -100).any():
-                loss = loss + F.cross_entropy(logits[r, :-1].float(), labels, ignore_index=-100)
-        (loss / len(rows)).backward()
-
-
-def _token_weighted(model, micro_batches):
-    n = sum(count_supervised(b) for b in micro_batches)
-    for b in micro_batches:
-        summed, _ = token_losses(model, b)
-        (summed / n).backward()
-
-
-def _per_micro_batch_sequence_mean(model, micro_batches):
-    import torch.nn.functional as F
-
-    for b in micro_batches:
-        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, :-1]
-        labels = b["labels"][:, 1:]
-        nll = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none")
-        n = (labels != -100).sum(1)
-        keep = n > 0
-        ((nll.sum(1)[keep] / n[keep]).mean() / len(micro_batches)).backward()
-
-
-def _counts_empty_rows(model, micro_batches):
-    import torch.nn.functional as F
-
-    s = sum(len(b["labels"]) for b in micro_batches)
-    for b in micro_batches:
-        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, :-1]
-        labels = b["labels"][:, 1:]
-        nll = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none")
-        n = (labels != -100).sum(1)
-        (torch.where(n > 0, nll.sum(1) / n.clamp(min=1), 0.0).sum() / s).backward()
-
-
-def _no_backward(model, micro_batches):
-    return None
-
-
-CORRECT = [
-    (tw.check_trace_diagnosis, lambda: _reference("diagnose_accumulation_trace")),
-    (tw.check_trace_diagnosis, lambda: _diagnose_by_ratios),
-    (tw.check_sequence_weighted, lambda: _reference("accumulate_sequence_weighted")),
-    (tw.check_sequence_weighted, lambda: _sequence_weighted_loop),
-]
-
-
-@pytest.mark.parametrize("checker, answer", CORRECT)
-def test_checker_accepts_correct_answers(checker, answer, capsys):
-    assert checker(answer())
-
-
-@pytest.mark.parametrize("checker", [tw.check_trace_diagnosis, tw.check_sequence_weighted])
-def test_checker_rejects_the_stub(checker, capsys):
-    result = checker(_stub)
-    assert not result and "not implemented" in result.message
-
-
-WRONG = [
-    (tw.check_trace_diagnosis, _ignores_world_size, "this step is the big batch"),
-    (tw.check_trace_diagnosis, _ranks_are_micro_batches, "DDP averages the ranks' means"),
-    (tw.check_trace_diagnosis, _unequal_blamed_on_k, "the step counts K times"),
-    (tw.check_sequence_weighted, _token_weighted, "long answers dominate"),
-    (tw.check_sequence_weighted, _per_micro_batch_sequence_mean, "a sequence in a small micro-batch "
-                                                                 "counts more"),
-    (tw.check_sequence_weighted, _counts_empty_rows, "right direction"),
-    (tw.check_sequence_weighted, _no_backward, ".backward()"),
-]
-
-
-@pytest.mark.parametrize("checker, wrong, phrase", WRONG)
-def test_checker_names_the_misconception(checker, wrong, phrase, capsys):
-    result = checker(wrong)
-    assert not result and phrase in result.message, result.message
-
+# ---- exercises (the checkers' answers: test_checkers.py) ------------------------------------------
 
 def test_traces_cover_every_cause():
     assert {tw.accumulation_trace(s)[1].cause for s in range(10)} == set(tw.TRACE_CAUSES)

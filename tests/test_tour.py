@@ -1,97 +1,9 @@
-"""Lesson 00's checkers: every correct answer passes, each typical wrong one is named."""
+"""Lesson 00 (course_utils.tour): the diagnosis generator, the environment check. The checkers' answers
+(reference, stub, second correct, each wrong one) are in test_checkers.py."""
 
 import pytest
-from conftest import stub
 
 from course_utils import tour
-from course_utils.answers import lesson00 as answers
-from course_utils.checks import Diagnosis
-from course_utils.data import IGNORE_INDEX
-
-
-def _without_newlines(tokenizer, input_ids):
-    """A second correct answer: the answer tokens and <|im_end|>, but not the whitespace around them."""
-    labels = answers.assistant_only_labels(tokenizer, input_ids)
-    return [IGNORE_INDEX if lab != IGNORE_INDEX and tokenizer.decode([lab]).strip() == "" else lab
-            for lab in labels]
-
-
-def _whole(tokenizer, input_ids):
-    return list(input_ids)
-
-
-def _no_stop(tokenizer, input_ids):
-    labels = answers.assistant_only_labels(tokenizer, input_ids)
-    eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    return [IGNORE_INDEX if lab == eot else lab for lab in labels]
-
-
-def _shifted(tokenizer, input_ids):
-    labels = answers.assistant_only_labels(tokenizer, input_ids)
-    return [input_ids[i + 1] if lab != IGNORE_INDEX and i + 1 < len(input_ids) else IGNORE_INDEX
-            for i, lab in enumerate(labels)]
-
-
-def _first_turn_only(tokenizer, input_ids):
-    labels, seen_end = answers.assistant_only_labels(tokenizer, input_ids), False
-    eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    out = []
-    for lab in labels:
-        out.append(IGNORE_INDEX if seen_end else lab)
-        seen_end = seen_end or lab == eot
-    return out
-
-
-@pytest.mark.parametrize("fn", [answers.assistant_only_labels, _without_newlines],
-                         ids=["reference", "no-newlines"])
-def test_labels_checker_accepts_every_correct_variant(tokenizer, fn):
-    assert tour.check_assistant_only_labels(fn, tokenizer)
-
-
-@pytest.mark.parametrize(("fn", "phrase"), [
-    (stub, "not implemented yet"),
-    (_whole, "whole sequence"),
-    (_no_stop, "never learn to stop"),
-    (_shifted, "shifted by one"),
-    (_first_turn_only, "every assistant turn"),
-])
-def test_labels_checker_names_each_misconception(tokenizer, capsys, fn, phrase):
-    assert not tour.check_assistant_only_labels(fn, tokenizer)
-    assert phrase in capsys.readouterr().out
-
-
-def _diagnose_other_order(example):
-    """A second correct diagnosis: counts first, then looks at the stop token and the header."""
-    n = sum(label != IGNORE_INDEX for label in example["labels"])
-    rows = zip(example["tokens"], example["labels"], example["input_ids"])
-    pairs = [(tok, lab == i) for tok, lab, i in rows if lab != IGNORE_INDEX]
-    if n == 0:
-        cause = "nothing_graded"
-    elif not all(same for _, same in pairs):
-        cause = "shifted_labels"
-    elif "<|im_start|>" in [tok for tok, _ in pairs]:
-        cause = "whole_sequence"
-    elif "<|im_end|>" in [tok for tok, _ in pairs]:
-        cause = "correct"
-    else:
-        cause = "stop_token_not_graded"
-    return Diagnosis(cause, n)
-
-
-@pytest.mark.parametrize("fn", [answers.diagnose_labels, _diagnose_other_order], ids=["reference", "other"])
-def test_diagnosis_checker_accepts_correct_logic(tokenizer, fn):
-    assert tour.check_label_diagnosis(fn, tokenizer)
-
-
-@pytest.mark.parametrize(("fn", "phrase"), [
-    (stub, "not implemented yet"),
-    (lambda ex: Diagnosis("correct", sum(lab != IGNORE_INDEX for lab in ex["labels"])), "is not what broke"),
-    (lambda ex: answers.diagnose_labels(ex).cause, "expected a Diagnosis"),
-    (lambda ex: Diagnosis(answers.diagnose_labels(ex).cause, len(ex["labels"])), "evidence"),
-])
-def test_diagnosis_checker_rejects_memorised_or_partial_answers(tokenizer, capsys, fn, phrase):
-    assert not tour.check_label_diagnosis(fn, tokenizer)
-    assert phrase in capsys.readouterr().out
 
 
 def test_diagnosis_generator_covers_every_cause(tokenizer):

@@ -1,22 +1,17 @@
 """Lesson 05: the packer (nanochat's best fit), nanochat's log, the normalised-update drift, the
-truncation counts, and the two exercise checkers (each accepts two correct answers and names each
-typical wrong one)."""
+truncation counts, the broken-log generator and a checker's graded hints (the two exercise checkers'
+answers, two correct and each typical wrong one: test_checkers.py)."""
 
 import math
 
 import pytest
 import torch
+from conftest import stub
 
 from course_utils import truncation as T
-from course_utils.answers import lesson05 as A
-from course_utils.checks import Diagnosis
 from course_utils.data import IGNORE_INDEX
 
 M = IGNORE_INDEX
-
-
-def stub(*args, **kwargs):
-    raise NotImplementedError
 
 
 def conv(n_prompt, n_answer, start=10):
@@ -168,100 +163,7 @@ def test_broken_log_covers_every_cause():
     assert causes == set(T.CAUSES)
 
 
-def diagnose_by_lookahead(log):
-    """A second correct answer: read `consumed` and `grad_norm` instead of the targets after the NaN."""
-    bad = next(i for i, r in enumerate(log) if r["loss"] != r["loss"])
-    step = log[bad]["step"]
-    if math.isfinite(log[bad]["grad_norm"]) and log[bad]["grad_norm"] == 0.0:
-        frozen = len({r["consumed"] for r in log[bad:]}) == 1
-        return Diagnosis("clogged_packer" if frozen else "truncated_examples", step)
-    if log[bad]["targets"] == 0:
-        return Diagnosis("mask_multiplication", step)
-    return Diagnosis("learning_rate", step)
-
-
-def first_nan(log):
-    return next(r["step"] for r in log if not math.isfinite(r["loss"]))
-
-
-def always_clog(log):
-    return Diagnosis("clogged_packer", first_nan(log))
-
-
-def no_consumed(log):  # treats every empty step as truncation: ignores that `consumed` froze
-    d = A.diagnose_log(log)
-    return Diagnosis("truncated_examples" if d.cause == "clogged_packer" else d.cause, d.evidence)
-
-
-def nan_means_lr(log):  # every NaN is a divergence (lesson 06's reflex)
-    d = A.diagnose_log(log)
-    return Diagnosis("learning_rate" if d.cause == "mask_multiplication" else d.cause, d.evidence)
-
-
-def wrong_evidence(log):
-    d = A.diagnose_log(log)
-    return Diagnosis(d.cause, d.evidence + 1)
-
-
-@pytest.mark.parametrize("fn", [A.diagnose_log, diagnose_by_lookahead])
-def test_diagnosis_checker_accepts_correct_answers(fn):
-    assert T.check_diagnose_log(fn)
-
-
-@pytest.mark.parametrize("fn, phrase", [
-    (stub, "not implemented"),
-    (always_clog, "is not what broke this run"),
-    (no_consumed, "targets never return"),
-    (nan_means_lr, "0/0 in the loss"),
-    (wrong_evidence, "does not show it"),
-])
-def test_diagnosis_checker_rejects_wrong_answers(fn, phrase):
-    result = T.check_diagnose_log(fn)
-    assert not result and phrase in result.message
-
-
 # ---------------------------------------------------------------------------- exercise 2: fix
-
-
-def drop_oversized(examples, row_capacity):
-    return [e for e in examples if len(e["input_ids"]) <= row_capacity
-            and any(label != M for label in e["labels"][1:])]
-
-
-def crop_only(examples, row_capacity):
-    return [{"input_ids": e["input_ids"][:row_capacity], "labels": e["labels"][:row_capacity]}
-            for e in examples]
-
-
-def filter_only(examples, row_capacity):
-    return [e for e in examples if any(label != M for label in e["labels"])]
-
-
-def too_strict(examples, row_capacity):
-    return [e for e in examples
-            if len(e["input_ids"]) < row_capacity // 2 and any(x != M for x in e["labels"])]
-
-
-def check_before_crop(examples, row_capacity):
-    return [{"input_ids": e["input_ids"][:row_capacity], "labels": e["labels"][:row_capacity]}
-            for e in examples if any(label != M for label in e["labels"])]
-
-
-@pytest.mark.parametrize("fn", [A.prepare_for_packer, drop_oversized])
-def test_packer_checker_accepts_crop_and_drop(fn):
-    assert T.check_prepare_for_packer(fn)
-
-
-@pytest.mark.parametrize("fn, phrase", [
-    (stub, "not implemented"),
-    (crop_only, "cropping alone is not the fix"),
-    (filter_only, "still there"),
-    (too_strict, "training data"),
-    (check_before_crop, "cropping alone is not the fix"),
-])
-def test_packer_checker_names_each_wrong_answer(fn, phrase):
-    result = T.check_prepare_for_packer(fn)
-    assert not result and phrase in result.message
 
 
 def test_packer_hints_are_graded():
