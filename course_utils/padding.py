@@ -12,7 +12,9 @@ Three ways to put several examples into one tensor, and what each lets a real to
 
 ``padded_drift`` / ``packed_drift`` measure the leak as the max |Δlogit| of real tokens against each
 example run alone; ``allowed_attention`` returns the mask transformers really builds, and
-``plot_attention_layouts`` draws it. ``first_token_source`` shows where a right-padded batched
+``plot_attention_layouts`` draws it. ``padding_explorer`` (built on ``padding_frame``) puts the layout,
+``attention_mask``, ``position_ids`` and ``use_cache`` of one forward call on sliders and measures each
+setting. ``first_token_source`` shows where a right-padded batched
 ``generate`` reads its first new token. Exercises: ``padding_incident`` generates broken batches and
 generations for the diagnosis exercise (``check_padding_diagnosis``); ``check_block_mask`` grades the
 fix exercise (a 4-D mask built from ``position_ids``). Reference answers: ``answers/lesson03.py``.
@@ -20,6 +22,7 @@ fix exercise (a 4-D mask built from ``position_ids``). Reference answers: ``answ
 
 from __future__ import annotations
 
+import math
 import random
 
 import torch
@@ -148,6 +151,28 @@ def _check_logits_of(batch: dict, logits) -> None:
                          "solo run — pass the logits of this batch.")
 
 
+def _drift_per_token(model, batch: dict, logits, spans) -> list[torch.Tensor]:
+    """|Δlogit| of each token in ``spans`` (max over the vocabulary) vs its example run alone.
+
+    ``spans``: ``(row, where)`` per example, ``where`` a boolean mask or a slice of that row.
+    """
+    drifts = []
+    for row, where in spans:
+        reference = alone_logits(model, batch["input_ids"][row][where])
+        if isinstance(where, torch.Tensor):
+            where = where.to(logits.device)
+        drifts.append((logits[row][where].float().cpu() - reference).abs().amax(-1))
+    return drifts
+
+
+def _padded_spans(batch: dict) -> list:
+    return list(enumerate(batch["attention_mask"].bool()))
+
+
+def _packed_spans(batch: dict) -> list:
+    return [(0, slice(start, end)) for start, end in packed_segments(batch["position_ids"])]
+
+
 def padded_drift(model, batch: dict, logits: torch.Tensor) -> float:
     """Max |Δlogit| over real tokens (``attention_mask == 1``) of a padded batch vs each row alone.
 
@@ -156,32 +181,31 @@ def padded_drift(model, batch: dict, logits: torch.Tensor) -> float:
     """
     validate.batch("batch", batch, need=("input_ids", "attention_mask"))
     _check_logits_of(batch, logits)
-    worst = 0.0
-    for row, mask in enumerate(batch["attention_mask"].bool()):
-        reference = alone_logits(model, batch["input_ids"][row][mask])
-        worst = max(worst, float((logits[row][mask.to(logits.device)].float().cpu() - reference).abs().max()))
-    return worst
+    return max(float(d.max()) for d in _drift_per_token(model, batch, logits, _padded_spans(batch)))
 
 
 def packed_drift(model, batch: dict, logits: torch.Tensor) -> float:
     """Max |Δlogit| over every token of a packed row vs each example alone (segments from position_ids)."""
     validate.batch("batch", batch, need=("input_ids", "position_ids"))
     _check_logits_of(batch, logits)
-    worst = 0.0
-    for start, end in packed_segments(batch["position_ids"]):
-        reference = alone_logits(model, batch["input_ids"][0, start:end])
-        worst = max(worst, float((logits[0, start:end].float().cpu() - reference).abs().max()))
-    return worst
+    return max(float(d.max()) for d in _drift_per_token(model, batch, logits, _packed_spans(batch)))
 
 
 @torch.no_grad()
-def allowed_attention(model, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
+def allowed_attention(model, input_ids, attention_mask=None, position_ids=None, *,
+                      use_cache: bool = False) -> torch.Tensor:
     """The [batch, query, key] boolean mask transformers builds for this call (True = may attend).
 
-    Calls ``transformers.masking_utils.create_causal_mask`` exactly as the model's forward does
-    without a cache; ``None`` from it means "plain causal" (the attention kernel's own causal mask).
+    Calls ``transformers.masking_utils.create_causal_mask`` exactly as the model's forward does:
+    without a cache, or (``use_cache=True``, the default call's ``config.use_cache``) with the fresh
+    ``DynamicCache`` the forward builds; ``None`` from it means "plain causal" (the kernel's own mask).
     """
+    from transformers import DynamicCache
     from transformers.masking_utils import create_causal_mask
+
+    if not isinstance(use_cache, bool):
+        raise ValueError(f"use_cache={use_cache!r} must be True or False — it decides whether the forward "
+                         "builds a cache, which changes the mask — pass use_cache=True or use_cache=False.")
 
     validate.tensor("input_ids", input_ids, ndim=2, integer_dtype=True)
     validate.ids_fit_model(model, input_ids)
@@ -199,8 +223,9 @@ def allowed_attention(model, input_ids, attention_mask=None, position_ids=None) 
                              "[batch, 1, query, key] mask) is what transformers reads — pass the collate's "
                              f"{name}.")
     embeds = model.get_input_embeddings()(input_ids)
+    cache = DynamicCache(config=model.config) if use_cache else None
     mask = create_causal_mask(config=model.config, inputs_embeds=embeds, attention_mask=attention_mask,
-                              cache=None, position_ids=position_ids)
+                              cache=cache, position_ids=position_ids)
     batch, length = input_ids.shape
     if mask is None:
         return torch.ones(length, length, dtype=torch.bool).tril().expand(batch, -1, -1).clone()
@@ -258,6 +283,129 @@ def plot_attention_layouts(panels: dict):
                  fontsize=10)
     fig.tight_layout(rect=(0, 0.08, 1, 0.95))
     return fig
+
+
+# ------------------------------------------------------------------------------------------------
+# What if: one forward call, four switches (layout, attention_mask, position_ids, cache)
+# ------------------------------------------------------------------------------------------------
+
+LAYOUTS = {"right padding": "right", "left padding": "left", "packed row": "packed"}
+
+
+def _layout_call(examples, pad_token_id: int, layout: str, attention_mask: bool, position_ids: bool):
+    """The batch of ``layout`` (for measuring), what the call passes, and the example of each token."""
+    if layout == "packed":
+        batch = collate_packed(examples)
+        lengths = [len(e["input_ids"]) for e in examples]
+        example_of = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[None]
+        mask = torch.ones_like(batch["input_ids"])  # what TRL's "wrapped" packing collator returns
+        restart = batch["position_ids"]
+    else:
+        batch = collate_padded(examples, pad_token_id, layout)
+        mask = batch["attention_mask"]
+        example_of = torch.where(mask == 1, torch.arange(len(examples))[:, None], -1)
+        restart = (mask.cumsum(-1) - 1).clamp(min=0)  # each row's first real token at 0, as generate() counts
+    call = {"input_ids": batch["input_ids"]}
+    if attention_mask:
+        call["attention_mask"] = mask
+    if position_ids:
+        call["position_ids"] = restart
+    return batch, call, example_of
+
+
+def padding_frame(model, examples, pad_token_id: int, *, layout: str = "left", attention_mask: bool = False,
+                  position_ids: bool = False, use_cache: bool = False, same: float = 1e-4, leak: float = 0.1):
+    """One forward call of ``examples`` in ``layout`` ("right", "left" or "packed"): ``(text, figure)``.
+
+    ``attention_mask``: pass the collate's mask (all ones for a packed row, as TRL's "wrapped" packing
+    does); ``position_ids``: pass positions that restart at 0 where each example begins; ``use_cache``:
+    what the forward is called with. The text gives the max |Δlogit| of real tokens vs each example alone,
+    per example, and the (real query → pad / other example) cells of the mask transformers built; the
+    figure draws |Δlogit| token by token, with ``same`` (round-off) and ``leak`` as lines.
+    """
+    from .viz import figure
+
+    validate.choice("layout", layout, tuple(LAYOUTS.values()), why="they are the lesson's three layouts")
+    for name, flag in (("attention_mask", attention_mask), ("position_ids", position_ids),
+                       ("use_cache", use_cache)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name}={flag!r} must be True or False — it switches one argument of the "
+                             f"forward call on or off — pass {name}=True or {name}=False.")
+    same = validate.number("same", same, positive=True, why="below it two logits count as equal")
+    leak = validate.number("leak", leak, positive=True, why="above it a real token saw a neighbour")
+    if same >= leak:
+        raise ValueError(f"same={same} is not below leak={leak} — a drift cannot be both round-off and a "
+                         "leak — pass e.g. same=1e-4, leak=0.1.")
+    _check_examples(examples)
+    batch, call, example_of = _layout_call(examples, pad_token_id, layout, attention_mask, position_ids)
+    call = {k: v.to(model.device) for k, v in call.items()}
+    with torch.no_grad():
+        logits = model(**call, use_cache=use_cache).logits
+    spans = _packed_spans(batch) if layout == "packed" else _padded_spans(batch)
+    drifts = _drift_per_token(model, batch, logits, spans)
+    allowed = allowed_attention(model, call["input_ids"], call.get("attention_mask"),
+                                call.get("position_ids"), use_cache=use_cache)
+    cells = {"real->pad": 0, "real->other example": 0}
+    for row in range(allowed.shape[0]):
+        for key, count in leak_counts(attention_categories(allowed[row], example_of[row])).items():
+            cells[key] += count
+
+    worst = max(float(d.max()) for d in drifts)
+    verdict = (f"exact (below {same:.0e}: float round-off)" if worst < same else
+               f"LEAK (above {leak:g})" if worst > leak else f"between {same:.0e} and {leak:g}")
+    name = next(label for label, value in LAYOUTS.items() if value == layout)
+    setting = (f"{name} · attention_mask {'passed' if attention_mask else 'not passed'}"
+               f"{' (all ones)' if attention_mask and layout == 'packed' else ''} · position_ids "
+               f"{'restart per example' if position_ids else 'not passed (0, 1, 2, ...)'}"
+               f" · use_cache={use_cache}")
+    text = "\n".join([
+        setting,
+        f"max |Δlogit| of real tokens vs each example alone: {worst:.2e} → {verdict}",
+        "by example: " + " · ".join(f"#{i} {float(d.max()):.1e}" for i, d in enumerate(drifts)),
+        f"mask transformers built: real→pad {cells['real->pad']} cells, "
+        f"real→other example {cells['real->other example']} cells",
+    ])
+
+    fig, ax = figure(7, 3.3)
+    for i, ((row, where), d) in enumerate(zip(spans, drifts)):
+        columns = torch.arange(batch["input_ids"].shape[1])[where]
+        ax.plot(columns, d.clamp(min=1e-8), lw=1.2, label=f"example {i}" + ("" if layout == "packed" else
+                                                                             f" (row {row})"))
+    ax.axhline(same, color="#52b788", ls="--", lw=1, label=f"round-off ({same:.0e})")
+    ax.axhline(leak, color="#d62828", ls="--", lw=1, label=f"leak ({leak:g})")
+    ax.set_yscale("log")
+    top = max(100.0, 3 * worst)
+    ax.set_ylim(1e-8, top)
+    ax.set_yticks([10.0 ** e for e in range(-8, math.floor(math.log10(top)) + 1, 2)])
+    ax.minorticks_off()  # dozens of unlabelled log ticks would only slow each redraw
+    ax.set_xlabel("column in the batch row (token index)")
+    ax.set_ylabel("max |Δlogit| vs alone\n(0 drawn at 1e-8)")
+    ax.set_title(f"{name}, mask {'on' if attention_mask else 'off'}, positions "
+                 f"{'reset' if position_ids else 'default'}, cache {'on' if use_cache else 'off'}",
+                 fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(alpha=0.3)
+    return text, fig
+
+
+def padding_explorer(model, examples, pad_token_id: int, *, same: float = 1e-4, leak: float = 0.1):
+    """What if: layout × ``attention_mask`` × ``position_ids`` × ``use_cache`` sliders → ``padding_frame``.
+
+    Each move is one forward pass of ``examples`` on ``model`` (cached once seen); it starts on left
+    padding without a mask, the leak of section 2 (bad arguments fail there, when the control is built).
+    """
+    from .viz import what_if
+
+    return what_if(
+        lambda layout, attention_mask, position_ids, use_cache: padding_frame(
+            model, examples, pad_token_id, layout=layout, attention_mask=attention_mask,
+            position_ids=position_ids, use_cache=use_cache, same=same, leak=leak),
+        {"layout": LAYOUTS,
+         "attention_mask": {"not passed": False, "passed": True},
+         "position_ids": {"not passed": False, "restart per example": True},
+         "use_cache": {"False (as SFTTrainer)": False, "True (config default)": True}},
+        start={"layout": "left"},
+        descriptions={"attention_mask": "attention_mask (packed: all ones)"})
 
 
 # ------------------------------------------------------------------------------------------------

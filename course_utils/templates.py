@@ -125,6 +125,110 @@ def masked_tokens(tokenizer, input_ids, mask) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# What if: one edit to TRL's Qwen2.5 template, with or without markers, through SFTTrainer's test
+# ---------------------------------------------------------------------------------------------
+
+# Edits that leave the rendered text of a chat unchanged (all but the system prompt), or nearly so.
+TEMPLATE_EDITS = {
+    "none": lambda t: t,
+    "base system prompt": base_variant,
+    "one trailing newline": lambda t: t + "\n",
+    "an extra space in a tag": lambda t: t.replace("{%- for message in messages %}",
+                                                   "{%- for message in messages  %}", 1),
+    "CRLF line endings": lambda t: t.replace("\n", "\r\n"),
+}
+MARKER_STYLES = ("none", "ours (add_generation_markers)", "closed before <|im_end|>", "tool-call branch only")
+
+
+def template_variant(edit: str, markers: str = "none") -> str:
+    """TRL's Qwen2.5 template with one of ``TEMPLATE_EDITS`` and one of ``MARKER_STYLES`` of markers."""
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    validate.choice("edit", edit, tuple(TEMPLATE_EDITS), why="each is a one-line change the lesson measures")
+    validate.choice("markers", markers, MARKER_STYLES, why="each is a way of marking the assistant's tokens")
+    template = TEMPLATE_EDITS[edit](qwen2_5_chat_template)
+    if markers == "none":
+        return template
+    if markers == "closed before <|im_end|>":
+        return _markers_without_stop(template)
+    if markers == "tool-call branch only":
+        return _markers_in_tool_branch_only(template)
+    return add_generation_markers(template)
+
+
+def _sft_template(tokenizer) -> str | None:
+    """The template ``SFTTrainer(assistant_only_loss=True)`` renders with: its own if it has markers, else
+    TRL's patched copy found by exact match (``trl/trainer/sft_trainer.py`` ~l.941); ``None``: it refuses."""
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    if has_generation_markers(tokenizer.chat_template):
+        return tokenizer.chat_template
+    try:
+        return get_training_chat_template(tokenizer)
+    except ValueError:
+        return None
+
+
+def template_frame(tokenizer, messages: list[dict], *, edit: str = "none", markers: str = "none") -> str:
+    """What ``SFTTrainer(assistant_only_loss=True)`` does with ``template_variant(edit, markers)``, as text.
+
+    Whether the template is the exact string TRL ships and renders the same chat; whether TRL accepts it
+    (markers: used as they are; none: the exact-match lookup); which tokens of ``messages`` carry loss;
+    and what TRL says: its ValueError, its RuntimeError on an empty mask, or its stop-token warning.
+    """
+    from trl.chat_template_utils import is_chat_template_stop_token_trained, qwen2_5_chat_template
+
+    from .data import _check_messages
+
+    validate.tokenizer("tokenizer", tokenizer)
+    _check_messages(messages)
+    template = template_variant(edit, markers)
+    tok = with_template(tokenizer, template)
+    original = tokenizer.apply_chat_template(messages, tokenize=False, chat_template=qwen2_5_chat_template)
+    same_text = tok.apply_chat_template(messages, tokenize=False) == original
+    lines = [f"template: TRL's Qwen2.5 copy, {'unedited' if edit == 'none' else 'edit: ' + edit}"
+             f" · {{% generation %}} markers: {markers}",
+             f"the very string TRL ships: {'yes' if template == qwen2_5_chat_template else 'no'}"
+             f" · renders this chat as TRL's copy does: {'yes' if same_text else 'no'}"]
+    used = _sft_template(tok)
+    total = len(tok.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
+    if used is None:
+        lines += ["SFTTrainer(assistant_only_loss=True): REFUSED — no {% generation %} markers, and not an "
+                  "exact copy of a template TRL can patch (ValueError before training)",
+                  f"graded tokens: 0 of {total}"]
+        return "\n".join(lines)
+    how = ("uses it as it is (it has markers: no lookup)" if used == template else
+           "accepted — an exact copy: TRL swaps in its patched training template")
+    lines.append(f"SFTTrainer(assistant_only_loss=True): {how}")
+    out = assistant_mask(tok, messages, chat_template=used)
+    graded = masked_tokens(tok, out["input_ids"], out["assistant_masks"])
+    lines.append(f"graded tokens: {len(graded)} of {len(out['input_ids'])}"
+                 + (f": {' '.join(repr(t) for t in graded)}" if graded else ""))
+    if not graded:
+        lines.append("→ the mask is empty: SFTTrainer raises RuntimeError ('no assistant tokens') while "
+                     "tokenizing")
+    elif not is_chat_template_stop_token_trained(tok, chat_template=used):
+        lines.append("→ TRL warns that the end-of-turn token is not in the loss, and trains on: the model "
+                     "may never learn to stop (lesson 02)")
+    return "\n".join(lines)
+
+
+def template_explorer(tokenizer, messages: list[dict]):
+    """What if: an edit to TRL's Qwen2.5 template × how it is marked → ``template_frame`` on ``messages``.
+
+    Each move renders one chat through SFTTrainer's own test (a fraction of a second, cached once seen);
+    it starts on the lesson's symptom, the base checkpoint's system prompt without markers.
+    """
+    from .viz import what_if
+
+    return what_if(lambda edit, markers: template_frame(tokenizer, messages, edit=edit, markers=markers),
+                   {"edit": list(TEMPLATE_EDITS), "markers": list(MARKER_STYLES)},
+                   start={"edit": "base system prompt"},
+                   descriptions={"edit": "edit to TRL's template", "markers": "{% generation %} markers"},
+                   width="520px")
+
+
+# ---------------------------------------------------------------------------------------------
 # Fix B's "other family": a tokenizer with Phi-3's turn tokens and template, saved locally
 # ---------------------------------------------------------------------------------------------
 
@@ -352,10 +456,7 @@ def _template_case(tokenizer, seed: int):
     elif cause in ("refused_exact_match", "markers_mark_nothing"):
         evidence = 0
     else:
-        from trl.chat_template_utils import get_training_chat_template, has_generation_markers
-
-        used = template if has_generation_markers(template) else get_training_chat_template(tok)
-        evidence = sum(assistant_mask(tok, conversation, chat_template=used)["assistant_masks"])
+        evidence = sum(assistant_mask(tok, conversation, chat_template=_sft_template(tok))["assistant_masks"])
     setup = {"tokenizer": tok, "assistant_only_loss": assistant_only, "conversation": conversation}
     return setup, Diagnosis(cause, evidence)
 

@@ -1,4 +1,5 @@
-"""Lesson 00 (tour): the environment check and the first exercise's checker."""
+"""Lesson 00 (tour): the environment check, which tokens carry loss under each of TRL's loss modes
+(``graded_labels``, ``loss_mode_explorer``), and the exercises' checkers."""
 
 from __future__ import annotations
 
@@ -72,6 +73,131 @@ def check_environment(load_model: bool = True) -> list[tuple[str, bool, str]]:
     for name, ok, detail in rows:
         print(f"[{'OK' if ok else 'FAIL'}] {name:<32} {detail}")
     return rows
+
+
+# ------------------------------------------------------------------------------------------------
+# Which tokens carry loss: TRL's three loss modes on one conversation
+# ------------------------------------------------------------------------------------------------
+
+LOSS_MODES = {
+    "full sequence": "SFTConfig() on a messages dataset: TRL's default",
+    "completion only": "a prompt-completion dataset (the last turn is the completion): completion_only_loss, "
+                       "TRL's default for that form",
+    "assistant only": "SFTConfig(assistant_only_loss=True): the {% generation %} spans",
+}
+
+
+def graded_labels(tokenizer, messages: list[dict], mode: str = "assistant only") -> dict:
+    """``input_ids`` and ``labels`` (``-100``: no loss) of one conversation as TRL labels it in ``mode``.
+
+    ``"full sequence"``: every token; ``"completion only"``: what follows the longest common prefix of the
+    prompt (all turns but the last, with the generation prompt) and the whole chat, as SFTTrainer's
+    prompt-completion tokenization does; ``"assistant only"``: ``tokenize_chat`` (equal to TRL's
+    ``assistant_only_loss`` labels, section 4).
+    """
+    from trl.data_utils import common_prefix_length
+
+    from . import validate
+    from .data import _check_messages
+
+    validate.tokenizer("tokenizer", tokenizer)
+    _check_messages(messages)
+    validate.choice("mode", mode, tuple(LOSS_MODES), why="they are TRL's three ways to pick graded tokens")
+    if mode == "assistant only":
+        example = tokenize_chat(tokenizer, messages)
+        return {"input_ids": example["input_ids"], "labels": example["labels"]}
+    ids = list(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
+    if mode == "full sequence":
+        return {"input_ids": ids, "labels": list(ids)}
+    if len(messages) < 2 or messages[-1].get("role") != "assistant":
+        raise ValueError("completion only needs a prompt and an assistant completion — the last message is "
+                         "the completion — pass a conversation that ends with an assistant turn.")
+    prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=True, return_dict=True,
+                                           add_generation_prompt=True)["input_ids"]
+    start = common_prefix_length(list(prompt), ids)
+    return {"input_ids": ids, "labels": [IGNORE_INDEX] * start + ids[start:]}
+
+
+def graded_text(tokenizer, input_ids, labels, width: int = 100) -> list[str]:
+    """The token viewer as text: every token in order, the graded ones in ``[brackets]``, in lines of
+    about ``width`` characters broken between tokens (``\\n`` is a newline token)."""
+    from . import validate
+    from .viz import token_strings
+
+    validate.tokenizer("tokenizer", tokenizer)
+    for name, seq in (("input_ids", input_ids), ("labels", labels)):
+        if isinstance(seq, (str, bytes)) or not hasattr(seq, "__len__") or len(seq) == 0:
+            raise ValueError(f"{name} must be a non-empty sequence of token ids, got {type(seq).__name__} "
+                             f"— one value per token — pass graded_labels(...)['{name}'].")
+    validate.positive_int("width", width, why="it is the line length in characters")
+    if len(input_ids) != len(labels):
+        raise ValueError(f"{len(input_ids)} input_ids but {len(labels)} labels — one label per token — pass "
+                         "both from graded_labels() or tokenize_chat().")
+    lines, line = [], ""
+    for piece, label in zip(token_strings(tokenizer, input_ids), labels):
+        piece = f"[{piece}]" if label != IGNORE_INDEX else piece
+        if line and len(line) + len(piece) > width:
+            lines.append(line)
+            line = ""
+        line += piece
+    return lines + [line]
+
+
+def example_chats(seed: int | None = None) -> dict[str, list[dict]]:
+    """Three conversations that tell the loss modes apart: one exchange, one with its own system prompt,
+    and two exchanges (only the last answer is a "completion")."""
+    from .model import course_seed
+
+    seed = course_seed() if seed is None else seed
+    first, second = make_messages("add", 1, seed=seed + 1)[0], make_messages("reverse", 1, seed=seed + 2)[0]
+    return {"one exchange": make_messages("reverse", 1, seed=seed)[0],
+            "own system prompt": [{"role": "system", "content": "You answer briefly."}] + first,
+            "two exchanges": first + second}
+
+
+def loss_mode_frame(tokenizer, messages: list[dict], mode: str) -> str:
+    """One setting as text: the mode and how to ask TRL for it, the graded count, the tokens with the
+    graded ones in brackets, and the graded text."""
+    out = graded_labels(tokenizer, messages, mode)
+    ids, labels = out["input_ids"], out["labels"]
+    graded = [label for label in labels if label != IGNORE_INDEX]
+    turns = sum(m.get("role") == "assistant" for m in messages)
+    return "\n".join([
+        f"{mode}: {LOSS_MODES[mode]}",
+        f"graded tokens: {len(graded)} of {len(ids)} ({len(graded) / len(ids):.0%}); assistant turns in the "
+        f"chat: {turns}",
+        *graded_text(tokenizer, ids, labels),
+        f"graded text: {_shortened(repr(tokenizer.decode(graded)))}",
+    ])
+
+
+def _shortened(text: str, width: int = 100) -> str:
+    half = (width - 5) // 2
+    return text if len(text) <= width else f"{text[:half]} ... {text[-half:]}"
+
+
+def loss_mode_explorer(tokenizer, chats: dict[str, list[dict]] | None = None):
+    """What if: the loss mode × an example chat → ``loss_mode_frame`` (tokenizing only: instant).
+
+    ``chats``: ``{label: conversation}``; default ``example_chats()``. Starts on TRL's default for a
+    messages dataset, the full sequence.
+    """
+    from . import validate
+    from .viz import what_if
+
+    validate.tokenizer("tokenizer", tokenizer)
+    from .data import _check_messages
+
+    chats = example_chats() if chats is None else chats
+    if not isinstance(chats, dict) or not chats:
+        raise ValueError(f"chats must be a non-empty dict {{label: conversation}}, got "
+                         f"{type(chats).__name__} — each label is one stop of the slider — pass e.g. "
+                         "example_chats().")
+    for conversation in chats.values():
+        _check_messages(conversation)
+    return what_if(lambda mode, chat: loss_mode_frame(tokenizer, chats[chat], mode),
+                   {"mode": list(LOSS_MODES), "chat": list(chats)},
+                   descriptions={"mode": "loss mode", "chat": "example chat"})
 
 
 # ------------------------------------------------------------------------------------------------

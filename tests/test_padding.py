@@ -17,6 +17,8 @@ from course_utils.padding import (
     packed_drift,
     packed_segments,
     padded_drift,
+    padding_explorer,
+    padding_frame,
     padding_incident,
 )
 from course_utils.quiet import captured_log
@@ -144,6 +146,45 @@ def test_generation_beyond_the_position_limit_is_refused(course):
     model, tok, _ = course
     with pytest.raises(ValueError, match="positions"):
         greedy_continuations(model, [[1, 2]], tok.pad_token_id, "alone", max_new_tokens=100_000)
+
+
+def test_padding_explorer_measures_each_setting(course):
+    """Lesson 03's "what if": each slider changes one argument of the forward call, and the measured drift
+    follows the mechanism (pads before real tokens need the mask; packing needs reset positions, no mask,
+    no cache)."""
+    model, tok, examples = course
+    box = padding_explorer(model, examples, tok.pad_token_id)
+    layout, mask, positions, cache, picture = box.children
+    start = box.text
+    assert start.startswith("left padding · attention_mask not passed") and "LEAK" in start
+    assert "real→pad 0 cells" not in start, "left pads are visible to real tokens without the mask"
+    assert start in box._repr_mimebundle_()["text/plain"], "without a frontend: the start frame's text"
+    assert 'alt="left padding, mask off, positions default, cache off"' in picture.value
+
+    mask.value = "passed"
+    assert "exact" in box.text and "real→pad 0 cells" in box.text, "left padding + mask: no leak"
+    layout.value, mask.value = "right padding", "not passed"
+    assert "exact" in box.text, "right padding: the causal mask alone hides the pads"
+    layout.value = "packed row"
+    assert "LEAK" in box.text and "real→other example 0 cells" not in box.text, "packed, plain call: leaks"
+    positions.value = "restart per example"
+    assert "exact" in box.text, "reset position_ids, no mask, no cache: transformers infers the boundaries"
+    cache.value = "True (config default)"
+    assert "LEAK" in box.text, "a cache switches the inference off"
+    cache.value, mask.value = "False (as SFTTrainer)", "passed"
+    assert "LEAK" in box.text and "(all ones)" in box.text, "an all-ones mask switches it off too"
+
+
+@pytest.mark.parametrize("kwargs, phrase", [
+    (dict(layout="middle"), "not one of"),
+    (dict(attention_mask="yes"), "True or False"),
+    (dict(same=0.5, leak=0.1), "not below"),
+    (dict(leak=-1.0), "finite number"),
+])
+def test_padding_frame_rejects_bad_settings(course, kwargs, phrase):
+    model, tok, examples = course
+    with pytest.raises(ValueError, match=phrase):
+        padding_frame(model, examples, tok.pad_token_id, **kwargs)
 
 
 # ---- exercises (the checkers' answers: test_checkers.py) ---------------------------------------------

@@ -81,3 +81,32 @@ def test_template_diagnosis_generator_covers_every_cause(tokenizer):
     assert causes == set(templates.TEMPLATE_CAUSES)
     with pytest.raises(ValueError, match="seed"):
         templates.unseen_setup(tokenizer, -3)
+
+
+# ---- lesson 04's "what if": an edit to TRL's template x its markers -> what SFTTrainer does --------------
+
+def test_template_explorer_follows_the_exact_match_and_the_markers(tokenizer):
+    box = templates.template_explorer(tokenizer, CONVERSATION)
+    edit, markers, _ = box.children
+    start = box.text
+    assert "edit: base system prompt" in start and "REFUSED" in start and "graded tokens: 0" in start
+    assert start in box._repr_mimebundle_()["text/plain"], "without a frontend: the start frame's text"
+
+    edit.value = "none"
+    assert "accepted — an exact copy" in box.text and "'5' '<|im_end|>' '\\n'" in box.text
+    for label in ("one trailing newline", "an extra space in a tag", "CRLF line endings"):
+        edit.value = label
+        assert "renders this chat as TRL's copy does: yes" in box.text and "REFUSED" in box.text, label
+    markers.value = "ours (add_generation_markers)"
+    assert "no lookup" in box.text and "'<|im_end|>'" in box.text, "markers skip the lookup, any edit"
+    markers.value = "closed before <|im_end|>"
+    assert "'<|im_end|>'" not in box.text and "never learn to stop" in box.text
+    markers.value = "tool-call branch only"
+    assert "graded tokens: 0" in box.text and "RuntimeError" in box.text
+
+
+def test_template_variant_rejects_an_unknown_edit():
+    with pytest.raises(ValueError, match="not one of"):
+        templates.template_variant("renamed role")
+    with pytest.raises(ValueError, match="not one of"):
+        templates.template_variant("none", markers="everywhere")
