@@ -14,8 +14,8 @@ Three ways to put several examples into one tensor, and what each lets a real to
 example run alone; ``allowed_attention`` returns the mask transformers really builds, and
 ``plot_attention_layouts`` draws it. ``padding_explorer`` (built on ``padding_frame``) puts the layout,
 ``attention_mask``, ``position_ids`` and ``use_cache`` of one forward call on sliders and measures each
-setting. ``first_token_source`` shows where a right-padded batched
-``generate`` reads its first new token. Exercises: ``padding_incident`` generates broken batches and
+setting. ``greedy_continuations`` shows what a right-padded batched ``generate`` continues from.
+Exercises: ``padding_incident`` generates broken batches and
 generations for the diagnosis exercise (``check_padding_diagnosis``); ``check_block_mask`` grades the
 fix exercise (a 4-D mask built from ``position_ids``). Reference answers: ``answers/lesson03.py``.
 """
