@@ -92,10 +92,12 @@ def main(argv=None) -> int:
     where, times = machine(), {}
     for path in paths:
         start, note = time.perf_counter(), ""
+        # exercise copies (notebooks/) are generated from the solutions: timed, never stored with outputs
+        save = not args.no_save and path.parent.name != "notebooks"
         try:
-            seconds = execute(path, save=not args.no_save)
+            seconds = execute(path, save=save)
         except CellExecutionError as exc:
-            if not args.no_save:
+            if save:
                 raise  # never store the outputs of a broken run
             seconds, note = time.perf_counter() - start, f"stopped at an error: {exc.ename}"
         times[f"{path.parent.name}/{path.name}"] = (seconds, note)
@@ -104,7 +106,8 @@ def main(argv=None) -> int:
         args.timings.write_text(write_table(args.timings.read_text(encoding="utf-8"),
                                             timings_table(times, where)), encoding="utf-8")
         print(f"wrote the table into {args.timings}")
-    return 0 if args.no_save else make_exercises([str(p) for p in paths])
+    solutions = [str(p) for p in paths if p.parent.name != "notebooks"]
+    return 0 if args.no_save or not solutions else make_exercises(solutions)
 
 
 if __name__ == "__main__":
