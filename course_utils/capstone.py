@@ -18,6 +18,7 @@ wrapped_packing 03    ``packing=True, packing_strategy="wrapped"``            pa
 (always)       02     no ``eos_token``: generate() stops on <|endoftext|>     eos-mismatch
 ============== ====== ======================================================= ==========================
 
+``fixes_explorer`` switches each fix on or off and shows what the doctor then reports (``fixes_frame``).
 ``check_fix_setup`` is the exercise's checker: it draws set-ups the notebook has not shown, applies
 the learner's ``fix_setup(config, rows, tokenizer)``, runs the doctor on the result and names the
 misconception behind what is still wrong.
@@ -139,6 +140,79 @@ def trl_training_template_path() -> str:
     import trl
 
     return str(Path(trl.__file__).parent / "chat_templates" / "qwen2_5_training.jinja")
+
+
+# ---------------------------------------------------------------------------------------------
+# What if: only some of the fixes (the doctor re-run on each choice, nothing trained)
+# ---------------------------------------------------------------------------------------------
+
+def _failure_check(name: str) -> tuple[str, str]:
+    """``(lesson, the doctor's check)`` of a planted failure or of an always-present one."""
+    return {**FAILURES, **ALWAYS}[name]
+
+
+def fixes_frame(setup: Setup, report, apply_fixes, model, tokenizer, fixed) -> str:
+    """The doctor's verdict when only the failures named in ``fixed`` are fixed.
+
+    ``apply_fixes(config, rows, findings)`` (the notebook's own) fixes what ``findings`` names; it is
+    handed the findings of ``report`` that belong to ``fixed``, then the doctor runs on the result with
+    the loaded ``model``/``tokenizer`` (a fraction of a second: nothing is trained). Returns the verdict
+    as text: errors and warnings, which planted failures are still found, and what a fix revealed.
+    """
+    from .doctor import Report, diagnose
+
+    fixed, names = set(fixed), setup.planted + sorted(ALWAYS)
+    if not fixed <= set(names):
+        raise ValueError(f"fixed names {sorted(fixed - set(names))}, which are not failures of this set-up "
+                         f"{names} — only what is there can be fixed — pick from those.")
+    wanted = {_failure_check(name)[1] for name in fixed}
+    config, rows = apply_fixes(setup.config, setup.rows, Report(f for f in report if f.check in wanted))
+    after = diagnose((model, tokenizer), rows, config)
+    infos = [f.check for f in after if f.severity == "info"]
+    label = ", ".join
+    lines = [f"fixed: {label(n for n in names if n in fixed) or 'nothing'} · as planted: "
+             f"{label(n for n in names if n not in fixed) or 'nothing'}",
+             f"doctor: {len(after.errors)} error(s), {len(after) - len(after.errors) - len(infos)} "
+             f"warning(s) → exit status {after.exit_code}"]
+    width = max((len(f.check) for f in after if f.severity != "info"), default=0)
+    lines += [f"  {f.severity.upper():<8}{f.check:<{width + 2}}{f.what}"
+              for f in after if f.severity != "info"]
+    if infos:
+        lines.append(f"  (info: {', '.join(sorted(set(infos)))})")
+    still = [n for n in names if _failure_check(n)[1] in after.checks()]
+    lines.append(f"planted failures the doctor still finds: {label(still) or 'none'}")
+    revealed = sorted((after.checks("error") | after.checks("warning")) - report.checks())
+    if revealed:
+        lines.append(f"revealed by these fixes (hidden before): {label(revealed)}")
+    return "\n".join(lines)
+
+
+def fixes_explorer(setup: Setup, report, apply_fixes, model, tokenizer):
+    """A "what if" over which fixes are applied (``viz.what_if``): one switch per failure planted in
+    ``setup`` plus the always-present eos mismatch, "as planted" or "fixed"; each frame is
+    ``fixes_frame`` — the doctor re-run on the partly fixed set-up. ``report``: the doctor's report on
+    the broken set-up; ``apply_fixes``: the function that fixes what a report names."""
+    from . import validate
+    from .doctor import Report
+    from .viz import what_if
+
+    if not isinstance(setup, Setup):
+        raise TypeError(f"setup is a {type(setup).__name__} — the explorer fixes the failures planted in a "
+                        "set-up — pass broken_setup(seed)'s result.")
+    if not isinstance(report, Report):
+        raise TypeError(f"report is a {type(report).__name__} — the fixes are read from the doctor's "
+                        "findings — pass diagnose(...) of the broken set-up.")
+    if not callable(apply_fixes):
+        raise TypeError("apply_fixes must be a function (config, rows, report) -> (config, rows) — the "
+                        "explorer applies it to the findings you switch on — pass the notebook's "
+                        "apply_fixes.")
+    validate.model_and_tokenizer(model, tokenizer)
+    names = setup.planted + sorted(ALWAYS)
+    switch = {"as planted": False, "fixed": True}
+    return what_if(lambda **on: fixes_frame(setup, report, apply_fixes, model, tokenizer,
+                                            {n for n, v in on.items() if v}),
+                   {name: switch for name in names},
+                   descriptions={n: f"{n} (lesson {_failure_check(n)[0]})" for n in names})
 
 
 # ---------------------------------------------------------------------------------------------

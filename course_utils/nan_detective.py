@@ -6,7 +6,8 @@ Used by lesson 06 only. What is here:
   (bitsandbytes, works on CPU) and LoRA adapters on every linear layer (peft ``"all-linear"``).
 - ``nonfinite_steps`` / ``first_nonfinite_step``: the steps whose loss or gradient norm is inf/NaN;
   the latter *raises* when there is none (a search that finds nothing must not return ``None``).
-- ``lowest_diverging_lr``: a short search for the smallest learning rate on a grid that diverges.
+- ``lowest_diverging_lr``: a short search for the smallest learning rate on a grid that diverges;
+  ``lr_explorer`` browses the runs it made (a learning-rate slider: loss, gradient norm, first bad step).
 - ``plant_large_update`` / ``overflow_scale``: make one MLP projection's output large on purpose (a
   large LoRA update), until a forward holds values float16 cannot (the course model's activations
   are far too small to reach 65,504 by themselves).
@@ -140,6 +141,99 @@ def lowest_diverging_lr(run: Callable[[float], list[dict]], lrs: Sequence[float]
             return lr, runs
     raise NotFound(f"no learning rate up to {max(lrs):g} turned the run non-finite — the grid stops too "
                    "low for this model — extend lrs upwards or train more steps per run.")
+
+
+def _steps_text(values: Sequence[float]) -> str:
+    return " ".join(f"{v:.3g}" for v in values)
+
+
+def _times(ratio: float) -> str:
+    return f"{ratio:,.0f}×" if ratio >= 10 else f"{ratio:.2g}×"
+
+
+def _check_runs(lr_runs) -> dict:
+    if not isinstance(lr_runs, dict) or not lr_runs:
+        raise ValueError("lr_runs must be a non-empty {learning rate: records} dict — one slider position "
+                         "per run — pass the runs lowest_diverging_lr returned.")
+    for lr, records in lr_runs.items():
+        validate.number("learning rate", lr, positive=True, why="each key of lr_runs is a run's rate")
+        nonfinite_steps(records)  # non-empty, with loss and grad_norm
+    return lr_runs
+
+
+def lr_frame(lr_runs: dict, lr: float, healthy: Sequence[dict], healthy_lr: float):
+    """One frame of ``lr_explorer``: the run at ``lr`` beside the healthy run, over the same steps.
+
+    Returns ``(text, figure)``: the first non-finite step (or "finite"), the loss and gradient norm of
+    every step, the largest norm before the break over the healthy run's largest, and where the search
+    put the threshold; the figure draws both runs' gradient norms (log) and losses, with the break marked.
+    """
+    from matplotlib.ticker import NullLocator
+
+    from .viz import figure
+
+    records = _check_runs(lr_runs).get(lr)
+    if records is None:
+        raise ValueError(f"lr={lr!r} is not one of the runs {sorted(lr_runs)} — a frame only shows runs "
+                         "already made — pick a learning rate from lr_runs.")
+    validate.number("healthy_lr", healthy_lr, positive=True, why="it is the healthy run's learning rate")
+    bad = nonfinite_steps(records)
+    reference = healthy[: len(records)]
+    nonfinite_steps(reference)  # the healthy run: non-empty records
+    steps = [r["step"] for r in records]
+    before = [r["grad_norm"] for r in records[: (bad[0] - records[0]["step"]) if bad else None]]
+    ratio = max(before, default=0.0) / max(r["grad_norm"] for r in reference)
+    finite_lrs = [x for x, rec in lr_runs.items() if not nonfinite_steps(rec)]
+    diverging = [x for x, rec in lr_runs.items() if nonfinite_steps(rec)]
+    search = (f"highest finite lr {max(finite_lrs):.3g}" if finite_lrs else "no finite lr")
+    search += f", lowest diverging {min(diverging):.3g}" if diverging else ", none diverged"
+    text = "\n".join([
+        f"lr {lr:.3g} ({_times(lr / healthy_lr)} the healthy run's {healthy_lr:g}): "
+        + (f"first non-finite step {bad[0]}" if bad else f"finite for all {len(records)} steps"),
+        f"  grad norm per step: {_steps_text([r['grad_norm'] for r in records])}",
+        f"  loss per step:      {_steps_text([r['loss'] for r in records])}",
+        f"  largest grad norm before the break / the healthy run's largest: {ratio:.3g}",
+        f"  the search: {search}",
+    ])
+    fig, ax = figure(7.5, 3.3)
+    # a non-finite norm is drawn as a gap (log axes cannot place inf)
+    shown = [r["grad_norm"] if _finite(r["grad_norm"]) else float("nan") for r in records]
+    ax.plot(steps, shown, "o-", color="tab:red" if bad else "tab:blue", label=f"grad norm, lr {lr:.3g}")
+    ax.plot([r["step"] for r in reference], [r["grad_norm"] for r in reference], "o--", color="grey",
+            label=f"grad norm, healthy lr {healthy_lr:g}")
+    if bad:
+        ax.axvline(bad[0], color="k", ls=":", label=f"first non-finite step {bad[0]}")
+    ax.set(yscale="log", xlabel="optimizer step", ylabel="gradient norm before clipping (log)",
+           title=f"lr {lr:.3g}: gradient norm and loss per step")
+    ax.yaxis.set_minor_locator(NullLocator())  # decades are enough, and the frame draws faster
+    loss_ax = ax.twinx()
+    loss_ax.plot(steps, [r["loss"] if _finite(r["loss"]) else float("nan") for r in records], "s-",
+                 color="tab:orange", ms=3, lw=1, label=f"loss, lr {lr:.3g}")
+    loss_ax.set_ylabel("loss (nats)")
+    lines = ax.get_legend_handles_labels()
+    more = loss_ax.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper left")
+    ax.grid(alpha=0.3)
+    return text, fig
+
+
+def lr_explorer(lr_runs: dict, healthy: Sequence[dict], healthy_lr: float, *, start: float | None = None):
+    """A "what if" over the learning rate (``viz.what_if``), browsing the runs ``lowest_diverging_lr``
+    already made: one slider position per run, each frame ``lr_frame`` (no training). ``healthy``: the
+    records of a run at ``healthy_lr`` that learned, drawn beside each run. ``start``: the learning rate
+    shown first (default: the lowest diverging one, else the highest).
+    """
+    from .viz import what_if
+
+    _check_runs(lr_runs)
+    nonfinite_steps(healthy)
+    validate.number("healthy_lr", healthy_lr, positive=True, why="it is the healthy run's learning rate")
+    lrs = sorted(lr_runs)
+    if start is None:
+        start = next((x for x in lrs if nonfinite_steps(lr_runs[x])), lrs[-1])
+    return what_if(lambda lr: lr_frame(lr_runs, lr, healthy, healthy_lr),
+                   {"lr": {f"{x:.3g}": x for x in lrs}}, start={"lr": start},
+                   descriptions={"lr": "learning rate"})
 
 
 # ------------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ Two mechanisms give a micro-batch without a single target token:
 
 - **right truncation** (TRL-style ``max_length``): a prompt that fills ``max_length`` leaves an example
   whose labels are all ``-100``; a micro-batch of ``b`` random rows is all-masked with probability
-  about ``p**b`` — this one depends on the device batch size (``fully_masked_batch_rate``);
+  about ``p**b`` — this one depends on the device batch size (``fully_masked_batch_rate``;
+  ``truncation_explorer`` moves ``max_length``, the truncated side and the batch size);
 - **a clogged best-fit packer** (nanochat's ``sft_data_generator_bos_bestfit``): conversations longer
   than a row never leave the buffer; once the buffer holds nothing else, every row is padding, for good
   — this one does not depend on the device batch size (``bestfit_rows``, ``clog_by_batch_size``).
@@ -98,7 +99,8 @@ def truncated(example: dict, max_length: int, mode: str = "keep_start") -> dict:
 def kept_by_policy(full_examples: Sequence[dict], max_length: int, mode: str = "keep_start") -> dict:
     """What a truncation policy keeps of untruncated examples, after TRL's drop of fully masked ones:
     ``examples`` kept and ``graded_tokens`` (labels != -100) kept, and the totals before it."""
-    _check_examples(full_examples, "full_examples")
+    _check_examples(validate.non_empty("full_examples", full_examples, what="tokenized examples",
+                                       fix="pass tokenize_chat() outputs without max_length."))
     cut = [truncated(e, max_length, mode) for e in full_examples]
     kept = [e for e in cut if has_targets(e["labels"])]
     graded = sum(sum(int(x) != IGNORE_INDEX for x in e["labels"]) for e in kept)
@@ -143,6 +145,99 @@ def fully_masked_batch_rate(masked_flags: Sequence[bool], batch_size: int, *, sh
         batches += len(full)
         epochs_hit += any(full)
     return {"per_batch": hits / batches, "per_epoch": epochs_hit / shuffles}
+
+
+# ------------------------------------------------------------------------------------------------
+# What if: max_length, the truncated side and the device batch size (arithmetic on labels, no training)
+# ------------------------------------------------------------------------------------------------
+
+
+def targets_per_micro_batch(examples: Sequence[dict], batch_size: int) -> list[int]:
+    """Supervised tokens (``labels[1:] != -100``, the shifted targets) in each micro-batch of ``batch_size``
+    consecutive examples, in order; the last micro-batch may be short. A 0 is a micro-batch whose
+    ``ignore_index`` mean is 0/0: its loss is logged as NaN."""
+    _check_examples(examples)
+    return [sum(sum(int(x) != IGNORE_INDEX for x in e["labels"][1:]) for e in examples[i: i + batch_size])
+            for i in range(0, len(examples), batch_size)]
+
+
+def truncation_frame(full_examples: Sequence[dict], max_length: int, mode: str, batch_size: int,
+                     *, note: str = ""):
+    """One explorer frame: ``full_examples`` cut at ``max_length`` from ``mode``'s side, then taken in order
+    ``batch_size`` rows at a time, as a plain loop (no TRL drop) would. Returns ``(text, figure)``: rows
+    left without a target, supervised tokens kept, micro-batches whose loss is NaN, and the targets per
+    micro-batch with the empty ones marked."""
+    from .viz import figure
+
+    _check_examples(validate.non_empty("full_examples", full_examples, what="tokenized examples",
+                                       fix="pass tokenize_chat() outputs without max_length."))
+    cut = [truncated(e, max_length, mode) for e in full_examples]
+    policy = kept_by_policy(full_examples, max_length, mode)
+    per_batch = targets_per_micro_batch(cut, batch_size)
+    empty = [i for i, n in enumerate(per_batch, 1) if n == 0]
+    masked = len(cut) - policy["examples"]
+    p = masked / len(cut)
+    prompt_cut = sum(len(e["input_ids"]) - len(c["input_ids"]) for e, c in zip(full_examples, cut))
+    graded = policy["graded_tokens"] / max(policy["of_graded_tokens"], 1)
+    shown = ", ".join(f"#{i}" for i in empty[:8]) + (" …" if len(empty) > 8 else "")
+    side = "end (answers first)" if mode == "keep_start" else "start (the prompt's opening first)"
+    text = "\n".join([
+        f"max_length {max_length}{note}, {mode}, device batch size {batch_size}:",
+        f"  rows left with no target: {masked} / {len(cut)} (p = {p:.3f})"
+        + ("; TRL drops them, a plain loop spends a row on nothing" if masked else ""),
+        f"  supervised tokens kept: {policy['graded_tokens']} / {policy['of_graded_tokens']} ({graded:.0%}); "
+        f"tokens cut from the {side}: {prompt_cut}",
+        f"  micro-batches with no target (loss NaN): {len(empty)} of {len(per_batch)}"
+        + (f" — {shown}" if empty else ""),
+        f"  (rows in random order: expect p^b × {len(per_batch)} = {p ** batch_size * len(per_batch):.2f})",
+    ])
+    untruncated = targets_per_micro_batch(full_examples, batch_size)
+    mean_full = sum(untruncated) / len(untruncated)
+    fig, ax = figure(7, 3)
+    # one filled step line, not a bar per micro-batch: a frame stays light with hundreds of micro-batches
+    ax.stairs(per_batch, [i + 0.5 for i in range(len(per_batch) + 1)], fill=True, color="tab:blue",
+              label="targets kept")
+    ax.plot(empty, [0] * len(empty), "x", color="tab:red", ms=7, mew=2, clip_on=False, zorder=3,
+            label=f"no target: loss NaN ({len(empty)})")
+    ax.axhline(mean_full, color="k", ls="--", lw=1, label=f"mean without truncation ({mean_full:.1f})")
+    ax.set_ylim(0, 1.45 * max(max(per_batch), mean_full, 1))  # headroom for the legend
+    rows = f"{batch_size} row{'s' if batch_size > 1 else ''}"
+    ax.set(xlabel=f"micro-batch ({rows} each, in the data's order)", ylabel="supervised tokens",
+           title=f"Targets per micro-batch: max_length {max_length}, {mode}, batch {batch_size}")
+    ax.legend(fontsize=7, loc="upper right", ncols=3)
+    return text, fig
+
+
+def truncation_explorer(full_examples: Sequence[dict], *, percentiles: Sequence[float] = (50, 70, 85, 95),
+                        batch_sizes: Sequence[int] = (1, 2, 4, 8, 16), start: dict | None = None):
+    """A "what if" over ``max_length`` × the truncated side × the device batch size (``viz.what_if``).
+
+    The ``max_length`` choices are ``percentiles`` of where the answers of ``full_examples`` start
+    (``answer_start``) plus the longest example, so they come from this tokenizer's data; each frame is
+    ``truncation_frame`` — list arithmetic on the labels, no model. ``start``: e.g.
+    ``{"max_length": MAX_LENGTH, "mode": "keep_start", "batch_size": 1}``.
+    """
+    from .viz import what_if
+
+    _check_examples(validate.non_empty("full_examples", full_examples, what="tokenized examples",
+                                       fix="pass tokenize_chat() outputs without max_length."))
+    validate.non_empty("percentiles", percentiles, what="percentiles", fix="pass e.g. (50, 85, 95).")
+    for q in percentiles:
+        validate.number("percentiles", q, minimum=0.0, why="each is a percentile between 0 and 100")
+    validate.non_empty("batch_sizes", batch_sizes, what="batch sizes", fix="pass e.g. (1, 4).")
+    sizes = sorted({validate.positive_int("batch_sizes", b, why="each is rows per micro-batch")
+                    for b in batch_sizes})
+    starts = [answer_start(e) for e in full_examples]
+    names = {}  # max_length -> where it comes from; a length two percentiles share keeps the first name
+    for q in percentiles:
+        names.setdefault(percentile(starts, q), f" (p{q:g} of answer starts)")
+    names.setdefault(max(len(e["input_ids"]) for e in full_examples), " (the longest example)")
+    lengths = sorted(names)
+    return what_if(lambda max_length, mode, batch_size: truncation_frame(
+                       full_examples, max_length, mode, batch_size, note=names.get(max_length, "")),
+                   {"max_length": lengths, "mode": ["keep_start", "keep_end"], "batch_size": sizes},
+                   start=start, descriptions={"mode": "truncated side (keep)",
+                                              "batch_size": "device batch size"})
 
 
 # ------------------------------------------------------------------------------------------------

@@ -72,6 +72,27 @@ def test_lowest_diverging_lr_search():
         nd.lowest_diverging_lr(fake, [0.1, 0.3])
 
 
+def test_lr_explorer_browses_the_search_runs():
+    nan, inf = float("nan"), float("inf")
+    runs = {0.1: _records([5.0, 4.0, 3.0], [2.0, 3.0, 2.5]),
+            1.0: _records([5.0, 4.5, 4.8], [2.0, 40.0, 8e3]),
+            3.0: _records([5.0, 9.0, nan], [2.0, 6e4, inf])}
+    healthy = _records([5.0, 4.2, 3.5, 3.0], [2.0, 2.5, 2.2, 2.1])
+    w = nd.lr_explorer(runs, healthy, 0.01)
+    start = w._repr_mimebundle_()["text/plain"]  # starts on the lowest diverging run
+    assert "lr = 3" in start and "first non-finite step 3" in start and "300× the healthy" in start
+    assert "before the break / the healthy run's largest: 2.4e+04" in start  # 6e4 / 2.5, the step before
+    assert "highest finite lr 1, lowest diverging 3" in start
+    w.children[0].value = "1"
+    assert "finite for all 3 steps" in w.text and "8e+03" in w.text and "3.2e+03" in w.text  # 8e3 / 2.5
+    w.children[0].value = "0.1"
+    assert "finite for all 3 steps" in w.text and "largest: 1.2" in w.text
+    with pytest.raises(ValueError, match="lr_runs"):
+        nd.lr_explorer({}, healthy, 0.01)
+    with pytest.raises(ValueError, match="not one of the runs"):
+        nd.lr_frame(runs, 0.5, healthy, 0.01)
+
+
 class _Wrapper(torch.nn.Module):  # the helpers call model(input_ids=..., attention_mask=...)
     def __init__(self, net):
         super().__init__()

@@ -60,6 +60,40 @@ def test_fully_masked_rate_follows_p_to_the_b():
         T.fully_masked_batch_rate([True], 2)
 
 
+def test_targets_per_micro_batch_counts_shifted_targets():
+    # conv(0, 1): its one target sits at position 0, which no prediction reaches (the loss reads labels[1:])
+    assert T.targets_per_micro_batch([conv(2, 3), conv(0, 1), conv(4, 0)], 2) == [3 + 0, 0]
+    assert T.targets_per_micro_batch([conv(2, 3), conv(0, 1), conv(4, 0)], 1) == [3, 0, 0]
+
+
+def test_truncation_explorer_moves_with_max_length_side_and_batch_size():
+    full = [conv(9, 2), conv(9, 3), conv(2, 3), conv(3, 2)]  # answers start at 9, 9, 2, 3; 10 targets
+    w = T.truncation_explorer(full, percentiles=(50, 100), batch_sizes=(1, 2),
+                              start={"max_length": 9, "mode": "keep_start", "batch_size": 1})
+    assert list(w.children[0].options) == [3, 9, 12]  # p50, p100 of the answer starts; the longest
+    start = w._repr_mimebundle_()["text/plain"]
+    assert "rows left with no target: 2 / 4" in start and "(loss NaN): 2 of 4 — #1, #2" in start
+    w.children[2].value = 2                             # both cut rows share micro-batch 1
+    assert "(loss NaN): 1 of 2 — #1" in w.text
+    w.children[1].value = "keep_end"                    # the answers are at the end: nothing is empty
+    assert "rows left with no target: 0 / 4" in w.text and "(loss NaN): 0 of 2" in w.text
+    w.children[1].value = "keep_start"
+    w.children[0].value = 12                            # the longest example: nothing cut
+    assert "supervised tokens kept: 10 / 10 (100%)" in w.text and "(loss NaN): 0 of 2" in w.text
+    w.children[0].value = 3                             # p50: every prompt of 3+ tokens loses its answer
+    assert "rows left with no target: 3 / 4" in w.text
+    assert "#1" in start and w._repr_mimebundle_()["text/plain"] != start
+
+
+def test_truncation_explorer_rejects_bad_choices():
+    with pytest.raises(ValueError, match="batch_sizes"):
+        T.truncation_explorer([conv(3, 2)], batch_sizes=(0,))
+    with pytest.raises(ValueError, match="percentile"):
+        T.truncation_explorer([conv(3, 2)], percentiles=(150,))
+    with pytest.raises(ValueError, match="full_examples"):
+        T.truncation_explorer([])
+
+
 # ---------------------------------------------------------------------------- the packer
 
 
