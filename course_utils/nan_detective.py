@@ -90,6 +90,11 @@ def qlora_model(*, compute_dtype=torch.float32, dtype=None, r: int = 8, lora_alp
         warnings.simplefilter("ignore", FutureWarning)
         model = get_peft_model(model, LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=0.0,
                                                  target_modules="all-linear", task_type="CAUSAL_LM"))
+    # Ready to train, so in train mode. It also matters on CPUs with AVX512-BF16: there bitsandbytes 0.50
+    # repacks a 4-bit weight for fast inference the first time an *eval-mode* layer sees an input without
+    # grad, and the repacking fails unless in_features is a multiple of the 64-value quantisation block
+    # (tiny-llama's 96: "shape '[96, 1]' is invalid for input of size 144"). Measured; train mode skips it.
+    model.train()
     return model, tokenizer
 
 
