@@ -101,16 +101,19 @@ def browser():
 
 
 def _open(browser, url: str, rel: str):
-    """A page showing ``rel`` with its kernel started and idle."""
+    """A page loading ``rel`` (its kernel starts in the background: ``_wait_idle``)."""
     page = browser.new_page(viewport={"width": 1100, "height": 820})
     errors = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(f"{url}/lab/tree/{rel}?reset")
-    status = page.locator("#jp-main-statusbar")
-    # the toolbar's idle indicator lies early; the status bar reads "| Idle" once the kernel is up
-    status.filter(has_text=re.compile(r"\| Idle")).wait_for(timeout=40_000)
     return page, errors
+
+
+def _wait_idle(page):
+    """Until the notebook's kernel is up: the toolbar's idle indicator lies early; the status bar reads
+    "| Idle" once the kernel is."""
+    page.locator("#jp-main-statusbar").filter(has_text=re.compile(r"\| Idle")).wait_for(timeout=40_000)
 
 
 def _menu(page, menu: str, item: str):
@@ -147,7 +150,9 @@ def pages(lab, browser):
     whole check takes about as long as the slowest lesson.
     """
     url, _ = lab
-    opened = {rel: _open(browser, url, rel) for rel in OPENED}
+    opened = {rel: _open(browser, url, rel) for rel in OPENED}  # the three kernels start side by side
+    for page, _ in opened.values():
+        _wait_idle(page)
     page = opened["solutions/00_tour.ipynb"][0]
     stored = {"images": page.locator(".jp-RenderedImage img").count(),
               "coloured": page.locator('.jp-RenderedHTMLCommon span[style*="background"]').count()}
@@ -221,3 +226,19 @@ def test_lesson01_explorer_off_and_quick_moves(lab, pages):
     log = page.locator(".jp-LogConsolePanel")
     log.wait_for(timeout=10_000)
     assert "Error" not in log.inner_text(), f"the log console holds an error: {log.inner_text()[-2000:]}"
+
+
+def test_lesson00_what_if_dropdown_redraws(lab, pages):
+    """Lesson 00's "what if" (a dropdown, as in every lesson whose knob is a named set-up): choosing
+    another loss mode replaces the graded-token count in place."""
+    page, console_errors = pages[0]["solutions/00_tour.ipynb"]
+    control = page.locator(".jupyter-widgets.widget-vbox", has=page.locator(".widget-dropdown")).first
+    control.scroll_into_view_if_needed()
+    text = control.locator(".widget-html pre")
+    assert "(100%)" in text.inner_text(), "the control opens on TRL's default: every token graded"
+    control.locator(".widget-dropdown select").first.select_option("assistant only")
+    sync_api.expect(text).to_contain_text("assistant only", timeout=15_000)
+    assert "(100%)" not in text.inner_text(), "assistant-only loss grades only part of the chat"
+    assert _stderr(page) == [], "no error output from the widget callback"
+    assert not [e for e in console_errors if "comm" in e or "Error" in e], console_errors
+    control.screenshot(path=lab[1] / "00_what_if.png")
