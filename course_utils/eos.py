@@ -163,7 +163,7 @@ def stop_probability(model, batch: dict, stop_id: int):
 
 
 def train_until_stops(model, batches: list[dict], probe: dict, stop_id: int, *, lr: float,
-                      level: float = 0.9, chunk: int = 20, max_steps: int = 600) -> dict:
+                      level: float = 0.8, chunk: int = 10, max_steps: int = 600) -> dict:
     """Train until the model stops after the answers it trained on, or ``max_steps``.
 
     The criterion is measured, not a step count fitted to one model and one CPU: every ``chunk``
@@ -261,7 +261,7 @@ def graded_span_has_stop(batch: dict, stop_id: int) -> list[bool]:
 
 
 
-def stop_criterion_callback(probe: dict, stop_id: int, *, level: float = 0.9, every: int = 20):
+def stop_criterion_callback(probe: dict, stop_id: int, *, level: float = 0.8, every: int = 10):
     """A ``TrainerCallback`` that ends ``SFTTrainer`` training once the model stops after its answers.
 
     The same criterion as ``train_until_stops`` (mean ``stop_probability`` on ``probe`` >= ``level``,

@@ -89,6 +89,7 @@ def main(argv=None) -> int:
                         help="write the table of times into FILE, between its timing markers")
     args = parser.parse_args(argv)
     paths = [Path(p) for p in args.paths] or sorted((ROOT / "solutions").glob("*.ipynb"))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # what execute() gives every kernel: say so in the header
     where, times = machine(), {}
     for path in paths:
         start, note = time.perf_counter(), ""
