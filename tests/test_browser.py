@@ -1,10 +1,10 @@
 """The course as a learner meets it: `make lab`'s server, headless Chromium, Run All, a widget moved.
 
-Opens lessons 00 and 01 (solutions) and lesson 00's exercise copy (its stubs: a learner's first Run
-All) from a server started exactly as `make lab` starts one (served from a copy, autosave off, so the
-repository never changes), and checks what a learner would see: no error output, matplotlib figures,
-the stored outputs of an untrusted notebook before anything runs, and lesson 01's explorer through
-"off" and two quick moves. Screenshots land in the test's temporary directory.
+Opens lesson 00's solution and lesson 01's exercise copy (its stubs: a learner's first Run All) from a
+server started exactly as `make lab` starts one (served from a copy, autosave off, so the repository
+never changes), and checks what a learner would see: no error output, matplotlib figures, the stored
+outputs of an untrusted notebook before anything runs, lesson 01's explorer through "off" and two
+quick moves, and lesson 00's "what if" dropdown. Screenshots land in the test's temporary directory.
 
 Needs Debian's `chromium` (/usr/bin/chromium) and the `playwright` package (`make test` installs the
 pinned `[test]` extra; `.ci/run` installs chromium). Playwright's own browser download is never used.
@@ -36,7 +36,9 @@ SETTINGS = {  # fresh JupyterLab settings: never save into the notebooks, never 
     # every cell stays in the DOM, so every prompt and output can be read
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
 }
-OPENED = ["solutions/00_tour.ipynb", "solutions/01_accumulation_clipping.ipynb", "notebooks/00_tour.ipynb"]
+# Lesson 00's solution (stored outputs, then Run All) and lesson 01 as a learner gets it: the exercise copy
+# `make lab` opens, stubs and explorer included — two kernels, so the check fits in a minute on 2 cores.
+OPENED = ["solutions/00_tour.ipynb", "notebooks/01_accumulation_clipping.ipynb"]
 STDERR = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
 
 if not CHROMIUM.exists():
@@ -146,11 +148,11 @@ def _stderr(page) -> list[str]:
 def pages(lab, browser):
     """Every notebook in OPENED: stored outputs counted on open, then Run All in all at once.
 
-    The kernels run side by side (one thread each), as three learners' tabs would: on 2 cores the
+    The kernels run side by side (one thread each), as two learners' tabs would: on 2 cores the
     whole check takes about as long as the slowest lesson.
     """
     url, _ = lab
-    opened = {rel: _open(browser, url, rel) for rel in OPENED}  # the three kernels start side by side
+    opened = {rel: _open(browser, url, rel) for rel in OPENED}  # the kernels start side by side
     for page, _ in opened.values():
         _wait_idle(page)
     page = opened["solutions/00_tour.ipynb"][0]
@@ -189,7 +191,7 @@ def test_run_all_has_no_error_and_draws(lab, pages, rel):
 
 def test_lesson01_explorer_off_and_quick_moves(lab, pages):
     """The explorer: "off" is a choice; two moves 0.3 s apart end on the last plot, nothing in the log."""
-    page, console_errors = pages[0]["solutions/01_accumulation_clipping.ipynb"]
+    page, console_errors = pages[0]["notebooks/01_accumulation_clipping.ipynb"]
     explorer = page.locator(".jupyter-widgets.widget-vbox", has=page.locator(".widget-html img")).first
     explorer.scroll_into_view_if_needed()
     sliders = explorer.locator(".widget-hslider")
