@@ -107,3 +107,16 @@ def test_make_lab_serves_jupyterlab(tmp_path):
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+
+
+def test_every_lesson_stores_a_plot_and_a_what_if_control():
+    """Issue 16: each solution notebook shows at least one matplotlib figure and one "what if" control
+    (viz.what_if, whose stored plain text starts with "[what if:")."""
+    import json
+
+    for path in sorted((ROOT / "solutions").glob("*.ipynb")):
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        outputs = [o for c in cells for o in c.get("outputs", [])]
+        plain = ["".join(o.get("data", {}).get("text/plain", "")) for o in outputs]
+        assert any("image/png" in o.get("data", {}) for o in outputs), f"{path.name} stores no plot"
+        assert any(p.startswith("[what if:") for p in plain), f"{path.name} stores no what-if control"
