@@ -13,7 +13,8 @@ The two agree only when every nᵢ is the same. This module measures that on the
 - ``run_ddp_grad``: launches ``course_utils.ddp_grad`` under ``torchrun`` (two CPU processes, gloo)
   and reads back the data-parallel gradient under a per-rank mean and under a global token count;
 - ``token_weights`` / ``plot_token_weights``: the weight one token gets under each scheme, drawn;
-- ``train_and_track`` / ``param_distance``: two training runs compared on a held-out loss and in weights;
+- ``train_and_track`` / ``prediction_kl`` / ``param_distance``: two training runs compared on a held-out
+  loss, in what they predict, and in weights;
 - ``cite_source``: quote the lines of the installed library that implement the fix;
 - ``accumulation_trace`` / ``check_trace_diagnosis``: exercise 7.1, diagnose an unseen accumulation trace;
 - ``check_sequence_weighted``: exercise 7.2, per-sequence averaging across micro-batches (references in
@@ -250,6 +251,27 @@ def param_distance(model_a, model_b) -> float:
     """‖θ_a − θ_b‖ over all parameters: how far apart two training runs ended."""
     return float(torch.cat([(a.detach() - b.detach()).flatten().double()
                             for a, b in zip(model_a.parameters(), model_b.parameters())]).norm())
+
+
+def prediction_kl(model_a, model_b, eval_batch: dict) -> float:
+    """Mean KL(p_a ‖ p_b) over the supervised next-token positions of ``eval_batch``, in nats.
+
+    How differently two runs *predict*, which is what a learner cares about. A weight distance
+    (``param_distance``) can mislead here: AdamW divides each step by √v, so on a parameter whose
+    true gradient is ~0 float round-off alone flips the update's sign, and it moves by ~lr per
+    step — weights the predictions do not depend on (on a Phi-style model, reordering a batch's rows
+    moved the weights as far as a real fix's residue, while the KL stayed at round-off level).
+    """
+    validate.batch("eval_batch", eval_batch, need=("input_ids", "labels"))
+    mask = eval_batch["labels"][:, 1:] != IGNORE_INDEX
+    if not bool(mask.any()):
+        raise ValueError("eval_batch has no supervised token (every label is -100) — the KL is averaged "
+                         "over the positions that carry loss — pass a batch from make_batches(...).")
+    with torch.no_grad():
+        log_p = [m(input_ids=eval_batch["input_ids"], attention_mask=eval_batch.get("attention_mask"))
+                 .logits[:, :-1].double().log_softmax(-1) for m in (model_a, model_b)]
+    per_position = (log_p[0].exp() * (log_p[0] - log_p[1])).sum(-1)
+    return float(per_position[mask].mean())
 
 
 def cite_source(obj, *needles: str) -> list[str]:
