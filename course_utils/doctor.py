@@ -31,6 +31,8 @@ import types
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .quiet import no_progress_bars
+
 SEVERITIES = ("error", "warning", "info")
 LESSONS = {
     "01": "01 · Accumulation & clipping", "02": "02 · The model never stops",
@@ -210,17 +212,12 @@ def _load_tokenizer(model):
 def _load_model(source):
     """The model's weights (for the one forward pass of the precision check), or None if absent."""
     from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
 
-    bar = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # a report, not a log: no loading bar in it
     try:
-        return AutoModelForCausalLM.from_pretrained(source, device_map="cpu")
+        with no_progress_bars():  # a report, not a log: no loading bar in it
+            return AutoModelForCausalLM.from_pretrained(source, device_map="cpu")
     except (OSError, ValueError):
         return None
-    finally:
-        if bar:
-            hf_logging.enable_progress_bar()
 
 
 def _generation_eos_ids(source, model_obj) -> list[int]:
@@ -688,21 +685,15 @@ def diagnose(model, data, config=None, *, max_length: int | None = None, forward
     ``forward=False`` skips loading weights (the fp16 check then reports that it could not measure).
     Raises ``DoctorInputError`` on bad input.
     """
-    import datasets
 
     config = read_config(config)
     rows = _as_rows(data)
     source, model_obj, tokenizer = _model_and_tokenizer(model)
     args, precision, unknown = build_args(config, max_length)
     form = _form(rows)
-    bars = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
-    try:
+    with no_progress_bars():
         return _run_checks(rows, form, tokenizer, args, precision, unknown, config, source, model_obj,
                            forward)
-    finally:
-        if bars:
-            datasets.enable_progress_bars()
 
 
 def _run_checks(rows, form, tokenizer, args, precision, unknown, config, source, model_obj,

@@ -15,8 +15,11 @@ the repository (built by ``python -m course_utils.build_course_model``), chosen 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
+
+from .quiet import no_progress_bars
 
 COURSE_MODEL_DIR = Path(__file__).parent / "course_model"
 # Short names a learner can put in COURSE_MODEL; the first is the default.
@@ -144,7 +147,9 @@ def load_course_model(name_or_path=None, device: str | None = None, **model_kwar
         raise
     if "device_map" not in model_kwargs:
         model_kwargs["device_map"] = device
-    model = AutoModelForCausalLM.from_pretrained(source, **model_kwargs)
+    # A local directory loads in a blink: no "Loading weights" bar in the notebook. A hub id keeps it.
+    with no_progress_bars() if isinstance(source, Path) else contextlib.nullcontext():
+        model = AutoModelForCausalLM.from_pretrained(source, **model_kwargs)
     if tokenizer.pad_token is None:  # real base checkpoints may lack one; Qwen2.5 pads with eos
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer

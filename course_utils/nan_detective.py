@@ -65,7 +65,6 @@ def qlora_model(*, compute_dtype=torch.float32, dtype=None, r: int = 8, lora_alp
     adapters are float32 either way: peft upcasts them (``autocast_adapter_dtype``, peft PR 1706).
     ``seed``: LoRA's A matrices are random (``None``: the course seed).
     """
-    import transformers
     from peft import LoraConfig, get_peft_model
     from transformers import BitsAndBytesConfig
 
@@ -79,13 +78,7 @@ def qlora_model(*, compute_dtype=torch.float32, dtype=None, r: int = 8, lora_alp
     set_seed(seed)
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                bnb_4bit_compute_dtype=compute_dtype)
-    bars = transformers.utils.logging.is_progress_bar_enabled()
-    transformers.logging.disable_progress_bar()  # "Loading weights" bar: not the lesson (restored below)
-    try:
-        model, tokenizer = load_course_model(quantization_config=quant, **kwargs)
-    finally:
-        if bars:
-            transformers.logging.enable_progress_bar()
+    model, tokenizer = load_course_model(quantization_config=quant, **kwargs)
     with warnings.catch_warnings():  # transformers 5 deprecation notice raised from inside peft
         warnings.simplefilter("ignore", FutureWarning)
         model = get_peft_model(model, LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=0.0,

@@ -61,6 +61,28 @@ def captured_log(name: str = "transformers", level: int = logging.WARNING):
 
 
 @contextlib.contextmanager
+def no_progress_bars():
+    """transformers' and datasets' progress bars off for one block, each restored on exit.
+
+    For work that is over in a blink ("Loading weights" of a 2 MB course model, a dataset map of 48
+    rows): a bar there is noise in a notebook's output, not progress.
+    """
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    hf_bars, ds_bars = hf_logging.is_progress_bar_enabled(), datasets.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if hf_bars:
+            hf_logging.enable_progress_bar()
+        if ds_bars:
+            datasets.enable_progress_bars()
+
+
+@contextlib.contextmanager
 def quiet_libraries(*, logs: bool = True, capture_output: bool = False):
     """Silence transformers/datasets/TRL banners and dataset-map progress bars for one block.
 
@@ -78,7 +100,7 @@ def quiet_libraries(*, logs: bool = True, capture_output: bool = False):
     if logs:
         transformers.logging.set_verbosity_error()
         trl_logger.setLevel(logging.ERROR)
-    datasets.disable_progress_bars()
+    datasets.disable_progress_bars()   # only datasets': a Trainer's own bar is the progress a learner wants
     try:
         if capture_output:
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -99,6 +121,7 @@ def library_state() -> dict:
 
     return {"datasets_bars": datasets.is_progress_bar_enabled(),
             "transformers_verbosity": transformers.logging.get_verbosity(),
+            "transformers_bars": transformers.utils.logging.is_progress_bar_enabled(),
             "trl_level": logging.getLogger("trl").level,
             "transformers_propagate": logging.getLogger("transformers").propagate,
             "transformers_handlers": list(logging.getLogger("transformers").handlers)}
