@@ -3,7 +3,7 @@
 #   make test    set up .venv (first time only) and run the whole suite: unit tests, every
 #                solution notebook under nbval, every exercise notebook run with its stubs
 #   make robustness  every solution notebook on both shipped models x COURSE_SEED 0,1,2 x 1,2 threads
-#                (12 configurations, ~15 min on 2 cores); writes ROBUSTNESS.md
+#                (12 configurations, 40-60 min on 2 cores); writes ROBUSTNESS.md
 #   make claims  re-measure the myth-vs-measurement table on both models; writes CLAIMS.md
 # Choose the interpreter once, when .venv is created: `make lab PYTHON=python3.12` (3.11 and 3.12).
 # torch: the CPU build unless an NVIDIA GPU is found (scripts/install_torch.py); `TORCH=cuda` asks
