@@ -70,6 +70,7 @@ notebooks: install   # only the solution notebooks, under nbval
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300 -q
 
 robustness: install  # the full matrix; a subset: make robustness ROBUSTNESS_ARGS="--notebooks 02 --seeds 1"
+# one changed lesson into the table: make robustness ROBUSTNESS_ARGS="--update --notebooks 02"
 	$(PY) -m course_utils.robustness --jobs $(JOBS) $(ROBUSTNESS_ARGS)
 
 robustness-ci: install  # CI's reduced matrix: tiny-llama seed 0 1 thread; tiny-qwen seed 1 2 threads

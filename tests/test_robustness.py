@@ -149,3 +149,29 @@ def test_a_model_directory_makes_a_flat_report_name():
 
     stem = run_stem(Path("solutions/02_eos_never_stops.ipynb"), Config("/work/third model/model", 0, 1))
     assert "/" not in stem and " " not in stem and stem.startswith("02_eos_never_stops-")
+
+
+def test_results_round_trip_and_update_keeps_the_other_notebooks(tmp_path):
+    from course_utils.robustness import load_results, merge_results, save_results
+
+    old = [RunResult(r.notebook, r.config, r.passed, r.seconds, r.failures, r.outcomes, "aaaaaaa")
+           for r in FAKE]
+    save_results(old, tmp_path / "R.json")
+    assert load_results(tmp_path / "R.json") == old, "what --update reads back is what the matrix wrote"
+    rerun = [RunResult("02_eos.ipynb", LLAMA, True, 20.0, outcomes=[_record("stop rate", 0.95, 0.9)],
+                       commit="bbbbbbb")]
+    merged = merge_results(old, rerun)
+    assert [(r.notebook, r.config) for r in merged] == [(r.notebook, r.config) for r in old], "order kept"
+    assert merged[3] is rerun[0] and merged[:3] == old[:3], "only the re-run cell changes"
+    header = robustness._header(["--update", "--notebooks", "02"], merged)
+    assert "Commits aaaaaaa (notebooks 00, 02); bbbbbbb (notebooks 02)" in header, "each run's commit named"
+    assert "**2 of 2 configurations pass" in render_markdown(merged, header)
+
+
+def test_update_needs_a_previous_matrix_and_named_notebooks(tmp_path):
+    from course_utils.robustness import load_results
+
+    with pytest.raises(ValueError, match="run the full matrix once"):
+        load_results(tmp_path / "missing.json")
+    with pytest.raises(SystemExit):
+        robustness.main(["--update"])
