@@ -147,3 +147,19 @@ def test_accumulation_explorer_is_exact_at_k1_and_token_weighted_everywhere(cour
     control.children[0].value = 4
     mean, token = errors()
     assert token < 1e-5 < 1e-2 < mean, "four single-chat micro-batches: only the token-weighted sum is exact"
+
+
+def test_prediction_kl_is_zero_for_one_model_and_grows_with_training(model_tok):
+    import copy
+
+    from course_utils import make_batches
+    from course_utils.train import train
+
+    model, tok = model_tok
+    batch = make_batches(tok, tw.multi_turn_conversations(4, seed=3), batch_size=4)[0]
+    trained = copy.deepcopy(model)
+    train(trained, [batch], steps=2, lr=1e-3, progress=False)
+    assert tw.prediction_kl(model, copy.deepcopy(model), batch) == 0.0, "a model agrees with itself"
+    assert tw.prediction_kl(model, trained, batch) > 1e-6, "two training steps change what it predicts"
+    with pytest.raises(ValueError, match="no supervised token"):
+        tw.prediction_kl(model, trained, {**batch, "labels": torch.full_like(batch["labels"], -100)})
