@@ -226,12 +226,6 @@ def plain_text_example(tokenizer, conversation: list[dict]) -> str:
     return f"### Question: {question}\n### Answer: {answer}{tokenizer.eos_token}"
 
 
-def plain_text_prompt(conversation: list[dict]) -> str:
-    """The prompt part of ``plain_text_example``: the model continues after ``### Answer:``."""
-    question = next(m["content"] for m in conversation if m["role"] == "user")
-    return f"### Question: {question}\n### Answer:"
-
-
 def plain_text_batches(tokenizer, conversations: list[list[dict]], batch_size: int, collator) -> list[dict]:
     """``plain_text_example`` rows, tokenized and cut into batches by ``collator`` (in order).
 
