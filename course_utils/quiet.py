@@ -1,8 +1,9 @@
 """Hear a library's warnings on purpose, or silence its chatter for one block — and restore it.
 
-Used by lessons 02-07 and ``train.make_sft_trainer``. No helper of the course changes process-wide
-state for good: progress bars, logging levels and handlers are changed inside these context
-managers and put back on exit, so what a learner sees never depends on which cell ran first.
+Used by lessons 02-07, ``train.make_sft_trainer``, ``model.load_course_model`` and the doctor.
+No helper of the course changes process-wide state for good: progress bars, logging levels and
+handlers are changed inside these context managers and put back on exit, so what a learner sees
+never depends on which cell ran first.
 """
 
 from __future__ import annotations
