@@ -39,7 +39,7 @@ import torch
 from . import validate
 from .checks import Case, Diagnosis, Hints, check_diagnosis, fresh_seeds, run_check
 from .data import IGNORE_INDEX, collate_right, make_messages, tokenize_chat
-from .losses import count_supervised
+from .losses import count_supervised, model_logits
 from .train import micro_batch_loss, token_losses
 
 SCHEMES = ("mean", "token")
@@ -268,8 +268,7 @@ def prediction_kl(model_a, model_b, eval_batch: dict) -> float:
         raise ValueError("eval_batch has no supervised token (every label is -100) — the KL is averaged "
                          "over the positions that carry loss — pass a batch from make_batches(...).")
     with torch.no_grad():
-        log_p = [m(input_ids=eval_batch["input_ids"], attention_mask=eval_batch.get("attention_mask"))
-                 .logits[:, :-1].double().log_softmax(-1) for m in (model_a, model_b)]
+        log_p = [model_logits(m, eval_batch)[:, :-1].double().log_softmax(-1) for m in (model_a, model_b)]
     per_position = (log_p[0].exp() * (log_p[0] - log_p[1])).sum(-1)
     return float(per_position[mask].mean())
 
