@@ -10,6 +10,7 @@ from conftest import stub
 from course_utils.answers import lesson02 as answers
 from course_utils.eos import (
     CAUSES,
+    StopCriterion,
     answer_accuracy,
     broken_generation_run,
     check_stop_token_ids,
@@ -151,15 +152,43 @@ def test_train_until_stops_respects_cap_and_criterion(course):
     model, tok = load_course_model()
     eot = tok.convert_tokens_to_ids("<|im_end|>")
     batches = make_batches(tok, make_messages("mixed", 8, seed=1), 4)
-    fit = train_until_stops(model, batches, batches[0], eot, lr=1e-3, level=1.01, chunk=2, max_steps=3)
+    fit = train_until_stops(model, batches, StopCriterion(batches[0], eot, level=1.01), lr=1e-3, chunk=2,
+                            max_steps=3)
     assert fit["steps"] == 3 and not fit["reached"], "an unreachable level stops at the cap"
     assert [r["step"] for r in fit["records"]] == [1, 2, 3]
-    fit = train_until_stops(model, batches, batches[0], eot, lr=1e-3, level=1e-9, chunk=2, max_steps=10)
+    fit = train_until_stops(model, batches, StopCriterion(batches[0], eot, level=1e-9), lr=1e-3, chunk=2,
+                            max_steps=10)
     assert fit["steps"] == 2 and fit["reached"], "a met criterion stops at the first check"
+    assert fit["stop_rate"] is None, "no prompts, no generation check"
     with pytest.raises(ValueError, match="max_steps"):
-        train_until_stops(model, batches, batches[0], eot, lr=1e-3, max_steps=0)
+        train_until_stops(model, batches, StopCriterion(batches[0], eot), lr=1e-3, max_steps=0)
+    with pytest.raises(ValueError, match="StopCriterion"):
+        train_until_stops(model, batches, batches[0], lr=1e-3)
     with pytest.raises(ValueError, match="every"):
-        stop_criterion_callback(batches[0], eot, every=0)
+        stop_criterion_callback(StopCriterion(batches[0], eot), every=0)
+    with pytest.raises(ValueError, match="together"):
+        StopCriterion(batches[0], eot, tokenizer=tok)
+
+
+def test_stop_criterion_also_needs_the_models_own_replies_to_stop(course):
+    """With prompts, a high teacher-forced P(stop) is not enough: the greedy replies must stop too."""
+    from course_utils import make_batches, make_messages
+    from course_utils.eos import chat_prompts
+
+    model, tok = course
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    convs = make_messages("mixed", 4, seed=2)
+    probe = make_batches(tok, convs, 4)[0]
+    crit = StopCriterion(probe, eot, level=1e-9, tokenizer=tok, prompts=chat_prompts(tok, convs),
+                         max_new_tokens=3)
+    model.train()
+    measured = crit.measure(model)
+    assert model.training, "measure() leaves the train/eval mode as it found it"
+    replies = generate_greedy(model, tok, chat_prompts(tok, convs), max_new_tokens=3,
+                              eos_token_id=[tok.eos_token_id, eot], turn_markers=("<|im_start|>",))
+    assert measured["stop_rate"] == stop_rate(replies), "the stop rate with the eos list"
+    assert crit.met(dict(measured, stop_rate=0.0)) is False, "both measurements must reach the level"
+    assert crit.met(dict(measured, stop_rate=1.0)) is True
 
 
 # ---- the "what if" control: another eos list for generate() ---------------------------------------
