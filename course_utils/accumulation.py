@@ -496,8 +496,12 @@ def _compare_step(got, expected) -> str | None:
 
 
 def _step_cases():
+    """The checker's cases with their reference results, computed once per process (like
+    ``_step_setup``): a learner re-running the checker, or a test trying many functions, waits once."""
     from .answers import lesson01
 
+    if "cases" in _STEP_DATA:
+        return _STEP_DATA["cases"]
     model, micro = _step_setup()
     cases = []
 
@@ -513,6 +517,7 @@ def _step_cases():
     # 0.3 × the correct norm: the step clips; 0.3 is no 1/K, so a post-clip norm is recognisable
     add([micro[5:9]], 0.3 * correct, "clip", "K=4, the clip fires")
     add([micro[0:3], micro[3:6]], 1e9, "two_steps", "two steps in a row (K=3)")
+    _STEP_DATA["cases"] = cases
     return cases
 
 

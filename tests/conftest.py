@@ -24,3 +24,22 @@ def tokenizer(course):
 def stub(*args, **kwargs):
     """What a learner's exercise cell holds before they write anything (shared by the checker tests)."""
     raise NotImplementedError("Exercise: write your solution here")
+
+
+# The longest files first, so that two workers finish together (make test runs pytest-xdist with
+# --dist loadfile --no-loadscope-reorder: each file goes whole to the next free worker, in this order).
+# Run in order of size, the exercise-notebook files and the browser test (each over a minute) would
+# otherwise start last and leave one core idle for their length.
+def _weight(item) -> int:
+    path = item.path.name
+    if path.startswith("test_exercise_notebooks"):
+        return 0       # every exercise notebook, Run All with its stubs
+    if path == "test_browser.py":
+        return 1       # JupyterLab, Chromium and two notebooks
+    if path.endswith(".ipynb"):
+        return 2       # one solution notebook
+    return 3           # unit tests: seconds
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=_weight)  # stable: within a group, collection order

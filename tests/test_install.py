@@ -5,6 +5,7 @@ command line (--gpu, --cpu-index), and --dry-run only prints the pip command.
 """
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -96,7 +97,47 @@ def test_dry_run_prints_the_pip_command_for_no_gpu_and_gpu():
 
 def test_the_makefile_runs_the_choice_before_the_package():
     recipe = (ROOT / "Makefile").read_text()
-    assert recipe.index("scripts/install_torch.py --torch=$(TORCH)") < recipe.index("pip install --quiet -e")
+    torch = recipe.index("scripts/install_torch.py --torch=$(TORCH)")
+    course = recipe.index("scripts/fast_install.py -e .")
+    assert torch < course, "the torch build is chosen before the course pulls in a default torch"
+
+
+# --- scripts/fast_install.py: uv with pip's own settings, pip when uv cannot ----------------------------
+
+_fast_spec = importlib.util.spec_from_file_location("fast_install", ROOT / "scripts" / "fast_install.py")
+fast_install = importlib.util.module_from_spec(_fast_spec)
+_fast_spec.loader.exec_module(fast_install)
+
+
+def test_pips_settings_become_uv_flags_with_pips_precedence():
+    listing = ("global.extra-index-url='file:///a/simple file:///b/simple'\n"
+               "global.find-links='/wheels'\n"
+               ":env:.find-links='/room/wheelhouse'\n"       # PIP_FIND_LINKS wins over pip.conf
+               "global.constraint='/etc/pip/c.txt'\n"
+               "install.index-url='https://mirror/simple'\n"
+               "global.cert='/etc/ssl/ca.crt'\n"
+               "global.timeout='60'\n")                       # no uv flag: ignored
+    flags, env = fast_install.uv_flags(fast_install.pip_settings(listing))
+    assert flags == ["--index-url", "https://mirror/simple", "--extra-index-url", "file:///a/simple",
+                     "--extra-index-url", "file:///b/simple", "--find-links", "/room/wheelhouse",
+                     "--constraint", "/etc/pip/c.txt"]
+    assert env == {"SSL_CERT_FILE": "/etc/ssl/ca.crt"}
+
+
+def test_a_wheelhouse_install_stays_offline_under_uv():
+    flags, _ = fast_install.uv_flags(fast_install.pip_settings(
+        ":env:.no-index='1'\n:env:.find-links='/room/wheelhouse'\nglobal.index-url='https://pypi.org/simple'\n"))
+    assert flags == ["--no-index", "--find-links", "/room/wheelhouse"], "no index at all, as pip would"
+
+
+def test_fast_install_dry_run_names_uv_and_pip_only_says_pip():
+    script = [sys.executable, str(ROOT / "scripts" / "fast_install.py"), "--dry-run", "-e", "."]
+    run = subprocess.run(script, capture_output=True, text=True, check=True)
+    assert " pip install --quiet --python " in run.stdout and "--compile-bytecode" in run.stdout
+    assert run.stdout.rstrip().endswith("-e ."), run.stdout
+    run = subprocess.run(script, capture_output=True, text=True, check=True,
+                         env={**os.environ, "COURSE_INSTALLER": "pip"})
+    assert run.stdout.startswith("install: COURSE_INSTALLER=pip"), run.stdout
 
 
 def test_environment_yml_installs_the_cpu_build():
