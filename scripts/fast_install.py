@@ -3,6 +3,7 @@
     .venv/bin/python scripts/fast_install.py -e .            # what `make install` runs after install_torch.py
     .venv/bin/python scripts/fast_install.py --dry-run -e .  # print the command it would run, and why
     COURSE_INSTALLER=pip make install                         # pip only, never uv
+    .venv/bin/python scripts/fast_install.py --uv-requirement # the uv it fetches (make wheelhouse adds it)
 
 Why: pip installs the course's ~150 packages one after the other and byte-compiles them on one core
 (60 s of `make install`'s 96 s on the 2-core CI machine, measured); uv's pip interface
@@ -80,6 +81,9 @@ def find_uv(fetch: bool = True) -> str | None:
 
 def main(argv=None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args == ["--uv-requirement"]:  # for `make wheelhouse`: uv goes into the folder too
+        print(UV_REQUIREMENT)
+        return 0
     dry_run = "--dry-run" in args
     args = [a for a in args if a != "--dry-run"]
     pip = [sys.executable, "-m", "pip", "install", "--quiet", *args]
