@@ -27,3 +27,18 @@ def test_instructors_md_holds_a_generated_table():
     text = (ROOT / "INSTRUCTORS.md").read_text(encoding="utf-8")
     between = text.split(TABLE_BEGIN)[1].split(TABLE_END)[0]
     assert "Measured on:" in between and "solutions/00_tour.ipynb" in between, "run: make instructors"
+
+
+def test_readme_lesson_times_are_instructors_measured_ones():
+    """README's run-time column is INSTRUCTORS.md's generated table, rounded: re-measured, not typed."""
+    import re
+
+    measured = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r"\| `solutions/(\d\d)_\w+\.ipynb` \| ([\d.]+) \|", (ROOT / "INSTRUCTORS.md").read_text())}
+    shown = {m.group(1): int(m.group(2)) for m in re.finditer(
+        r"^\| \[(\d\d) · .*\| (\d+) s \|$", (ROOT / "README.md").read_text(), flags=re.M)}
+    assert shown and shown.keys() == measured.keys()
+    for lesson, seconds in shown.items():
+        assert abs(seconds - measured[lesson]) <= 1, (
+            f"README says lesson {lesson} takes {seconds} s, INSTRUCTORS.md measured {measured[lesson]} s: "
+            "copy the rounded value after `make instructors`")
