@@ -1,11 +1,12 @@
 """`pip install ARGS`, done by uv when it can: the course's packages in a third of the time.
 
     .venv/bin/python scripts/fast_install.py -e .            # what `make install` runs after install_torch.py
+                                                             # (which installs torch through it too)
     .venv/bin/python scripts/fast_install.py --dry-run -e .  # print the command it would run, and why
     COURSE_INSTALLER=pip make install                         # pip only, never uv
     .venv/bin/python scripts/fast_install.py --uv-requirement # the uv it fetches (make wheelhouse adds it)
 
-Why: pip installs the course's ~150 packages one after the other and byte-compiles them on one core
+Why: pip installs torch and the course's ~150 packages one after the other and byte-compiles them on one core
 (60 s of `make install`'s 96 s on the 2-core CI machine, measured); uv's pip interface
 (https://docs.astral.sh/uv/pip/) resolves, links and byte-compiles them in parallel (the same
 packages in about a quarter of that time there). uv is taken from PATH, or fetched into the venv with
@@ -92,7 +93,10 @@ def main(argv=None) -> int:
         return 0 if dry_run else subprocess.run(pip).returncode
     listing = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
                              text=True).stdout
-    flags, env = uv_flags(pip_settings(listing))
+    settings = pip_settings(listing)
+    if "--index-url" in args or "-i" in args:  # the caller's index replaces pip's (install_torch.py's CPU index)
+        settings.pop("index-url", None)
+    flags, env = uv_flags(settings)
     uv = find_uv(fetch=not dry_run)
     command = [uv or "uv", "pip", "install", "--quiet", "--python", sys.executable, "--compile-bytecode",
                "--index-strategy", "unsafe-best-match", *flags, *args]

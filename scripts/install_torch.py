@@ -1,7 +1,7 @@
 """Install the pinned torch into the course's venv, choosing the build on purpose (`make install` runs this).
 
     .venv/bin/python scripts/install_torch.py              # what `make install` does
-    .venv/bin/python scripts/install_torch.py --dry-run    # print the decision and the pip command only
+    .venv/bin/python scripts/install_torch.py --dry-run    # print the decision and the install command only
     TORCH=cuda make install                                 # ask for the default index's (CUDA) build
     .venv/bin/python scripts/install_torch.py --download wheelhouse   # what `make wheelhouse` does
 
@@ -132,8 +132,10 @@ def main(argv=None) -> int:
     print(f"torch: {why}")
     if pip_args is None:
         return 0
-    verb = ["download", "--dest", args.download] if args.download else ["install"]
-    command = [sys.executable, "-m", "pip", *verb, "--quiet", *pip_args[1:]]
+    if args.download:
+        command = [sys.executable, "-m", "pip", "download", "--dest", args.download, "--quiet", *pip_args[1:]]
+    else:  # uv when it can, with pip's settings; pip when it cannot (scripts/fast_install.py)
+        command = [sys.executable, str(ROOT / "scripts" / "fast_install.py"), *pip_args[1:]]
     if args.dry_run:
         print(" ".join(command))
         return 0
