@@ -42,7 +42,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) scripts/install_torch.py --torch=$(TORCH)
-	$(PY) scripts/fast_install.py -e .   # uv when it can (28 s vs pip's 67 s on CI), else pip
+	$(PY) scripts/fast_install.py -e .   # uv when it can, else pip (see the script)
 	touch $(STAMP)
 
 # What only the tests need (playwright, 140 MB, for tests/test_browser.py): not on a learner's laptop.

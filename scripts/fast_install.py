@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     listing = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
                              text=True).stdout
     settings = pip_settings(listing)
-    if "--index-url" in args or "-i" in args:  # the caller's index replaces pip's (install_torch.py's CPU index)
+    if "--index-url" in args or "-i" in args:  # the caller's index replaces pip's (torch's CPU index)
         settings.pop("index-url", None)
     flags, env = uv_flags(settings)
     uv = find_uv(fetch=not dry_run)
