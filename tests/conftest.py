@@ -28,8 +28,9 @@ def stub(*args, **kwargs):
 
 # The longest files first, so that two workers finish together (make test runs pytest-xdist with
 # --dist loadfile --no-loadscope-reorder: each file goes whole to the next free worker, in this order).
-# Run in order of size, the exercise-notebook files and the browser test (each over a minute) would
-# otherwise start last and leave one core idle for their length.
+# In xdist's default order (most tests first) the solution notebooks, one test per cell, ran first and
+# the exercise-notebook files and the browser test (each over a minute, few tests) last, leaving one
+# core idle for their length.
 def _weight(item) -> int:
     path = item.path.name
     if path.startswith("test_exercise_notebooks"):
