@@ -179,6 +179,9 @@ class StopCriterion:
 
     ``measure(model)`` returns both (``stop_rate`` None without prompts) and leaves the model's
     train/eval mode as it found it; ``met(measured)`` says whether both reached ``level``.
+    ``measure(model, lazy=True)`` skips the generations while ``p_stop`` is below ``level`` (the
+    criterion cannot be met then; ``stop_rate`` is None): the training loops check lazily between
+    steps and in full at their last step, since generating is most of a check's cost.
     """
 
     def __init__(self, probe: dict, stop_id: int, *, level: float = 0.8, tokenizer=None,
@@ -193,13 +196,13 @@ class StopCriterion:
         self.tokenizer, self.prompts = tokenizer, prompts
         self.max_new_tokens, self.turn_markers = max_new_tokens, turn_markers
 
-    def measure(self, model) -> dict:
+    def measure(self, model, *, lazy: bool = False) -> dict:
         was_training = model.training
         model.eval()
         try:
             p_stop = float(stop_probability(model, self.probe, self.stop_id).mean())
             rate = None
-            if self.prompts is not None:
+            if self.prompts is not None and not (lazy and p_stop < self.level):
                 eos = [self.tokenizer.eos_token_id, self.stop_id]
                 rate = stop_rate(generate_greedy(model, self.tokenizer, self.prompts, eos_token_id=eos,
                                                  max_new_tokens=self.max_new_tokens,
@@ -238,7 +241,7 @@ def train_until_stops(model, batches: list[dict], criterion: StopCriterion, *, l
     def check(step, trained):
         if step % chunk and step < max_steps:
             return False
-        last.update(criterion.measure(trained))
+        last.update(criterion.measure(trained, lazy=step < max_steps))  # the last check in full
         history.append((step, last["p_stop"], last["stop_rate"]))
         return criterion.met(last)
 
@@ -327,8 +330,9 @@ def stop_criterion_callback(criterion: StopCriterion, *, every: int = 10):
         history: list[tuple[int, float, float | None]] = []
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
-            if state.global_step % every == 0:
-                measured = criterion.measure(model)
+            final = state.global_step >= state.max_steps
+            if state.global_step % every == 0 or final:
+                measured = criterion.measure(model, lazy=not final)  # the last check in full
                 self.history.append((state.global_step, measured["p_stop"], measured["stop_rate"]))
                 control.should_training_stop = criterion.met(measured)
             return control

@@ -189,6 +189,13 @@ def test_stop_criterion_also_needs_the_models_own_replies_to_stop(course):
     assert measured["stop_rate"] == stop_rate(replies), "the stop rate with the eos list"
     assert crit.met(dict(measured, stop_rate=0.0)) is False, "both measurements must reach the level"
     assert crit.met(dict(measured, stop_rate=1.0)) is True
+    unreachable = StopCriterion(probe, eot, level=1.01, tokenizer=tok, prompts=chat_prompts(tok, convs),
+                                max_new_tokens=3)
+    assert unreachable.measure(model, lazy=True)["stop_rate"] is None, "lazy: no generations below the level"
+    assert unreachable.measure(model)["stop_rate"] == measured["stop_rate"], "in full: the same generations"
+    assert crit.measure(model, lazy=True) == measured, "lazy at or above the level: the full measurement"
+    fit = train_until_stops(model, make_batches(tok, convs, 2), unreachable, lr=1e-3, chunk=1, max_steps=2)
+    assert [h[2] is None for h in fit["history"]] == [True, False], "lazy between steps, in full at the cap"
 
 
 # ---- the "what if" control: another eos list for generate() ---------------------------------------
