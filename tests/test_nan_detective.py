@@ -160,3 +160,13 @@ def test_bad_input_raises_with_fix():
         nd.plant_large_update(torch.nn.Linear(2, 2), 2.0)
     with pytest.raises(ValueError, match="seed"):
         nd.broken_run(-1)
+
+
+def test_largest_finite_ignores_inf_and_nan():
+    """The watch's |activation| record: the largest finite magnitude, whatever else the tensor holds."""
+    inf, nan = float("inf"), float("nan")
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        t = torch.tensor([[-3.0, inf], [nan, -inf], [2.0, 1.0]], dtype=dtype)
+        assert nd._largest_finite(t) == 3.0, dtype
+    assert nd._largest_finite(torch.tensor([nan, inf])) == 0.0, "nothing finite: 0"
+    assert nd._largest_finite(torch.zeros(0)) == 0.0
