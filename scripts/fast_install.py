@@ -16,9 +16,13 @@ uv does not read pip's configuration, so pip's own settings — what `pip config
 pip.conf files or PIP_* variables: index-url, extra-index-url, find-links, no-index, constraint,
 trusted-host, cert — become uv flags: a mirror, a company index or an offline wheelhouse
 (`PIP_NO_INDEX=1 PIP_FIND_LINKS=...`) work the same. Like pip, uv then takes the best version from
-all indexes (`--index-strategy unsafe-best-match`) and byte-compiles what it installs (imports stay
-fast where PYTHONDONTWRITEBYTECODE is set). If anything about uv fails, pip does the install: the
-only cost is the seconds uv took. Standard library only: it runs before anything else is installed.
+all indexes (`--index-strategy unsafe-best-match`). It byte-compiles what it installs only where
+PYTHONDONTWRITEBYTECODE is set (Python cannot cache the bytecode itself there); elsewhere Python
+writes each module's bytecode on its first import. The Makefile clears that variable, so `make
+install` leaves compiling to the first import: compiling all ~15,000 files of the packages up front
+took 31 s of a 50 s install, and the lessons import ~3,500 of them (measured on a clean clone; the
+whole `make test` with its install 23 s faster). If anything about uv fails, pip does the install:
+the only cost is the seconds uv took. Standard library only: it runs before anything else is installed.
 """
 
 from __future__ import annotations
@@ -67,6 +71,12 @@ def uv_flags(settings: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     return flags, env
 
 
+def compile_flag(env) -> list[str]:
+    """``--compile-bytecode`` where PYTHONDONTWRITEBYTECODE is set: Python will not cache bytecode on
+    import there, so every process would compile what it imports; elsewhere nothing (first import)."""
+    return ["--compile-bytecode"] if env.get("PYTHONDONTWRITEBYTECODE") else []
+
+
 def find_uv(fetch: bool = True) -> str | None:
     """uv on PATH, else in this venv, else fetched into this venv with pip; None if none can be had."""
     here = Path(sys.executable).parent / "uv"
@@ -98,7 +108,7 @@ def main(argv=None) -> int:
         settings.pop("index-url", None)
     flags, env = uv_flags(settings)
     uv = find_uv(fetch=not dry_run)
-    command = [uv or "uv", "pip", "install", "--quiet", "--python", sys.executable, "--compile-bytecode",
+    command = [uv or "uv", "pip", "install", "--quiet", "--python", sys.executable, *compile_flag(os.environ),
                "--index-strategy", "unsafe-best-match", *flags, *args]
     if dry_run:
         print(" ".join(command))

@@ -6,6 +6,7 @@ command line (--gpu, --cpu-index), and --dry-run only prints the pip command.
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -130,10 +131,20 @@ def test_a_wheelhouse_install_stays_offline_under_uv():
     assert flags == ["--no-index", "--find-links", "/room/wheelhouse"], "no index at all, as pip would"
 
 
+def test_bytecode_is_compiled_at_install_only_where_python_will_not_cache_it():
+    assert fast_install.compile_flag({"PYTHONDONTWRITEBYTECODE": "1"}) == ["--compile-bytecode"]
+    assert fast_install.compile_flag({}) == [], "elsewhere each module is compiled at its first import"
+    assert fast_install.compile_flag({"PYTHONDONTWRITEBYTECODE": ""}) == [], "empty means unset, as in Python"
+
+
+def test_make_clears_pythondontwritebytecode_so_the_venv_caches_bytecode():
+    assert re.search(r"^unexport PYTHONDONTWRITEBYTECODE$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+
+
 def test_fast_install_dry_run_names_uv_and_pip_only_says_pip():
     script = [sys.executable, str(ROOT / "scripts" / "fast_install.py"), "--dry-run", "-e", "."]
     run = subprocess.run(script, capture_output=True, text=True, check=True)
-    assert " pip install --quiet --python " in run.stdout and "--compile-bytecode" in run.stdout
+    assert " pip install --quiet --python " in run.stdout
     assert run.stdout.rstrip().endswith("-e ."), run.stdout
     run = subprocess.run(script, capture_output=True, text=True, check=True,
                          env={**os.environ, "COURSE_INSTALLER": "pip"})
