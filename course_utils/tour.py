@@ -39,7 +39,8 @@ def check_environment(load_model: bool = True) -> list[tuple[str, bool, str]]:
     """Print one ``[OK]``/``[FAIL]`` line per check and return ``(name, ok, detail)`` rows.
 
     Checks: the Python version, each pinned package at its pinned version, the device torch will
-    use, that the hub is off (nothing will download), and that the course model loads.
+    use, that the hub is off (nothing will download), that imports are cached, and that the course
+    model loads.
     """
     rows = [("python 3.11 or 3.12", platform.python_version_tuple()[:2] in (("3", "11"), ("3", "12")),
              platform.python_version())]
@@ -61,6 +62,7 @@ def check_environment(load_model: bool = True) -> list[tuple[str, bool, str]]:
     local = source == "the shipped model" or os.path.isdir(os.path.expanduser(source)) or "/" not in source
     rows.append(("nothing downloads at run time", offline or local,
                  f"HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', 'unset')}, model: {source}"))
+    rows.append(_bytecode_row(torch))
     if load_model:
         from .model import load_course_model
 
@@ -73,6 +75,29 @@ def check_environment(load_model: bool = True) -> list[tuple[str, bool, str]]:
     for name, ok, detail in rows:
         print(f"[{'OK' if ok else 'FAIL'}] {name:<32} {detail}")
     return rows
+
+
+def _bytecode_row(module) -> tuple[str, bool, str]:
+    """The environment check's row: will this kernel's imports (of ``module``'s library) be cached?
+
+    ``make install`` does not byte-compile the packages: Python writes each module's bytecode at its
+    first import. Where ``PYTHONDONTWRITEBYTECODE`` is set (some containers) and nothing was compiled
+    yet, every kernel compiles the ~3,500 modules it imports again: ~15 s more per lesson.
+    """
+    import importlib.util
+    import sys
+
+    compiled = os.path.exists(importlib.util.cache_from_source(module.__file__))
+    ok = compiled or not sys.dont_write_bytecode
+    if not sys.dont_write_bytecode:
+        detail = "Python caches each module's bytecode at its first import"
+    elif compiled:
+        detail = f"PYTHONDONTWRITEBYTECODE is set, and {module.__name__} is compiled already"
+    else:
+        detail = (f"PYTHONDONTWRITEBYTECODE is set and {module.__name__} is not compiled — every kernel "
+                  "compiles the libraries again (~15 s) — start JupyterLab with `make lab` (it clears the "
+                  "variable), or unset it for one run")
+    return "imports are cached (bytecode)", ok, detail
 
 
 # ------------------------------------------------------------------------------------------------

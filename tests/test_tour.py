@@ -23,6 +23,23 @@ def test_environment_check_needs_no_offline_variable(monkeypatch, capsys):
     assert not rows["nothing downloads at run time"], "a hub id with the hub on would download"
 
 
+def test_bytecode_row_fails_only_where_nothing_is_or_will_be_compiled(monkeypatch, tmp_path):
+    import sys
+    import types
+
+    fresh = types.ModuleType("fresh")
+    fresh.__file__ = str(tmp_path / "fresh.py")  # never compiled: no __pycache__/fresh.*.pyc
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    assert tour._bytecode_row(fresh)[1], "Python will cache it at its first import"
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    name, ok, detail = tour._bytecode_row(fresh)
+    assert not ok and "make lab" in detail, "no cache, and none will be written: say how to fix it"
+    (tmp_path / "fresh.py").write_text("x = 1\n")
+    import py_compile
+    py_compile.compile(str(tmp_path / "fresh.py"))
+    assert tour._bytecode_row(fresh)[1], "compiled already: imports are fast"
+
+
 # ---- lesson 00's "what if": the loss mode x an example chat -> which tokens carry loss -----------------
 
 def _graded_count(text):
