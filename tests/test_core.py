@@ -167,11 +167,14 @@ def test_the_course_is_offline_by_itself_without_make():
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "COURSE_MODEL")}
     code = ("import os, course_utils, huggingface_hub.constants as c; "
             "print(os.environ['HF_HUB_OFFLINE'], c.HF_HUB_OFFLINE)")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["1", "True"]
+    # ... and the shipped model loads there, in a fresh process, with nothing but the import
+    load = code + "; m, t = course_utils.load_course_model(); print(type(m).__name__)"
+    out = subprocess.run([sys.executable, "-c", load], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["1", "True", "Qwen2ForCausalLM"]
     env["HF_HUB_OFFLINE"] = "0"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["0", "False"], "a user's explicit choice wins"
