@@ -1,6 +1,8 @@
 """Shared fixtures: the course model is loaded once per test session (it is read-only here)."""
 
+import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +21,24 @@ def course():
 @pytest.fixture(scope="session")
 def tokenizer(course):
     return course[1]
+
+
+# tests/test_browser.py runs this exercise copy as a learner does (Run All in JupyterLab, in Chromium) and
+# probes its kernel for a reachable answer: where it can run, test_exercise_notebooks_odd.py leaves this
+# one out instead of running the same lesson a second time (~25 s of one core in `make test`).
+BROWSER_EXERCISE = "01_accumulation_clipping.ipynb"
+CHROMIUM = Path(os.environ.get("COURSE_CHROMIUM", "/usr/bin/chromium"))
+
+
+def browser_missing() -> str | None:
+    """Why tests/test_browser.py cannot run here (its skip reason), or None when it can."""
+    if not CHROMIUM.exists():
+        return (f"no Chromium at {CHROMIUM}: install Debian's package (apt-get install chromium), as "
+                ".ci/run does, or point COURSE_CHROMIUM at one")
+    if importlib.util.find_spec("playwright") is None:
+        return ("playwright is not installed: `make test` installs it (the pinned [test] extra); or "
+                "pip install -e '.[test]'")
+    return None
 
 
 def stub(*args, **kwargs):

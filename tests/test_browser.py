@@ -4,7 +4,9 @@ Opens lesson 00's solution and lesson 01's exercise copy (its stubs: a learner's
 server started exactly as `make lab` starts one (served from a copy, autosave off, so the repository
 never changes), and checks what a learner would see: no error output, matplotlib figures, the stored
 outputs of an untrusted notebook before anything runs, lesson 01's explorer through "off" and two
-quick moves, and lesson 00's "what if" dropdown. Screenshots land in the test's temporary directory.
+quick moves, and lesson 00's "what if" dropdown; on lesson 01's exercise copy also the checks of
+test_exercise_notebooks.py (each stub reported, the give-away probe run in its kernel), which then
+skips that copy. Screenshots land in the test's temporary directory.
 
 Needs Debian's `chromium` (/usr/bin/chromium) and the `playwright` package (`make test` installs the
 pinned `[test]` extra; `.ci/run` installs chromium). Playwright's own browser download is never used.
@@ -23,10 +25,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+import nbformat
 import pytest
+from conftest import BROWSER_EXERCISE, CHROMIUM, browser_missing
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = Path(os.environ.get("COURSE_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-sync",
                  "--disable-component-update", "--no-first-run", "--disable-quic"]
 SETTINGS = {  # fresh JupyterLab settings: never save into the notebooks, never fetch news
@@ -38,14 +41,16 @@ SETTINGS = {  # fresh JupyterLab settings: never save into the notebooks, never 
 }
 # Lesson 00's solution (stored outputs, then Run All) and lesson 01 as a learner gets it: the exercise copy
 # `make lab` opens, stubs and explorer included — two kernels, so the check fits in a minute on 2 cores.
-OPENED = ["solutions/00_tour.ipynb", "notebooks/01_accumulation_clipping.ipynb"]
+# The exercise copy also gets test_exercise_notebooks.py's checks here (its stubs, then the give-away
+# probe in its kernel), so that file does not run the same lesson again.
+EXERCISE = f"notebooks/{BROWSER_EXERCISE}"
+OPENED = ["solutions/00_tour.ipynb", EXERCISE]
 STDERR = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
 
-if not CHROMIUM.exists():
-    pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's package (apt-get install chromium), as "
-                ".ci/run does, or point COURSE_CHROMIUM at one", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: `make test` "
-                               "installs it (the pinned [test] extra); or pip install -e '.[test]'")
+if browser_missing():
+    pytest.skip(browser_missing(), allow_module_level=True)
+from playwright import sync_api  # noqa: E402
+from test_exercise_notebooks import _learner_names, check_run_all, probe_source  # noqa: E402
 
 
 def _free_port() -> int:
@@ -191,7 +196,7 @@ def test_run_all_has_no_error_and_draws(lab, pages, rel):
 
 def test_lesson01_explorer_off_and_quick_moves(lab, pages):
     """The explorer: "off" is a choice; two moves 0.3 s apart end on the last plot, nothing in the log."""
-    page, console_errors = pages[0]["notebooks/01_accumulation_clipping.ipynb"]
+    page, console_errors = pages[0][EXERCISE]
     explorer = page.locator(".jupyter-widgets.widget-vbox", has=page.locator(".widget-html img")).first
     explorer.scroll_into_view_if_needed()
     sliders = explorer.locator(".widget-hslider")
@@ -244,3 +249,43 @@ def test_lesson00_what_if_dropdown_redraws(lab, pages):
     assert _stderr(page) == [], "no error output from the widget callback"
     assert not [e for e in console_errors if "comm" in e or "Error" in e], console_errors
     control.screenshot(path=lab[1] / "00_what_if.png")
+
+
+def _run_in_kernel(url: str, runtime_dir: Path, rel: str, source: str) -> str:
+    """Run ``source`` in the kernel of the notebook open at ``rel`` (a second client, as a console
+    attached to it would be); return what it printed."""
+    from jupyter_client import BlockingKernelClient
+
+    with urllib.request.urlopen(f"{url}/api/sessions", timeout=10) as response:
+        kernel = next(s["kernel"]["id"] for s in json.load(response) if s["path"] == rel)
+    client = BlockingKernelClient(connection_file=str(runtime_dir / f"kernel-{kernel}.json"))
+    client.load_connection_file()
+    client.start_channels()
+    printed = []
+
+    def collect(msg):
+        if msg["msg_type"] == "stream":
+            printed.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            printed.append("\n".join(msg["content"]["traceback"]))
+
+    try:
+        reply = client.execute_interactive(source, output_hook=collect, timeout=300)
+    finally:
+        client.stop_channels()
+    assert reply["content"]["status"] == "ok", "".join(printed)[-3000:]
+    return "".join(printed)
+
+
+def test_exercise_copy_says_not_implemented_and_gives_nothing_away(lab, pages):
+    """test_exercise_notebooks.py's checks on the copy the browser ran: each checker reports its stub,
+    and no callable the learner can reach passes a checker. Last in this file: the probe calls the
+    checkers with every reachable function, in the kernel the widgets above use."""
+    url, tmp = lab
+    page, _ = pages[0][EXERCISE]
+    nb = nbformat.read(ROOT / EXERCISE, as_version=4)
+    printed = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+    stubs = sorted(_learner_names(nb))
+    assert _run_in_kernel(url, tmp / "rt", EXERCISE, f"print(all(n in globals() for n in {stubs!r}))") \
+        == "True\n", "the probe runs in the kernel that ran the notebook (its stubs are defined there)"
+    check_run_all(nb, printed, _run_in_kernel(url, tmp / "rt", EXERCISE, probe_source(nb)))

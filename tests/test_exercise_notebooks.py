@@ -100,26 +100,36 @@ def _checker_calls(nb, learner: set[str]) -> list[str]:
     return calls
 
 
-def run_all_and_probe(path):
-    """Run one exercise notebook with its stubs in a fresh kernel, then the give-away probe."""
-    nb = nbformat.read(path, as_version=4)
+def probe_source(nb) -> str:
+    """The give-away probe as a cell to run after the notebook: it prints ``PROBE[...]`` (the passes)."""
     learner = _learner_names(nb)
     calls = _checker_calls(nb, learner)
-    probe = nbformat.v4.new_code_cell(PROBE + f"\n_probe({calls!r}, {sorted(learner)!r})")
-    nb.cells.append(probe)
-    # "immediate": the kernel is killed once the cells ran, as nbval does; a graceful shutdown spends
-    # ~1.3 s per notebook in the interpreter's teardown of the imported libraries, checking nothing
-    NotebookClient(nb, timeout=600, kernel_name="python3", record_timing=False, shutdown_kernel="immediate",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()  # raises on any error
-    printed = "".join(o.get("text", "") for c in nb.cells[:-1] if c.cell_type == "code" for o in c.outputs)
-    n_exercises = sum(STUB_MARK in c.source for c in nb.cells[:-1] if c.cell_type == "code")
+    assert calls, "each exercise notebook calls its checkers on the learner's functions"
+    return PROBE + f"\n_probe({calls!r}, {sorted(learner)!r})"
+
+
+def check_run_all(nb, printed: str, probe_output: str) -> None:
+    """What a learner's first Run All of exercise notebook ``nb`` must show (``printed``: every cell's
+    output text), and what the probe found (``probe_output``: the probe cell's output)."""
+    n_exercises = sum(STUB_MARK in c.source for c in nb.cells if c.cell_type == "code")
     assert n_exercises >= 1 and printed.count("not implemented yet") >= n_exercises, \
         "each stubbed exercise's checker says it is not implemented yet"
     assert "✅" not in printed, "no checker may pass on a stub"
-    assert calls, "each exercise notebook calls its checkers on the learner's functions"
-    out = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
-    passes = json.loads(out[out.index("PROBE") + len("PROBE"):].strip())
+    passes = json.loads(probe_output[probe_output.index("PROBE") + len("PROBE"):].strip())
     assert not passes, f"the exercise copy already holds an answer (checker call, callable): {passes}"
+
+
+def run_all_and_probe(path):
+    """Run one exercise notebook with its stubs in a fresh kernel, then the give-away probe."""
+    nb = nbformat.read(path, as_version=4)
+    run = nbformat.read(path, as_version=4)
+    run.cells.append(nbformat.v4.new_code_cell(probe_source(nb)))
+    # "immediate": the kernel is killed once the cells ran, as nbval does; a graceful shutdown spends
+    # ~1.3 s per notebook in the interpreter's teardown of the imported libraries, checking nothing
+    NotebookClient(run, timeout=600, kernel_name="python3", record_timing=False, shutdown_kernel="immediate",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()  # raises on any error
+    printed = "".join(o.get("text", "") for c in run.cells[:-1] if c.cell_type == "code" for o in c.outputs)
+    check_run_all(nb, printed, "".join(o.get("text", "") for o in run.cells[-1].outputs))
 
 
 # Half of the notebooks here, the other half in test_exercise_notebooks_odd.py: pytest-xdist sends each
