@@ -10,8 +10,8 @@ Why: pip installs torch and the course's ~150 packages one after the other and b
 on one core; uv's pip interface (https://docs.astral.sh/uv/pip/) resolves and links them in parallel.
 Measured on a clean clone on the 2-core CI machine: the whole `make test` install took 96 s with pip,
 44 s with uv byte-compiling everything, 19 s with uv leaving that to the first import (below); the
-same packages at the same versions. uv is taken from PATH,
-or fetched into the venv with pip (one ~20 MB wheel).
+same packages at the same versions. uv is taken from PATH, or fetched into the venv with pip (one
+~20 MB wheel).
 
 uv does not read pip's configuration, so pip's own settings — what `pip config list` shows, from
 pip.conf files or PIP_* variables: index-url, extra-index-url, find-links, no-index, constraint,
