@@ -6,7 +6,7 @@
 #                (12 configurations, 40-60 min on 2 cores); writes ROBUSTNESS.md
 #   make claims  re-measure the myth-vs-measurement table on both models; writes CLAIMS.md
 # Choose the interpreter once, when .venv is created: `make lab PYTHON=python3.12` (3.11 and 3.12).
-# torch: the CPU build unless an NVIDIA GPU is found (scripts/install_torch.py); `TORCH=cuda` asks
+# torch: the CPU build unless an NVIDIA GPU is found (tools/install_torch.py); `TORCH=cuda` asks
 # for the default index's build, `TORCH=cpu` for the CPU one; a torch already in .venv is kept.
 PYTHON ?= python3
 TORCH  ?= auto
@@ -25,16 +25,14 @@ LAB_ROOT ?= .
 LAB_OPEN ?= notebooks
 # Jupyter refuses to run as root unless told to (containers, CI): allow it only then.
 ROOT_ARG := $(if $(filter 0,$(shell id -u)),--allow-root)
-# Offline by design: nothing in the course downloads at run time.
-export HF_HUB_OFFLINE := 1
-export HF_HUB_DISABLE_TELEMETRY := 1
-export TOKENIZERS_PARALLELISM := false
+# Offline by design: each lesson, the tests and the tools call course_utils.use_course_defaults()
+# (HF_HUB_OFFLINE=1 unless you set it, no telemetry); `make lab HF_HUB_OFFLINE=0` to download once.
 # A 0.5 M-parameter model gains nothing from threads; on a busy 2-core machine two threads made an
 # SFTTrainer run 10-30x slower (measured). Override with `make test OMP_NUM_THREADS=4`.
 export OMP_NUM_THREADS ?= 1
 # The venv caches bytecode as modules are first imported, where a container or CI has switched that
 # off: then the install need not byte-compile all ~15,000 files of the packages (31 s of a 50 s
-# install on 2 cores) for the ~3,500 the lessons import (scripts/fast_install.py).
+# install on 2 cores) for the ~3,500 the lessons import (tools/fast_install.py).
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install lab test test-slow unit notebooks robustness robustness-ci claims exercises check-exercises model \
@@ -46,13 +44,13 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# the venv's own pip (22.3+ with Python 3.11) is not upgraded: it reads pip's settings, fetches uv
 	@# and is the fallback installer; uv does the installs
-	$(PY) scripts/install_torch.py --torch=$(TORCH)
-	$(PY) scripts/fast_install.py -e .   # uv when it can, else pip (see the script)
+	$(PY) tools/install_torch.py --torch=$(TORCH)
+	$(PY) tools/fast_install.py -e .   # uv when it can, else pip (see the script)
 	touch $(STAMP)
 
 # What only the tests need (playwright, 140 MB, for tests/test_browser.py): not on a learner's laptop.
 $(TEST_STAMP): $(STAMP)
-	$(PY) scripts/fast_install.py -e '.[test]'
+	$(PY) tools/fast_install.py -e '.[test]'
 	touch $(TEST_STAMP)
 
 lab: install
@@ -76,36 +74,36 @@ notebooks: install   # only the solution notebooks, under nbval
 
 robustness: install  # the full matrix; a subset: make robustness ROBUSTNESS_ARGS="--notebooks 02 --seeds 1"
 # one changed lesson into the table: make robustness ROBUSTNESS_ARGS="--update --notebooks 02"
-	$(PY) -m course_utils.robustness --jobs $(JOBS) $(ROBUSTNESS_ARGS)
+	$(PY) -m tools.robustness --jobs $(JOBS) $(ROBUSTNESS_ARGS)
 
 robustness-ci: install  # CI's reduced matrix: tiny-llama seed 0 1 thread; tiny-qwen seed 1 2 threads
-	$(PY) -m course_utils.robustness --configs ci --jobs $(JOBS)
+	$(PY) -m tools.robustness --configs ci --jobs $(JOBS)
 
 claims: install      # re-measure every claim on both shipped models; rewrites CLAIMS.md and CLAIMS.json
-	$(PY) -m course_utils.claims --models tiny-qwen tiny-llama
+	$(PY) -m tools.claims --models tiny-qwen tiny-llama
 
 exercises: install   # regenerate notebooks/ from solutions/
-	$(PY) -m course_utils.make_exercises
+	$(PY) -m tools.make_exercises
 
 check-exercises: install
-	$(PY) -m course_utils.make_exercises --check
+	$(PY) -m tools.make_exercises --check
 
 model: install       # rebuild both shipped course models, tiny-qwen and tiny-llama (deterministic)
-	$(PY) -m course_utils.build_course_model
+	$(PY) -m tools.build_course_model
 
 lint: install
 	$(VENV)/bin/ruff check course_utils tests solutions scripts
 
 timings: install     # re-execute every solution notebook in place, storing outputs; prints times
-	$(PY) -m course_utils.run_solutions
+	$(PY) -m tools.run_solutions
 
 # A room without network: download every package once (the torch build chosen as for `make install`),
 # then on each laptop: PIP_NO_INDEX=1 PIP_FIND_LINKS=$$PWD/wheelhouse make install
 WHEELHOUSE ?= wheelhouse
 wheelhouse: install
-	$(PY) scripts/install_torch.py --torch=$(TORCH) --download=$(WHEELHOUSE)
+	$(PY) tools/install_torch.py --torch=$(TORCH) --download=$(WHEELHOUSE)
 	$(PY) -m pip download --quiet --dest $(WHEELHOUSE) --find-links $(WHEELHOUSE) \
-	  pip 'setuptools>=77' '.[test]' "$$($(PY) scripts/fast_install.py --uv-requirement)"
+	  pip 'setuptools>=77' '.[test]' "$$($(PY) tools/fast_install.py --uv-requirement)"
 	@echo "$(WHEELHOUSE)/: $$(ls $(WHEELHOUSE) | wc -l) files, $$(du -sh $(WHEELHOUSE) | cut -f1)"
 
 # Version-drift canary, NOT part of `make test`: the solutions in a separate venv with the newest
@@ -116,15 +114,15 @@ LATEST_PKGS ?= transformers trl datasets accelerate peft bitsandbytes
 test-latest:
 	test -x $(LATEST_VENV)/bin/python || $(PYTHON) -m venv $(LATEST_VENV)
 	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(LATEST_VENV)/bin/python scripts/install_torch.py --torch=$(TORCH)
+	$(LATEST_VENV)/bin/python tools/install_torch.py --torch=$(TORCH)
 	$(LATEST_VENV)/bin/python -m pip install --quiet -e .
 	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade $(LATEST_PKGS)
-	$(LATEST_VENV)/bin/python scripts/lesson_report.py
-	-$(LATEST_VENV)/bin/python -m course_utils.claims --no-write  # prints CHANGED: for each verdict that moved
+	$(LATEST_VENV)/bin/python tools/lesson_report.py
+	-$(LATEST_VENV)/bin/python -m tools.claims --no-write  # prints CHANGED: for each verdict that moved
 
 # INSTRUCTORS.md's table: every solution and exercise notebook run once, timed (files unchanged).
 instructors: install
-	$(PY) -m course_utils.run_solutions --no-save --timings INSTRUCTORS.md solutions/*.ipynb notebooks/*.ipynb
+	$(PY) -m tools.run_solutions --no-save --timings INSTRUCTORS.md solutions/*.ipynb notebooks/*.ipynb
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,60 +1,102 @@
 """SFT Failure Lab's helper package: one module per idea a lesson teaches.
 
-The core (lesson modules import only these; a helper a second lesson needs moves here):
+The core (every other module imports only these; a helper a second lesson needs moves here):
 
 - ``model``           load a shipped course model (or a real one); ``course_seed()`` — every lesson
-- ``data``            toy chat datasets, tokenization with labels             — every lesson
+- ``data``            toy chat datasets, tokenization with labels, ``graded``  — every lesson
 - ``losses``          the masked mean written three ways; eval loss; finiteness — lessons 01, 05-07
-- ``train``           the instrumented training loop, a CPU SFTTrainer        — every lesson
+- ``training``        the instrumented loop ``train``, a CPU ``make_sft_trainer`` — every lesson
 - ``quiet``           capture a library's warnings; silence it for one block  — lessons 02-07
-- ``validate``        what/why/fix argument checks shared by every helper     — every module
-- ``viz``             curves with thresholds, the token viewer                — every lesson
+- ``validate``        what/why/fix argument checks, called at each public entry — every module
+- ``internals``       the one place that touches TRL / transformers private code — lessons 05, 07, 08
+- ``viz``             curves with thresholds, the token viewer, ``what_if``   — every lesson
 - ``checks``          the exercise-checker framework (graded hints, diagnoses) — every exercise
 - ``outcomes``        outcome claims with their margins (``report_outcome``)  — every lesson
-- ``answers``         reference answers of the exercises (never imported by a notebook)
 
-Lesson modules:
+A lesson's learner tools (what its notebook explains and a practitioner reuses):
 
-- ``build_course_model``, ``make_exercises``, ``run_solutions``, ``robustness``: the maintainers' scripts
-- ``tour``            environment check, lesson 00's checker                 — lesson 00
+- ``tour``            environment check, loss modes                           — lesson 00
 - ``accumulation``    unscaled accumulation, clipping, the clip rate          — lesson 01
 - ``eos``             end-of-turn vs eos, stop rates, the pad == eos trap     — lesson 02
 - ``padding``         right/left/packed collates, logit leaks, mask heatmaps  — lesson 03
 - ``templates``       chat templates, {% generation %}, TRL's exact match     — lesson 04
-- ``truncation``      fully masked labels, NaN micro-batches, a starving packer — lesson 05
+- ``truncation``      fully masked labels, NaN micro-batches, the best-fit packer — lesson 05
 - ``nan_detective``   QLoRA NaN causes, hooks, the stop-on-non-finite callback — lesson 06
 - ``token_weighting`` token-weighted accumulation, Trainer gradients          — lesson 07
 - ``ddp_grad``        the torchrun worker of lesson 07 (two processes, gloo)  — lesson 07
 - ``doctor``          the SFT doctor: a pre-flight check of a whole set-up     — lesson 08, your runs
 - ``watch``           SFTWatch: clip rate, empty micro-batches, first NaN      — lesson 08, your runs
-- ``capstone``        lesson 08's broken set-ups and its checker              — lesson 08
+- ``capstone``        lesson 08's broken set-ups                              — lesson 08
 
-Importing the package makes the course offline by default (``HF_HUB_OFFLINE=1`` unless you set it,
-e.g. ``HF_HUB_OFFLINE=0`` to download a real model once) and turns off Hugging Face telemetry (TRL
-sends it from a background thread): started from ``make lab``, a bare ``jupyter lab`` or an IDE, the
-lessons behave the same.
+``exercises/lessonNN.py`` holds lesson NN's checkers (``check_*``) and the generators of their cases;
+``exercises/answers/`` the reference answers. A notebook imports checkers and artefacts, never an
+answer or a generator that returns the cause. The maintainers' tooling (model builds, exercise
+generation, the robustness matrix, the claims table) lives in ``tools/``, outside this package.
+
+Importing the package changes nothing in your process. The lessons call ``use_course_defaults()``
+in their first cell (offline, no telemetry); your own scripts decide for themselves.
 """
 
+import importlib
 import logging
 import os
+import sys
 
-# Before transformers/huggingface_hub are imported: they read these once, at import.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-# bitsandbytes (imported by peft, imported by TRL) warns at import on some CPUs that it cannot fetch an
-# optional kernel from the hub; it falls back to its own CPU code, and we are offline by design.
-logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
-    lambda record: "kernels-community" not in record.getMessage())
+# The names a lesson imports from the package itself, and the module each lives in. Loaded on first
+# use (PEP 562), so that ``import course_utils`` stays cheap and ``use_course_defaults()`` can run
+# before transformers reads its settings.
+_EXPORTS = {
+    "IGNORE_INDEX": "data", "make_batches": "data", "make_chat_dataset": "data", "make_messages": "data",
+    "tokenize_chat": "data", "graded": "data", "n_graded": "data",
+    "COURSE_MODEL_DIR": "model", "course_model_name": "model", "course_seed": "model",
+    "load_course_model": "model", "token_id": "model",
+    "report_outcome": "outcomes",
+    "clip_rate": "training", "make_sft_trainer": "training", "set_seed": "training",
+}
 
-from .data import IGNORE_INDEX, make_batches, make_chat_dataset, make_messages, tokenize_chat  # noqa: E402
-from .model import COURSE_MODEL_DIR, course_model_name, course_seed, load_course_model, token_id  # noqa: E402
-from .outcomes import report_outcome  # noqa: E402
-from .train import clip_rate, make_sft_trainer, set_seed  # noqa: E402
+COURSE_DEFAULTS = {
+    "HF_HUB_OFFLINE": "1",             # nothing downloads: the course models ship in the repository
+    "HF_HUB_DISABLE_TELEMETRY": "1",   # TRL reports usage from a background thread otherwise
+    "TOKENIZERS_PARALLELISM": "false",  # the tokenizers' thread pool warns after a fork (DataLoader)
+}
 
-# ``train`` (the loop) is not re-exported: it would hide the submodule ``course_utils.train``
-# (``import course_utils.train as T`` would give the function). Use ``from course_utils.train import train``.
-__all__ = [
-    "COURSE_MODEL_DIR", "IGNORE_INDEX", "clip_rate", "course_model_name", "course_seed",
-    "load_course_model", "make_batches", "make_chat_dataset", "make_messages", "make_sft_trainer",
-    "report_outcome", "set_seed", "token_id", "tokenize_chat",
-]
+
+def use_course_defaults() -> dict[str, str]:
+    """The course's settings for this process, set once at the top of a lesson: offline, no
+    telemetry, no tokenizer threads. A variable you set yourself is kept (``HF_HUB_OFFLINE=0`` to
+    download a real model once). Returns what is now in force.
+
+    huggingface_hub reads ``HF_HUB_OFFLINE`` when it is first imported; when it already was, its
+    constant is updated too, so the call works wherever it stands. bitsandbytes (imported by peft,
+    imported by TRL) also logs on some CPUs that it cannot fetch an optional kernel from the hub; it
+    falls back to its own CPU code, and offline that notice is noise: it is filtered.
+    """
+    for name, value in COURSE_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    hub = sys.modules.get("huggingface_hub.constants")
+    if hub is not None:
+        hub.HF_HUB_OFFLINE = _is_true(os.environ["HF_HUB_OFFLINE"])
+        hub.HF_HUB_DISABLE_TELEMETRY = _is_true(os.environ["HF_HUB_DISABLE_TELEMETRY"])
+    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_no_kernel_download_notice)
+    return {name: os.environ[name] for name in COURSE_DEFAULTS}
+
+
+def _is_true(value: str) -> bool:
+    return value.upper() in ("1", "ON", "YES", "TRUE")  # huggingface_hub's own reading of the variable
+
+
+def _no_kernel_download_notice(record: logging.LogRecord) -> bool:
+    return "kernels-community" not in record.getMessage()
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'course_utils' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_EXPORTS])
+
+
+__all__ = ["COURSE_DEFAULTS", "use_course_defaults", *_EXPORTS]

@@ -28,7 +28,7 @@ import torch
 
 from . import validate
 from .checks import Case, Diagnosis, Hints, check_diagnosis, run_check
-from .train import set_seed, train
+from .training import set_seed, train
 
 # ------------------------------------------------------------------------------------------------
 # Runs from the same starting point, and how far apart they end
@@ -183,7 +183,7 @@ def plot_clip_setting(grid: dict, k: int, threshold, ax=None):
     """
     import matplotlib.pyplot as plt
 
-    from .train import clip_rate
+    from .training import clip_rate
     from .viz import plot_curves
 
     if threshold == "off":
@@ -214,7 +214,7 @@ def clip_title(k: int, threshold) -> str:
 
 def clip_frame(grid: dict, k: int, threshold):
     """One explorer frame: the plot of ``(K, max_grad_norm)`` on a pyplot-free Figure, and its clip rates."""
-    from .train import clip_rate
+    from .training import clip_rate
     from .viz import figure
 
     fig, ax = figure(7, 3.3)
@@ -261,7 +261,7 @@ def custom_loss_trainer(loss: str, loss_is_scaled_for_ga: bool | None = None):
     """
     from trl import SFTTrainer
 
-    from .train import token_losses
+    from .training import token_losses
 
     validate.choice("loss", loss, LOSS_VARIANTS, why="each is a compute_loss the lesson measures")
 
@@ -288,7 +288,7 @@ def sft_run_log(model, tokenizer, dataset, *, accum_steps: int, batch_size: int,
     """
     import warnings
 
-    from .train import logged, make_sft_trainer
+    from .training import logged, make_sft_trainer
 
     validate.positive_int("accum_steps", accum_steps, why="it is gradient_accumulation_steps")
     validate.positive_int("batch_size", batch_size, why="it is per_device_train_batch_size")
@@ -498,7 +498,7 @@ def _compare_step(got, expected) -> str | None:
 def _step_cases():
     """The checker's cases with their reference results, computed once per process (like
     ``_step_setup``): a learner re-running the checker, or a test trying many functions, waits once."""
-    from .answers import lesson01
+    from .exercises.answers import lesson01
 
     if "cases" in _STEP_DATA:
         return _STEP_DATA["cases"]

@@ -34,6 +34,33 @@ WORDS = (
 TASKS = ("add", "reverse", "mixed")
 
 
+def graded(labels):
+    """Which labels are *targets* of the next-token loss: the one definition the course uses.
+
+    Labels are aligned with ``input_ids`` (the transformers convention); the loss shifts them by one —
+    the logit at position t predicts the label at t+1 — so column 0 is never a target, and a label of
+    -100 (``IGNORE_INDEX``) is skipped. Returns a boolean mask one shorter than ``labels`` along the
+    last axis: a ``torch.Tensor`` for a tensor (``[seq]`` or ``[batch, seq]``), a list for a list.
+    Count with ``n_graded``.
+    """
+    if hasattr(labels, "ndim") and hasattr(labels, "dtype"):  # a torch tensor (numpy arrays work too)
+        if labels.ndim not in (1, 2):
+            raise ValueError(f"labels has {labels.ndim} dimensions but must have 1 ([seq]) or 2 "
+                             "([batch, seq]) — a label belongs to one position of one row — "
+                             "pass example['labels'] or batch['labels'].")
+        return labels[..., 1:] != IGNORE_INDEX
+    if isinstance(labels, (str, bytes)) or not isinstance(labels, Sequence):
+        raise TypeError(f"labels must be a list or tensor of token labels, got {type(labels).__name__} — one "
+                        "label per position — pass example['labels'] or batch['labels'].")
+    return [int(label) != IGNORE_INDEX for label in list(labels)[1:]]
+
+
+def n_graded(labels) -> int:
+    """How many tokens carry loss in ``labels`` (one row or a batch): see ``graded`` for the rule."""
+    mask = graded(labels)
+    return int(mask.sum()) if hasattr(mask, "sum") else sum(mask)
+
+
 def _check_choice(name: str, value, allowed: Sequence) -> None:
     validate.choice(name, value, allowed, why="the course only ships these toy tasks and forms, so it can "
                     "build them offline and deterministically")

@@ -43,7 +43,7 @@ def main(argv=None) -> None:
     from .losses import count_supervised
     from .model import load_course_model
     from .token_weighting import flat_grad, uneven_micro_batches
-    from .train import token_losses
+    from .training import token_losses
 
     hf_logging.disable_progress_bar()
     dist.init_process_group("gloo")  # gloo: the CPU backend

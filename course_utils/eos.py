@@ -231,7 +231,7 @@ def train_until_stops(model, batches: list[dict], criterion: StopCriterion, *, l
     ``steps``, ``seconds``, ``reached``, ``p_stop`` and ``stop_rate`` (the last measurement) and
     ``history`` (``(step, p_stop, stop_rate)`` at each check).
     """
-    from .train import train
+    from .training import train
 
     _require_criterion(criterion, "train_until_stops")
     validate.positive_int("chunk", chunk, why="it is the steps between two checks of the criterion")
@@ -600,7 +600,7 @@ def check_diagnosis_exercise(fn):
 
 def _collate_cases(n_cases: int = 6) -> list[Case]:
     """Batches the notebook never shows: random ids ending in eos, pad == eos (and one pad != eos)."""
-    from .answers.lesson02 import collate_keep_eos
+    from .exercises.answers.lesson02 import collate_keep_eos
 
     rng = random.Random(4242)
     cases = []

@@ -1,7 +1,7 @@
 """Load the course model (a shipped tiny one by default, a real checkpoint when asked) and the seed.
 
 Used by every lesson. ``load_course_model()`` returns one of the two small models that ship in
-the repository (built by ``python -m course_utils.build_course_model``), chosen by ``COURSE_MODEL``:
+the repository (built by ``python -m tools.build_course_model``), chosen by ``COURSE_MODEL``:
 
 - ``tiny-qwen`` (default): Qwen2 architecture, ~0.6 M parameters, ``course_utils/course_model``;
 - ``tiny-llama``: Llama architecture, other width/depth and its own BPE vocabulary trained on other
@@ -70,7 +70,7 @@ def _resolve_source(name_or_path) -> Path | str:
             raise FileNotFoundError(
                 f"the shipped course model is missing from {shipped} — it ships with the repository "
                 "— restore it with `git checkout course_utils/` or rebuild it with "
-                "`python -m course_utils.build_course_model`."
+                "`python -m tools.build_course_model`."
             )
         return shipped
     path = Path(source).expanduser()

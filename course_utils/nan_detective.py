@@ -69,7 +69,7 @@ def qlora_model(*, compute_dtype=torch.float32, dtype=None, r: int = 8, lora_alp
     from transformers import BitsAndBytesConfig
 
     from .model import load_course_model
-    from .train import set_seed
+    from .training import set_seed
 
     compute_dtype = _dtype(compute_dtype, "compute_dtype")
     kwargs = {} if dtype is None else {"dtype": _dtype(dtype, "dtype")}
@@ -120,7 +120,7 @@ def first_nonfinite_step(records: Sequence[dict]) -> int:
 
 
 def batch_at_step(batches: Sequence[dict], step: int) -> dict:
-    """The micro-batch ``course_utils.train`` (with ``accum_steps=1``) uses at 1-based ``step``: it cycles."""
+    """The micro-batch ``training.train`` (with ``accum_steps=1``) uses at 1-based ``step``: it cycles."""
     validate.positive_int("step", step, why="train() counts steps from 1")
     validate.non_empty("batches", batches, what="collated batches")
     return batches[(step - 1) % len(batches)]
@@ -495,7 +495,7 @@ def sft_run(model, tokenizer, dataset, callback=None, **config):
     """Train a TRL ``SFTTrainer`` (``course_utils.make_sft_trainer``: quiet, fp32 unless you pass
     ``bf16``/``fp16``) with an optional callback; return the trainer. Read ``train.logged(trainer)``.
     """
-    from .train import make_sft_trainer
+    from .training import make_sft_trainer
 
     trainer = make_sft_trainer(model, tokenizer, dataset, **config)
     if callback is not None:

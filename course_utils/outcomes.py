@@ -12,7 +12,7 @@ A lesson makes two kinds of claim (README, "What holds where"):
       assert ok, "with <|im_end|> graded, the model stops"
 
 ``report_outcome`` prints one line (value, threshold, margin) and, when ``$COURSE_OUTCOMES`` names a
-file, appends the claim to it as one JSON line; ``python -m course_utils.robustness`` sets that
+file, appends the claim to it as one JSON line; ``python -m tools.robustness`` sets that
 variable for every notebook × configuration and builds ROBUSTNESS.md from the lines.
 """
 

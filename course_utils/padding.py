@@ -612,7 +612,7 @@ def check_padding_diagnosis(fn, seeds=None):
 # ------------------------------------------------------------------------------------------------
 
 def _block_cases() -> list[Case]:
-    from .answers.lesson03 import block_mask_from_position_ids as reference
+    from .exercises.answers.lesson03 import block_mask_from_position_ids as reference
 
     rng = random.Random(306)
     rows = []

@@ -21,7 +21,7 @@ The two agree only when every nᵢ is the same. This module measures that on the
   ``answers/lesson07.py``).
 
 Used by lesson 07 (``solutions/07_token_weighted.ipynb``) and its worker ``course_utils/ddp_grad.py``.
-The loss pieces come from ``course_utils.train`` (``token_losses``, ``micro_batch_loss``) and the token
+The loss pieces come from ``course_utils.training`` (``token_losses``, ``micro_batch_loss``) and the token
 count from ``course_utils.losses.count_supervised``.
 """
 
@@ -40,7 +40,7 @@ from . import validate
 from .checks import Case, Diagnosis, Hints, check_diagnosis, fresh_seeds, run_check
 from .data import IGNORE_INDEX, collate_right, make_messages, tokenize_chat
 from .losses import count_supervised, model_logits
-from .train import micro_batch_loss, token_losses
+from .training import micro_batch_loss, token_losses
 
 SCHEMES = ("mean", "token")
 
@@ -241,7 +241,7 @@ def train_and_track(model, micro_batches: list[dict], eval_batch: dict, **train_
             summed, n_tokens = token_losses(trained, eval_batch)
         curve.append(float(summed) / n_tokens)
 
-    from .train import train
+    from .training import train
 
     records = train(model, micro_batches, on_step=on_step, **train_kwargs)
     return [{**r, "eval_loss": e} for r, e in zip(records, curve)]
@@ -357,7 +357,7 @@ def trainer_step_grad(dataset, *, per_device_train_batch_size: int, gradient_acc
     from trl import SFTTrainer
 
     from .model import load_course_model
-    from .train import make_sft_trainer
+    from .training import make_sft_trainer
 
     model, tokenizer = load_course_model()
     captured: dict = {"micro_batches": []}
@@ -574,7 +574,7 @@ def _grad_compare(got, expected) -> str | None:
 def check_sequence_weighted(fn):
     """Checker for exercise 7.2: after ``fn(model, micro_batches)``, ``.grad`` must be the gradient of the
     mean over the step's sequences (those with a supervised token) of each sequence's mean token loss."""
-    from .answers.lesson07 import accumulate_sequence_weighted as reference
+    from .exercises.answers.lesson07 import accumulate_sequence_weighted as reference
 
     hidden = _hidden_setup()
     model = hidden["model"]

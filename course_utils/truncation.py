@@ -11,7 +11,7 @@ Two mechanisms give a micro-batch without a single target token:
   — this one does not depend on the device batch size (``bestfit_rows``, ``clog_by_batch_size``).
 
 The masked means themselves (NaN, NaN gradients, silent 0.0) live in ``course_utils.losses``; the
-training loop is ``course_utils.train.train``. Here: what truncation and packing produce, how nanochat
+training loop is ``course_utils.training.train``. Here: what truncation and packing produce, how nanochat
 logs it (``nanochat_logged``), a normalised-update optimiser that moves weights without a gradient
 (``NormalisedMomentum``), what TRL and the ``Trainer`` do, and the checkers of the two exercises.
 """
@@ -478,7 +478,7 @@ def trl_kept_examples(model, tokenizer, dataset, max_length: int,
 
     The trainer gets a copy: TRL 1.16 replaces ``model.forward`` with a fused-loss forward.
     """
-    from .train import make_sft_trainer
+    from .training import make_sft_trainer
 
     validate.positive_int("max_length", max_length, why="it is the truncation length")
     trainer = make_sft_trainer(copy.deepcopy(model), tokenizer, dataset, max_length=max_length,
@@ -501,7 +501,7 @@ def trl_logged_on_pretokenised(model, tokenizer, examples: Sequence[dict], *, na
 
     One row per step, in order (no shuffle). Returns ``logged`` (loss per step), ``grad_norms``,
     ``targets`` (supervised tokens per step) and ``weights_finite``."""
-    from .train import logged, make_sft_trainer
+    from .training import logged, make_sft_trainer
 
     validate.non_empty("examples", examples, what="tokenized examples")
     trainer = make_sft_trainer(copy.deepcopy(model), tokenizer, _rows_dataset(examples), max_length=None,

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+import course_utils
+
+# The tests run as a lesson does: offline, no telemetry (the kernels nbval starts inherit these).
+course_utils.use_course_defaults()
 
 
 @pytest.fixture(scope="session")

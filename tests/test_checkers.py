@@ -29,7 +29,9 @@ from course_utils import capstone, eos, padding, templates, tour
 from course_utils import nan_detective as nd
 from course_utils import token_weighting as tw
 from course_utils import truncation as T
-from course_utils.answers import (
+from course_utils.checks import Diagnosis
+from course_utils.data import IGNORE_INDEX
+from course_utils.exercises.answers import (
     lesson00,
     lesson01,
     lesson02,
@@ -39,11 +41,9 @@ from course_utils.answers import (
     lesson06,
     lesson07,
 )
-from course_utils.checks import Diagnosis
-from course_utils.data import IGNORE_INDEX
 from course_utils.losses import count_supervised
 from course_utils.templates import QWEN2_CHAT_TEMPLATE, assistant_mask, masked_tokens
-from course_utils.train import token_losses
+from course_utils.training import token_losses
 
 M = IGNORE_INDEX
 NOT_IMPLEMENTED = "⏳ not implemented yet: replace the `raise NotImplementedError`"  # checks.run_check

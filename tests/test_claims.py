@@ -1,6 +1,6 @@
 """The claims table re-measures itself: a verdict that moves fails here, naming the claim.
 
-``test_committed_verdicts_hold`` runs every claim of ``course_utils.claims`` on the current
+``test_committed_verdicts_hold`` runs every claim of ``tools.claims`` on the current
 ``COURSE_MODEL`` (~15 s of CPU) and compares with CLAIMS.json; the other tests check that the
 comparison names the claim and that the committed table and the registry agree.
 """
@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from course_utils import claims
 from course_utils.model import SHIPPED_MODELS, course_model_name
+from tools import claims
 
 
 @pytest.fixture(scope="module")
@@ -89,4 +89,4 @@ def test_committed_table_covers_every_claim_on_both_shipped_models():
         assert set(data["verdicts"][name]) == keys, f"CLAIMS.json's {name} table differs from the registry"
         assert "error" not in data["verdicts"][name].values(), f"a claim could not run on {name}"
     md = claims.TABLE_MD.read_text()
-    assert md == claims.render_markdown(data), "CLAIMS.md is stale: run `python -m course_utils.claims`"
+    assert md == claims.render_markdown(data), "CLAIMS.md is stale: run `python -m tools.claims`"

@@ -5,7 +5,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_utils import make_exercises as mx
+from tools import make_exercises as mx
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))

@@ -10,7 +10,7 @@ from course_utils import losses, validate
 from course_utils.checks import Case, Diagnosis, Hints, check_diagnosis, run_check
 from course_utils.data import IGNORE_INDEX, collate_right, make_messages, tokenize_chat
 from course_utils.quiet import captured_log, library_state, quiet_libraries
-from course_utils.train import make_sft_trainer, train
+from course_utils.training import make_sft_trainer, train
 
 
 def _batch(tokenizer, n=2, seed=0):
@@ -160,21 +160,37 @@ def test_generation_past_the_model_positions_is_refused(course):
         generate_greedy(model, tokenizer, prompts, max_new_tokens=100_000)
 
 
-def test_the_course_is_offline_by_itself_without_make():
-    """`jupyter lab` started by hand (or an IDE) leaves HF_HUB_OFFLINE unset: importing course_utils sets
-    it (unless the user chose), before transformers reads it."""
+def _fresh(code: str, **env_changes) -> list[str]:
+    """Run ``code`` in a fresh interpreter without HF_HUB_OFFLINE (a `jupyter lab` or script started by
+    hand), with ``env_changes``; its printed words."""
     import os
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "COURSE_MODEL")}
-    code = ("import os, course_utils, huggingface_hub.constants as c; "
-            "print(os.environ['HF_HUB_OFFLINE'], c.HF_HUB_OFFLINE)")
-    # ... and the shipped model loads there, in a fresh process, with nothing but the import
-    load = code + "; m, t = course_utils.load_course_model(); print(type(m).__name__)"
-    out = subprocess.run([sys.executable, "-c", load], env=env, capture_output=True, text=True, timeout=120)
+    unset = ("HF_HUB_OFFLINE", "COURSE_MODEL", "HF_HUB_DISABLE_TELEMETRY", "TOKENIZERS_PARALLELISM")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env.update(env_changes)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["1", "True", "Qwen2ForCausalLM"]
-    env["HF_HUB_OFFLINE"] = "0"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["0", "False"], "a user's explicit choice wins"
+    return out.stdout.split()
+
+
+def test_importing_the_package_or_the_take_home_tools_changes_nothing():
+    """A user's script imports the doctor or the watch: os.environ and huggingface_hub stay as they were."""
+    code = ("import os; before = dict(os.environ); "
+            "import course_utils, course_utils.doctor, course_utils.watch; "
+            "import huggingface_hub.constants as c; print(dict(os.environ) == before, c.HF_HUB_OFFLINE)")
+    assert _fresh(code) == ["True", "False"]
+
+
+def test_a_lesson_opts_in_to_the_course_defaults_and_the_model_loads_offline():
+    """The lessons' first cell: offline from there on, whether huggingface_hub was imported before or not;
+    a user's explicit choice wins."""
+    after = ("import os, course_utils; course_utils.use_course_defaults(); "
+             "import huggingface_hub.constants as c; print(os.environ['HF_HUB_OFFLINE'], c.HF_HUB_OFFLINE)")
+    assert _fresh(after + "; m, t = course_utils.load_course_model(); print(type(m).__name__)") == [
+        "1", "True", "Qwen2ForCausalLM"]
+    before = ("import os, huggingface_hub.constants as c, course_utils; course_utils.use_course_defaults(); "
+              "print(os.environ['HF_HUB_OFFLINE'], c.HF_HUB_OFFLINE)")
+    assert _fresh(before) == ["1", "True"], "huggingface_hub imported first: its constant follows"
+    assert _fresh(after, HF_HUB_OFFLINE="0") == ["0", "False"], "a user's explicit choice wins"

@@ -8,7 +8,7 @@ import torch
 from course_utils import IGNORE_INDEX, clip_rate, make_chat_dataset, make_messages, tokenize_chat
 from course_utils.checks import Case, close, run_check
 from course_utils.data import collate_right, make_batches
-from course_utils.train import train
+from course_utils.training import train
 from course_utils.viz import plot_curves, token_viewer
 
 

@@ -7,7 +7,6 @@ import pytest
 import torch
 from conftest import stub
 
-from course_utils.answers import lesson02 as answers
 from course_utils.eos import (
     CAUSES,
     StopCriterion,
@@ -25,6 +24,7 @@ from course_utils.eos import (
     train_until_stops,
     untrained_stop_template,
 )
+from course_utils.exercises.answers import lesson02 as answers
 
 
 @pytest.fixture(scope="module")

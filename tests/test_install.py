@@ -1,4 +1,4 @@
-"""`make install`'s torch choice (scripts/install_torch.py): CPU build unless a GPU or the user asks.
+"""`make install`'s torch choice (tools/install_torch.py): CPU build unless a GPU or the user asks.
 
 No network: every case passes the GPU and the CPU index's reachability in, or pretends them on the
 command line (--gpu, --cpu-index), and --dry-run only prints the pip command.
@@ -83,11 +83,11 @@ def _dry_run(*flags, **env):
 def test_dry_run_prints_the_pip_command_for_no_gpu_and_gpu():
     why, command = _dry_run("--gpu=no", "--cpu-index=reachable")
     assert why.startswith("torch: no NVIDIA GPU")
-    assert command.endswith(f"scripts/fast_install.py {REQ} --index-url {CPU}")
+    assert command.endswith(f"tools/fast_install.py {REQ} --index-url {CPU}")
     why, command = _dry_run("--gpu=yes")
-    assert "NVIDIA GPU found" in why and command.endswith(f"scripts/fast_install.py {REQ}")
+    assert "NVIDIA GPU found" in why and command.endswith(f"tools/fast_install.py {REQ}")
     why, command = _dry_run("--gpu=no", "--cpu-index=unreachable")
-    assert "cannot be reached" in why and command.endswith(f"scripts/fast_install.py {REQ}")
+    assert "cannot be reached" in why and command.endswith(f"tools/fast_install.py {REQ}")
     why, command = _dry_run("--gpu=no", "--torch=cuda")
     assert why.startswith("torch: TORCH=cuda") and command.endswith(REQ)
     why, command = _dry_run("--gpu=no", "--cpu-index=reachable", TORCH_CPU_INDEX="http://mirror/cpu")
@@ -98,12 +98,12 @@ def test_dry_run_prints_the_pip_command_for_no_gpu_and_gpu():
 
 def test_the_makefile_runs_the_choice_before_the_package():
     recipe = (ROOT / "Makefile").read_text()
-    torch = recipe.index("scripts/install_torch.py --torch=$(TORCH)")
-    course = recipe.index("scripts/fast_install.py -e .")
+    torch = recipe.index("tools/install_torch.py --torch=$(TORCH)")
+    course = recipe.index("tools/fast_install.py -e .")
     assert torch < course, "the torch build is chosen before the course pulls in a default torch"
 
 
-# --- scripts/fast_install.py: uv with pip's own settings, pip when uv cannot ----------------------------
+# --- tools/fast_install.py: uv with pip's own settings, pip when uv cannot ----------------------------
 
 _fast_spec = importlib.util.spec_from_file_location("fast_install", ROOT / "scripts" / "fast_install.py")
 fast_install = importlib.util.module_from_spec(_fast_spec)

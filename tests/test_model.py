@@ -12,8 +12,8 @@ import torch
 from transformers import AutoTokenizer
 
 from course_utils import COURSE_MODEL_DIR, load_course_model, make_messages
-from course_utils.build_course_model import RECIPES, build, qwen2_5_chat_template
 from course_utils.model import SHIPPED_MODELS, course_model_name, course_seed
+from tools.build_course_model import RECIPES, build, qwen2_5_chat_template
 
 SAMPLE_TEXTS = [
     "the words red cat blue reversed are blue cat red.",

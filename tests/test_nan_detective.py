@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import course_utils.nan_detective as nd
-from course_utils.answers import lesson06 as ref
+from course_utils.exercises.answers import lesson06 as ref
 
 # ---- exercise 1: the diagnosis of a generated run ----------------------------------------------
 

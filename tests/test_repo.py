@@ -14,15 +14,15 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_utils import make_exercises
-from course_utils.make_exercises import BEGIN, END, STUB, strip_solutions
+from tools import make_exercises
+from tools.make_exercises import BEGIN, END, STUB, strip_solutions
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 
 
 def test_exercise_notebooks_are_in_sync_with_solutions():
-    assert make_exercises.main(["--check"]) == 0, "run: python -m course_utils.make_exercises"
+    assert make_exercises.main(["--check"]) == 0, "run: python -m tools.make_exercises"
 
 
 def test_strip_solutions_keeps_indentation_and_code_around():

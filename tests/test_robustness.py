@@ -2,8 +2,8 @@
 
 import pytest
 
-from course_utils import robustness
-from course_utils.robustness import Config, RunResult, failures_from_junit, parse_configs, render_markdown
+from tools import robustness
+from tools.robustness import Config, RunResult, failures_from_junit, parse_configs, render_markdown
 
 QWEN, LLAMA = Config("tiny-qwen", 0, 1), Config("tiny-llama", 1, 2)
 
@@ -145,14 +145,14 @@ def test_thread_budget_never_runs_more_threads_than_jobs(monkeypatch):
 def test_a_model_directory_makes_a_flat_report_name():
     from pathlib import Path
 
-    from course_utils.robustness import run_stem
+    from tools.robustness import run_stem
 
     stem = run_stem(Path("solutions/02_eos_never_stops.ipynb"), Config("/work/third model/model", 0, 1))
     assert "/" not in stem and " " not in stem and stem.startswith("02_eos_never_stops-")
 
 
 def test_results_round_trip_and_update_keeps_the_other_notebooks(tmp_path):
-    from course_utils.robustness import load_results, merge_results, save_results
+    from tools.robustness import load_results, merge_results, save_results
 
     old = [RunResult(r.notebook, r.config, r.passed, r.seconds, r.failures, r.outcomes, "aaaaaaa")
            for r in FAKE]
@@ -169,7 +169,7 @@ def test_results_round_trip_and_update_keeps_the_other_notebooks(tmp_path):
 
 
 def test_update_needs_a_previous_matrix_and_named_notebooks(tmp_path):
-    from course_utils.robustness import load_results
+    from tools.robustness import load_results
 
     with pytest.raises(ValueError, match="run the full matrix once"):
         load_results(tmp_path / "missing.json")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from course_utils.run_solutions import TABLE_BEGIN, TABLE_END, timings_table, write_table
+from tools.run_solutions import TABLE_BEGIN, TABLE_END, timings_table, write_table
 
 ROOT = Path(__file__).resolve().parent.parent
 

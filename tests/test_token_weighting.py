@@ -153,7 +153,7 @@ def test_prediction_kl_is_zero_for_one_model_and_grows_with_training(model_tok):
     import copy
 
     from course_utils import make_batches
-    from course_utils.train import train
+    from course_utils.training import train
 
     model, tok = model_tok
     batch = make_batches(tok, tw.multi_turn_conversations(4, seed=3), batch_size=4)[0]

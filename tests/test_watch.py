@@ -9,7 +9,7 @@ from trl import SFTTrainer
 
 from course_utils import load_course_model, make_chat_dataset, make_sft_trainer
 from course_utils.data import IGNORE_INDEX
-from course_utils.train import logged
+from course_utils.training import logged
 from course_utils.watch import SFTWatch
 
 pytestmark = pytest.mark.slow  # real SFTTrainer runs: `make test-slow` (and CI) run them

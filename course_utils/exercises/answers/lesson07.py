@@ -6,7 +6,7 @@ import math
 
 import torch.nn.functional as F
 
-from ..checks import Diagnosis
+from ...checks import Diagnosis
 
 
 def diagnose_accumulation_trace(trace: dict) -> Diagnosis:

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ..checks import Diagnosis
+from ...checks import Diagnosis
 
 
 def diagnose_run(run: dict) -> Diagnosis:

@@ -6,9 +6,9 @@ import statistics
 
 import torch
 
-from ..checks import Diagnosis
-from ..losses import count_supervised
-from ..train import token_losses
+from ...checks import Diagnosis
+from ...losses import count_supervised
+from ...training import token_losses
 
 
 def diagnose_run(artefact: dict) -> Diagnosis:

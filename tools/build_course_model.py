@@ -1,8 +1,8 @@
 """Build the shipped course models from nothing, deterministically, in well under a minute each.
 
-    python -m course_utils.build_course_model                      # rebuilds every shipped model
-    python -m course_utils.build_course_model --model tiny-llama   # one of them
-    python -m course_utils.build_course_model --model tiny-qwen --out /tmp/m   # elsewhere (tests)
+    python -m tools.build_course_model                      # rebuilds every shipped model
+    python -m tools.build_course_model --model tiny-llama   # one of them
+    python -m tools.build_course_model --model tiny-qwen --out /tmp/m   # elsewhere (tests)
 
 One builder, one ``Recipe`` per model. Every model gets: a byte-level BPE tokenizer trained on its
 own text, Qwen2.5's three special tokens (``<|endoftext|>`` as eos and pad, ``<|im_start|>``,
@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .data import WORDS, make_messages, pretraining_corpus
-from .model import SHIPPED_MODELS, SPECIAL_TOKENS
+from course_utils.data import WORDS, make_messages, pretraining_corpus
+from course_utils.model import SHIPPED_MODELS, SPECIAL_TOKENS
 
 
 @dataclass(frozen=True)

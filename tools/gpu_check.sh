@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU path, ready for a GPU machine: every solution notebook with COURSE_DEVICE=cuda (and the
 # shipped course model unless COURSE_MODEL says otherwise), a table of pass/fail and times, <= 5 min.
-#   scripts/gpu_check.sh                          # on a machine with an NVIDIA GPU and `make install` done
-#   COURSE_DEVICE=cpu scripts/gpu_check.sh        # dry run of the same path on a CPU machine
-#   GPU_CHECK_SECONDS=600 scripts/gpu_check.sh solutions/01_*.ipynb   # more time, some lessons
+#   tools/gpu_check.sh                          # on a machine with an NVIDIA GPU and `make install` done
+#   COURSE_DEVICE=cpu tools/gpu_check.sh        # dry run of the same path on a CPU machine
+#   GPU_CHECK_SECONDS=600 tools/gpu_check.sh solutions/01_*.ipynb   # more time, some lessons
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export COURSE_DEVICE="${COURSE_DEVICE:-cuda}" HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
@@ -16,5 +16,5 @@ if [ "$COURSE_DEVICE" = cuda ]; then
 ' has no CUDA: reinstall it with \`make clean && make install TORCH=cuda\`'"
 fi
 # The table prints lesson by lesson, so a run cut at the limit still shows what it reached.
-timeout "${GPU_CHECK_SECONDS:-300}" "$PY" scripts/lesson_report.py "$@" \
+timeout "${GPU_CHECK_SECONDS:-300}" "$PY" tools/lesson_report.py "$@" \
   || echo "gpu_check: stopped at the ${GPU_CHECK_SECONDS:-300} s limit (rc $?)"

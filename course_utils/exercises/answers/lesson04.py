@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..checks import Diagnosis
-from ..templates import QWEN2_CHAT_TEMPLATE, assistant_mask
+from ...checks import Diagnosis
+from ...templates import QWEN2_CHAT_TEMPLATE, assistant_mask
 
 
 def qwen2_training_template() -> str:

@@ -1,10 +1,10 @@
 """Run every solution notebook under nbval, one at a time, and print a per-lesson table (pass/fail, time,
 first failure), with the versions that differ from the course's pins.
 
-    python scripts/lesson_report.py                      # all lessons, with this interpreter
-    python scripts/lesson_report.py solutions/01_*.ipynb # some
+    python tools/lesson_report.py                      # all lessons, with this interpreter
+    python tools/lesson_report.py solutions/01_*.ipynb # some
     make test-latest      # in a venv with the newest TRL/transformers: what drifted, per lesson
-    scripts/gpu_check.sh  # on a GPU machine (COURSE_DEVICE=cuda): what holds there
+    tools/gpu_check.sh  # on a GPU machine (COURSE_DEVICE=cuda): what holds there
 
 A report, not a gate: it exits 0 whatever the lessons do (``--strict``: 1 if one fails), so a
 canary that finds drift never breaks ``make test``.

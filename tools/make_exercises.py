@@ -1,8 +1,8 @@
 """Write the exercise notebooks (``notebooks/``) from the solution notebooks (``solutions/``).
 
-    python -m course_utils.make_exercises            # regenerate every exercise notebook
-    python -m course_utils.make_exercises --check    # exit 1 if notebooks/ is stale (a test runs this)
-    python -m course_utils.make_exercises solutions/01_accumulation.ipynb   # just one
+    python -m tools.make_exercises            # regenerate every exercise notebook
+    python -m tools.make_exercises --check    # exit 1 if notebooks/ is stale (a test runs this)
+    python -m tools.make_exercises solutions/01_accumulation.ipynb   # just one
 
 Solutions are the single source. In a code cell, the lines between ``### BEGIN SOLUTION`` and
 ``### END SOLUTION`` (the nbgrader convention) become a stub that raises ``NotImplementedError``,
@@ -72,7 +72,7 @@ def header_problems(nb, side: str, name: str) -> list[str]:
     lines = nb.cells[0].source.split("\n")
     problems = []
     if header(side, name) not in lines:
-        problems.append(f"no {side} header (run: python -m course_utils.make_exercises)")
+        problems.append(f"no {side} header (run: python -m tools.make_exercises)")
     others = [line for line in lines if line != header(side, name)
               and (f"notebooks/{name}" in line or f"solutions/{name}" in line)]
     problems += [f"the first cell names a copy outside its header (each copy would say it of itself): "
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
         expected = {ROOT / "notebooks" / p.name for p in (ROOT / "solutions").glob("*.ipynb")}
         orphans = [p for p in (ROOT / "notebooks").glob("*.ipynb") if p not in expected]
         for path in stale:
-            print(f"stale: {path.relative_to(ROOT)} (run: python -m course_utils.make_exercises)")
+            print(f"stale: {path.relative_to(ROOT)} (run: python -m tools.make_exercises)")
         for path in orphans:
             print(f"orphan: {path.relative_to(ROOT)} has no solution notebook")
         return 1 if stale or wrong or (orphans and not args.paths) else 0

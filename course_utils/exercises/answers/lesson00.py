@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..checks import Diagnosis
-from ..data import IGNORE_INDEX
+from ...checks import Diagnosis
+from ...data import IGNORE_INDEX
 
 
 def diagnose_labels(example: dict) -> Diagnosis:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 
-from ..checks import Diagnosis
-from ..data import IGNORE_INDEX
+from ...checks import Diagnosis
+from ...data import IGNORE_INDEX
 
 
 def diagnose_log(log: list[dict]) -> Diagnosis:

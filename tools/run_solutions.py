@@ -1,8 +1,8 @@
 """Execute solution notebooks in place (storing their outputs), time them, refresh the exercises.
 
-    python -m course_utils.run_solutions                                  # every solution notebook
-    python -m course_utils.run_solutions solutions/01_accumulation.ipynb  # one
-    python -m course_utils.run_solutions --no-save --timings INSTRUCTORS.md   # measure, write the table
+    python -m tools.run_solutions                                  # every solution notebook
+    python -m tools.run_solutions solutions/01_accumulation.ipynb  # one
+    python -m tools.run_solutions --no-save --timings INSTRUCTORS.md   # measure, write the table
 
 Solution notebooks are committed *with* outputs, so a learner can read the results without
 running anything; this is how those outputs are made. Each run is offline and seeded, and the
@@ -24,11 +24,11 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from .make_exercises import ROOT
-from .make_exercises import main as make_exercises
+from tools.make_exercises import ROOT
+from tools.make_exercises import main as make_exercises
 
 # The generated table sits between these lines (INSTRUCTORS.md): never typed by hand.
-TABLE_BEGIN = "<!-- timings:begin (python -m course_utils.run_solutions --no-save --timings FILE) -->"
+TABLE_BEGIN = "<!-- timings:begin (python -m tools.run_solutions --no-save --timings FILE) -->"
 TABLE_END = "<!-- timings:end -->"
 
 

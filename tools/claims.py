@@ -9,8 +9,8 @@ the numbers it measured, and the condition it holds under. ``CLAIMS.md`` (genera
 naming the claim whose verdict moved — a library bump that changes behaviour must be noticed, then
 taught.
 
-    python -m course_utils.claims                 # the current COURSE_MODEL; rewrites CLAIMS.md/.json
-    python -m course_utils.claims --models tiny-qwen tiny-llama
+    python -m tools.claims                 # the current COURSE_MODEL; rewrites CLAIMS.md/.json
+    python -m tools.claims --models tiny-qwen tiny-llama
 
 Only the core helpers are used (losses, train, data, model, quiet), so a lesson's rewrite cannot
 move a verdict; the lesson named in each row is where the mechanism is taught.
@@ -35,9 +35,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .data import IGNORE_INDEX, collate_right, make_messages, tokenize_chat
-from .losses import count_supervised, mean_by_multiplication, mean_ignore_index, model_logits, params_finite
-from .train import logged, make_sft_trainer, set_seed, train
+from course_utils.data import IGNORE_INDEX, collate_right, make_messages, tokenize_chat
+from course_utils.losses import (
+    count_supervised,
+    mean_by_multiplication,
+    mean_ignore_index,
+    model_logits,
+    params_finite,
+)
+from course_utils.training import logged, make_sft_trainer, set_seed, train
 
 VERDICTS = ("true", "false", "depends")
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,7 +104,7 @@ class Context:
         if "base" not in self._cache:
             from transformers.utils import logging as hf_logging
 
-            from .model import load_course_model
+            from course_utils.model import load_course_model
 
             bars = hf_logging.is_progress_bar_enabled()
             hf_logging.disable_progress_bar()  # "Loading weights" bar: not the table's business
@@ -280,7 +286,7 @@ def _bestfit_rows(examples, row_capacity: int, n_rows: int, buffer_size: int = 8
     "05",
 )
 def _packed_nan(ctx):
-    from .quiet import captured_log
+    from course_utils.quiet import captured_log
 
     with captured_log("transformers"):  # "longer than the model's maximum": only tokenized, never run here
         examples = ctx.examples(64, seed=1, context_words=20, long_tail=True)
@@ -643,7 +649,7 @@ def _qlora(ctx, compute_dtype=torch.float32):
     from transformers import BitsAndBytesConfig
     from transformers.utils import logging as hf_logging
 
-    from .model import load_course_model
+    from course_utils.model import load_course_model
 
     set_seed(ctx.seed)
     quant = BitsAndBytesConfig(
@@ -778,7 +784,7 @@ def _checkpointing(ctx):
 def _bnb_kwarg(ctx):
     from transformers import BitsAndBytesConfig
 
-    from .quiet import captured_log
+    from course_utils.quiet import captured_log
 
     name = "transformers.utils.quantization_config"
     with captured_log(name, level=logging.WARNING) as warned:
@@ -806,7 +812,7 @@ def _trainer_run(ctx, nan_inf_filter: bool):
     Returns the logged losses, the logged grad norms and whether the weights ended finite."""
     from transformers import Trainer, TrainingArguments
 
-    from .quiet import quiet_libraries
+    from course_utils.quiet import quiet_libraries
 
     batches = ctx.batches(batch_size=4)
     rows = []
@@ -907,7 +913,7 @@ def _grad_spike(ctx):
 def _nan_check_trainer(ctx):
     from transformers import Trainer, TrainingArguments
 
-    from .quiet import quiet_libraries
+    from course_utils.quiet import quiet_libraries
 
     class NaNCheckTrainer(Trainer):  # as copied from forum answers written for transformers 4.x
         def training_step(self, model, inputs):
@@ -1160,7 +1166,7 @@ def run_claim(c: Claim, ctx: Context) -> dict:
 
 def run_all(model_name: str | None = None, only: list[str] | None = None) -> list[dict]:
     """Every registered claim (or those whose key is in ``only``) measured on one shipped model."""
-    from .model import course_model_name, course_seed
+    from course_utils.model import course_model_name, course_seed
 
     ctx = Context(course_model_name(model_name), course_seed())
     chosen = [c for c in sorted(CLAIMS, key=lambda c: c.number) if only is None or c.key in only]
@@ -1175,14 +1181,14 @@ def verdict_changes(rows: list[dict], expected: dict[str, str]) -> list[str]:
         if want is None:
             messages.append(
                 f"claim {row['number']} ({row['key']}) is not in the committed table — run "
-                "`python -m course_utils.claims` and commit CLAIMS.md / CLAIMS.json."
+                "`python -m tools.claims` and commit CLAIMS.md / CLAIMS.json."
             )
         elif row["verdict"] != want:
             messages.append(
                 f'claim {row["number"]} ({row["key"]}: "{row["claim"]}") moved: committed '
                 f"{want!r}, measured {row['verdict']!r} ({_numbers(row['numbers'])}) — a library "
                 "or model change altered what the course teaches — re-read the lesson "
-                f"{row['lesson']}, then rerun `python -m course_utils.claims` and commit."
+                f"{row['lesson']}, then rerun `python -m tools.claims` and commit."
             )
     return messages
 
@@ -1235,16 +1241,16 @@ def write_tables(
 
 
 def render_markdown(data: dict) -> str:
-    from .model import DEFAULT_MODEL
+    from course_utils.model import DEFAULT_MODEL
 
     models = sorted(data["rows"], key=lambda m: (m != DEFAULT_MODEL, m))  # the default model first
     claims = {c.key: c for c in CLAIMS}
     out = [
         "# Myth vs measurement",
         "",
-        "Generated by `python -m course_utils.claims` (`make claims`); do not edit by hand. Each row is "
+        "Generated by `python -m tools.claims` (`make claims`); do not edit by hand. Each row is "
         "a claim people repeat about fine-tuning, re-measured by a short function in "
-        "`course_utils/claims.py` on the course's shipped models, with the lesson that teaches it. "
+        "`tools/claims.py` on the course's shipped models, with the lesson that teaches it. "
         "`tests/test_claims.py` fails, naming the claim, when a verdict moves.",
         "",
         f"Measured on: {data['versions']}; models: {', '.join(models)}.",
@@ -1290,7 +1296,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", nargs="*", default=None, help="claim keys to run (nothing is written)")
     parser.add_argument("--no-write", action="store_true", help="print only; do not rewrite CLAIMS.md/.json")
     args = parser.parse_args(argv)
-    from .model import course_model_name
+    from course_utils.model import course_model_name
 
     torch.set_num_threads(1)  # a tiny model gains nothing from threads (see the Makefile)
     results, changed = {}, []

@@ -1,11 +1,11 @@
 """The robustness matrix: every solution notebook on both shipped models, three seeds, 1 and 2 threads.
 
-    python -m course_utils.robustness                  # full matrix (12 configs) -> ROBUSTNESS.md
-    python -m course_utils.robustness --configs ci     # CI's reduced matrix (2 configs)
-    python -m course_utils.robustness --models tiny-llama --seeds 0 --threads 1 --notebooks 00 03
-    python -m course_utils.robustness --configs tiny-qwen:1:2,tiny-llama:0:1 --out /tmp/r.md
-    python -m course_utils.robustness --configs /path/to/another/model:0:1   # any COURSE_MODEL
-    python -m course_utils.robustness --update --notebooks 01   # re-run one lesson into ROBUSTNESS.md
+    python -m tools.robustness                  # full matrix (12 configs) -> ROBUSTNESS.md
+    python -m tools.robustness --configs ci     # CI's reduced matrix (2 configs)
+    python -m tools.robustness --models tiny-llama --seeds 0 --threads 1 --notebooks 00 03
+    python -m tools.robustness --configs tiny-qwen:1:2,tiny-llama:0:1 --out /tmp/r.md
+    python -m tools.robustness --configs /path/to/another/model:0:1   # any COURSE_MODEL
+    python -m tools.robustness --update --notebooks 01   # re-run one lesson into ROBUSTNESS.md
 
 A lesson's claim must hold on any CPU, thread count, seed and small model (issue 12). Each
 notebook × configuration runs in its own process under nbval, exactly as ``make test`` runs it
@@ -41,9 +41,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .make_exercises import ROOT
-from .model import SHIPPED_MODELS
-from .outcomes import read_outcomes
+from course_utils.model import SHIPPED_MODELS
+from course_utils.outcomes import read_outcomes
+from tools.make_exercises import ROOT
 
 SEEDS = (0, 1, 2)
 THREADS = (1, 2)
@@ -323,7 +323,7 @@ def _header(argv: list[str], results: list[RunResult]) -> str:
                    if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    command = " ".join(["python -m course_utils.robustness", *argv])
+    command = " ".join(["python -m tools.robustness", *argv])
     total = sum(r.seconds for r in results)
     by_commit: dict[str, list[str]] = {}
     for r in results:

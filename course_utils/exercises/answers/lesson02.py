@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..checks import Diagnosis
-from ..data import IGNORE_INDEX
-from ..eos import end_of_turn_token, stop_token_ids  # noqa: F401  (exercise 1: the tools lesson 00 uses)
+from ...checks import Diagnosis
+from ...data import IGNORE_INDEX
+from ...eos import end_of_turn_token, stop_token_ids  # noqa: F401  (exercise 1: the tools lesson 00 uses)
 
 
 def diagnose_generations(artefact: dict) -> Diagnosis:

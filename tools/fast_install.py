@@ -1,10 +1,10 @@
 """`pip install ARGS`, done by uv when it can: the course's install in half the time.
 
-    .venv/bin/python scripts/fast_install.py -e .            # what `make install` runs after install_torch.py
+    .venv/bin/python tools/fast_install.py -e .            # what `make install` runs after install_torch.py
                                                              # (which installs torch through it too)
-    .venv/bin/python scripts/fast_install.py --dry-run -e .  # print the command it would run, and why
+    .venv/bin/python tools/fast_install.py --dry-run -e .  # print the command it would run, and why
     COURSE_INSTALLER=pip make install                         # pip only, never uv
-    .venv/bin/python scripts/fast_install.py --uv-requirement # the uv it fetches (make wheelhouse adds it)
+    .venv/bin/python tools/fast_install.py --uv-requirement # the uv it fetches (make wheelhouse adds it)
 
 Why: pip installs torch and the course's ~150 packages one after the other and byte-compiles them
 on one core; uv's pip interface (https://docs.astral.sh/uv/pip/) resolves and links them in parallel.

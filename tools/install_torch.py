@@ -1,9 +1,9 @@
 """Install the pinned torch into the course's venv, choosing the build on purpose (`make install` runs this).
 
-    .venv/bin/python scripts/install_torch.py              # what `make install` does
-    .venv/bin/python scripts/install_torch.py --dry-run    # print the decision and the install command only
+    .venv/bin/python tools/install_torch.py              # what `make install` does
+    .venv/bin/python tools/install_torch.py --dry-run    # print the decision and the install command only
     TORCH=cuda make install                                 # ask for the default index's (CUDA) build
-    .venv/bin/python scripts/install_torch.py --download wheelhouse   # what `make wheelhouse` does
+    .venv/bin/python tools/install_torch.py --download wheelhouse   # what `make wheelhouse` does
 
 Why: on Linux, `pip install torch==X` from PyPI is the CUDA build — ~3 GB of NVIDIA libraries on a
 laptop without a GPU. PyTorch's install selector documents the CPU wheels' own index
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
         return 0
     if args.download:
         command = [sys.executable, "-m", "pip", "download", "--dest", args.download, "--quiet", *pip_args[1:]]
-    else:  # uv when it can, with pip's settings; pip when it cannot (scripts/fast_install.py)
+    else:  # uv when it can, with pip's settings; pip when it cannot (tools/fast_install.py)
         command = [sys.executable, str(ROOT / "scripts" / "fast_install.py"), *pip_args[1:]]
     if args.dry_run:
         print(" ".join(command))

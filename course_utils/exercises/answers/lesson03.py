@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import Diagnosis
+from ...checks import Diagnosis
 
 
 def diagnose_padding_incident(artefact: dict) -> Diagnosis:
