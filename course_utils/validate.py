@@ -1,15 +1,23 @@
 """Argument checks shared by every public helper: one message style, what — why — how to fix.
 
 A learner who passes the wrong thing should read one sentence that names the argument, says what
-was expected and why, and how to fix it — not a traceback from deep inside torch. Every module of
-the course validates through these functions (one copy of each check), so the messages agree.
-Each returns the value it checked, so a call reads ``steps = positive_int("steps", steps)``.
+was expected and why, and how to fix it — not a traceback from deep inside torch, and never a
+result computed from input that should have been refused. Every public function calls these at its
+entry, visibly (TRL's style: a plain ``ValueError`` where the problem arises); one copy of each
+check, so the messages agree. Each returns the value it checked:
+``steps = positive_int("steps", steps)``.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Iterable, Sequence
+
+
+def _did_you_mean(value, known: Iterable) -> str:
+    close = difflib.get_close_matches(str(value), [str(k) for k in known], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def integer(name: str, value, *, minimum: int = 1, why: str = "it is a count") -> int:
@@ -41,9 +49,87 @@ def number(name: str, value, *, minimum: float | None = None, positive: bool = F
 
 
 def choice(name: str, value, allowed: Sequence, *, why: str = "the helper knows only these") -> object:
-    """``value`` if it is one of ``allowed``, else a what/why/fix error listing them."""
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is not one of {list(allowed)} — {why} — pass one of them.")
+    """``value`` if it is one of ``allowed``, else a what/why/fix error listing them (and the closest
+    one, for a typo)."""
+    try:
+        ok = value in allowed
+    except TypeError:  # an unhashable value against a set or dict
+        ok = False
+    if not ok:
+        raise ValueError(f"{name}={value!r} is not one of {list(allowed)}{_did_you_mean(value, allowed)} — "
+                         f"{why} — pass one of them.")
+    return value
+
+
+def choices(name: str, values, allowed: Sequence, *, why: str = "the helper knows only these") -> list:
+    """A list of names, each one of ``allowed`` (a typo is named, with the closest known one). A bare
+    string is refused: ``"long_prompts"`` is not ``["long_prompts"]``."""
+    strings(name, values, allow_empty=True)
+    for value in values:
+        choice(f"{name} item", value, allowed, why=why)
+    return list(values)
+
+
+def strings(name: str, value, *, allow_empty: bool = False) -> list[str]:
+    """A list or tuple of strings. A single string is refused with the fix: Python would iterate it
+    character by character, and the helper would silently use ``"<", "|", "i", …``."""
+    if isinstance(value, str):
+        raise TypeError(f"{name}={value!r} is one string, not a list of strings — the helper iterates over "
+                        f"the items and a string would be read character by character — pass [{value!r}].")
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{name} must be a list of strings, got {type(value).__name__} — the helper reads "
+                        f"each item as text — pass e.g. {name}=['<|im_end|>'].")
+    if not value and not allow_empty:
+        raise ValueError(f"{name} is empty — the helper needs at least one string — pass one or more.")
+    return list(value)
+
+
+def fraction(name: str, value, *, why: str = "it is a share of a whole") -> float:
+    """A number in [0, 1]. A value in (1, 100] is refused as the percentage it probably is."""
+    number(name, value, why=why)
+    if not 0 <= value <= 1:
+        hint = (f" — it looks like a percentage: pass {name}={value / 100:g}" if 1 < value <= 100
+                else f" — pass e.g. {name}=0.9")
+        raise ValueError(f"{name}={value!r} must be a fraction between 0 and 1 — {why}{hint}.")
+    return float(value)
+
+
+def percentage(name: str, value, *, why: str = "it is a percentile, 0 to 100") -> float:
+    """A number in [0, 100]. A value strictly between 0 and 1 is refused as the fraction it probably is
+    (``q=0.85`` for the 85th percentile would silently give the 1st)."""
+    number(name, value, why=why)
+    if not 0 <= value <= 100 or 0 < value < 1:
+        hint = (f" — it looks like a fraction: pass {name}={value * 100:g}" if 0 < value < 1
+                else f" — pass e.g. {name}=90")
+        raise ValueError(f"{name}={value!r} must be a percentage between 0 and 100 — {why}{hint}.")
+    return float(value)
+
+
+def seed(name: str, value) -> int:
+    """A seed: an int >= 0. ``None`` is refused: the course's data and cases repeat for a seed by
+    design, and ``random.Random(None)`` would draw new ones on every call."""
+    if value is None:
+        raise ValueError(f"{name}=None — the course's data and cases are deterministic by design, and no "
+                         f"seed would give different ones on every call — pass an int, e.g. {name}=0 "
+                         "(course_seed() gives the lesson's).")
+    return integer(name, value, minimum=0, why="it is a seed")
+
+
+def function(name: str, value) -> object:
+    """A callable (the learner's function, a loss, a hook)."""
+    if not callable(value):
+        raise TypeError(f"{name} must be a function, got {type(value).__name__} — the helper calls it — pass "
+                        "the function itself, without calling it (fn, not fn()).")
+    return value
+
+
+def key(name: str, value, known: Iterable[str], *, where: str = "the records") -> str:
+    """One key among ``known`` (e.g. a log key): a typo is refused with the closest known key, instead
+    of an empty result."""
+    known = sorted(set(known))
+    if value not in known:
+        raise ValueError(f"{name}={value!r} is not a key of {where}{_did_you_mean(value, known)} — the "
+                         f"helper would find nothing — pass one of {known}.")
     return value
 
 
