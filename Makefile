@@ -117,7 +117,7 @@ test-latest:
 	$(LATEST_VENV)/bin/python tools/install_torch.py --torch=$(TORCH)
 	$(LATEST_VENV)/bin/python -m pip install --quiet -e .
 	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade $(LATEST_PKGS)
-	$(LATEST_VENV)/bin/python tools/lesson_report.py
+	$(LATEST_VENV)/bin/python -m tools.lesson_report
 	-$(LATEST_VENV)/bin/python -m tools.claims --no-write  # prints CHANGED: for each verdict that moved
 
 # INSTRUCTORS.md's table: every solution and exercise notebook run once, timed (files unchanged).

@@ -171,6 +171,9 @@ def run_check(name: str, fn: Callable, cases: Sequence[Case], *,
     if not callable(fn):
         raise ValueError(f"{name}: expected your function, got {type(fn).__name__} — the checker calls "
                          "it on its own inputs — pass the function itself, without calling it.")
+    if isinstance(cases, (str, bytes)) or not isinstance(cases, Sequence) or not cases:
+        raise ValueError(f"{name}: no cases to check ({cases!r:.60}) — a checker that runs nothing would "
+                         "pass any function — give it at least one Case (for a diagnosis checker: seeds).")
     hints = _as_hints(hint)
     for i, case in enumerate(cases, 1):
         where = f"case {i}/{len(cases)}" + (f" ({case.label})" if case.label else "")
@@ -212,6 +215,11 @@ def check_diagnosis(name: str, fn: Callable, make_case: Callable[[int], tuple[ob
     cover every cause of the generator, so the learner's logic, not a memorised answer, is graded.
     ``misconceptions[(given, true)]`` names the look-alike a wrong cause confuses.
     """
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or not seeds or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise ValueError(f"{name}: seeds={seeds!r:.60} must be a non-empty list of ints — each seed draws "
+                         "one fresh case, and no case would pass any answer — leave seeds out (the checker's "
+                         "default) or pass e.g. seeds=[1, 2, 3].")
     evidence_ok = evidence_ok or (lambda got, truth: got == truth.evidence)
     cases = [Case((seed,), None, label=f"fresh case, seed {seed}") for seed in seeds]
 

@@ -110,6 +110,10 @@ def make_messages(
     _check_choice("task", task, TASKS)
     _check_int("n", n, 1)
     _check_int("context_words", context_words, 0)
+    validate.seed("seed", seed)
+    if not isinstance(long_tail, bool):
+        raise TypeError(f"long_tail={long_tail!r} must be True or False — it switches the heavy-tailed "
+                        "prompt lengths on or off — pass long_tail=True.")
     if long_tail and context_words == 0:
         raise ValueError(
             "long_tail=True with context_words=0 gives every prompt a zero-length context — the "
@@ -154,6 +158,7 @@ def pretraining_corpus(n_docs: int = 4000, seed: int = 0) -> list[str]:
     ``<|im_end|>``: like a base model, it has to learn the chat format (and when to stop) in SFT.
     """
     _check_int("n_docs", n_docs, 1)
+    validate.seed("seed", seed)
     rng = random.Random(seed)
     docs = []
     for _ in range(n_docs):

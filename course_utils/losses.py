@@ -23,16 +23,30 @@ import torch
 import torch.nn.functional as F
 
 from . import validate
-from .data import IGNORE_INDEX
+from .data import IGNORE_INDEX, n_graded
 
 
 def count_supervised(labels: torch.Tensor) -> int:
-    """Tokens that carry loss in a ``[batch, seq]`` label tensor: labels after the one-token shift
-    (the logit at t predicts the label at t+1, so column 0 is never a target) that are not -100."""
+    """Tokens that carry loss in a ``[batch, seq]`` label tensor (or a batch holding one): the targets
+    of the shifted loss, ``data.n_graded`` — the logit at t predicts the label at t+1, so column 0
+    is never a target, and -100 is skipped."""
     if isinstance(labels, dict):
         labels = labels.get("labels")
     validate.tensor("labels", labels, ndim=2, integer_dtype=True)
-    return int((labels[:, 1:] != IGNORE_INDEX).sum())
+    return n_graded(labels)
+
+
+def _labels_in_range(labels: torch.Tensor, vocab: int) -> None:
+    """Every label is a token id the logits score, or -100. A -1 meant as "ignore" would otherwise be
+    clamped to token 0 by the hand-written losses and graded as a real target: a finite, wrong loss."""
+    bad = labels[(labels != IGNORE_INDEX) & ((labels < 0) | (labels >= vocab))]
+    if bad.numel():
+        value = int(bad[0])
+        why = (f"{value} is not the ignore label: the course (and torch, transformers, TRL) skip only "
+               f"{IGNORE_INDEX}" if value < 0 else f"the logits score only {vocab} tokens")
+        raise ValueError(f"labels hold {value}, which is neither a token id in [0, {vocab}) nor "
+                         f"{IGNORE_INDEX} — {why} — mask with IGNORE_INDEX (-100), and build labels with the "
+                         "model's own tokenizer.")
 
 
 def shifted(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,6 +57,7 @@ def shifted(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, t
         raise ValueError(f"logits have shape {tuple(logits.shape)} but labels {tuple(labels.shape)} — "
                          "every position needs one label — "
                          "pass the labels of the batch the logits came from.")
+    _labels_in_range(labels, logits.shape[-1])
     return logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten()
 
 

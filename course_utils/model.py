@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from pathlib import Path
 
 from .quiet import no_progress_bars
@@ -38,6 +39,11 @@ def _offline() -> bool:
 def _resolve_device(device: str | None) -> str:
     import torch
 
+    if device is not None and (not isinstance(device, str)
+                               or not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device)):
+        raise ValueError(f"device={device!r} is not a device name — torch takes 'cpu', 'cuda', 'cuda:N' or "
+                         "'mps', and the course will not guess (an int 0 once loaded on the CPU silently) — "
+                         "pass device='cuda:0' for the first GPU, or leave it out (COURSE_DEVICE, else CPU).")
     device = device or os.environ.get("COURSE_DEVICE") or "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(

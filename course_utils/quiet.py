@@ -1,6 +1,6 @@
 """Hear a library's warnings on purpose, or silence its chatter for one block — and restore it.
 
-Used by lessons 02-07, ``train.make_sft_trainer``, ``model.load_course_model`` and the doctor.
+Used by lessons 02-07, ``training.make_sft_trainer``, ``model.load_course_model`` and the doctor.
 No helper of the course changes process-wide state for good: progress bars, logging levels and
 handlers are changed inside these context managers and put back on exit, so what a learner sees
 never depends on which cell ran first.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import warnings
 
 
 @contextlib.contextmanager
@@ -84,13 +85,20 @@ def no_progress_bars():
 
 
 @contextlib.contextmanager
-def quiet_libraries(*, logs: bool = True, capture_output: bool = False):
+def quiet_libraries(*, logs: bool = True, capture_output: bool = False, python_warnings: bool = True):
     """Silence transformers/datasets/TRL banners and dataset-map progress bars for one block.
 
     ``logs=False`` keeps the libraries' warnings (only the bars go); ``capture_output=True`` also
-    swallows what the block prints (e.g. a Trainer's log dicts); the lesson reads the records
-    instead. Progress bars and verbosity are restored on exit.
+    swallows what the block prints (e.g. a Trainer's log dicts, bitsandbytes' kernel notice); the
+    lesson reads the records instead. ``python_warnings=False`` also ignores Python warnings (peft's
+    FutureWarnings) inside the block. Progress bars, verbosity and warning filters are restored on exit.
     """
+    switches = {"logs": logs, "capture_output": capture_output, "python_warnings": python_warnings}
+    for name, value in switches.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name}={value!r} must be True or False — it switches one kind of output on "
+                            f"or off — pass {name}=True or {name}=False (and call it: "
+                            "`with quiet_libraries():`).")
     import datasets
     import transformers
 
@@ -103,10 +111,13 @@ def quiet_libraries(*, logs: bool = True, capture_output: bool = False):
         trl_logger.setLevel(logging.ERROR)
     datasets.disable_progress_bars()   # only datasets': a Trainer's own bar is the progress a learner wants
     try:
-        if capture_output:
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                yield
-        else:
+        with contextlib.ExitStack() as stack:
+            if capture_output:
+                stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+                stack.enter_context(contextlib.redirect_stderr(io.StringIO()))
+            if not python_warnings:
+                stack.enter_context(warnings.catch_warnings())
+                warnings.simplefilter("ignore")
             yield
     finally:
         transformers.logging.set_verbosity(verbosity)

@@ -244,4 +244,9 @@ def make_sft_trainer(model, tokenizer, train_dataset, *, trainer_cls=None, progr
 def logged(trainer, key: str = "loss") -> list[float]:
     """The values of ``key`` a Trainer logged, in step order (e.g. ``"loss"``, ``"grad_norm"``)."""
     validate.trainer("trainer", trainer)
-    return [h[key] for h in trainer.state.log_history if key in h and "train_runtime" not in h]
+    history = [h for h in trainer.state.log_history if "train_runtime" not in h]
+    if not history:
+        raise ValueError("the trainer has logged nothing — train() was not called yet, or logging_steps is "
+                         "larger than the run — call trainer.train() first.")
+    validate.key("key", key, {k for h in history for k in h}, where="the trainer's log")
+    return [h[key] for h in history if key in h]

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
+
+from tools.notebook_runner import execute
 
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISES = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -124,10 +125,7 @@ def run_all_and_probe(path):
     nb = nbformat.read(path, as_version=4)
     run = nbformat.read(path, as_version=4)
     run.cells.append(nbformat.v4.new_code_cell(probe_source(nb)))
-    # "immediate": the kernel is killed once the cells ran, as nbval does; a graceful shutdown spends
-    # ~1.3 s per notebook in the interpreter's teardown of the imported libraries, checking nothing
-    NotebookClient(run, timeout=600, kernel_name="python3", record_timing=False, shutdown_kernel="immediate",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()  # raises on any error
+    execute(run, timeout=600, where=path.parent)  # raises on any error
     printed = "".join(o.get("text", "") for c in run.cells[:-1] if c.cell_type == "code" for o in c.outputs)
     check_run_all(nb, printed, "".join(o.get("text", "") for o in run.cells[-1].outputs))
 
@@ -166,8 +164,7 @@ def test_probe_catches_a_planted_answer(tmp_path):
     learner = _learner_names(nb)
     calls = _checker_calls(nb, learner)
     nb.cells.append(nbformat.v4.new_code_cell(PROBE + f"\n_probe({calls!r}, {sorted(learner)!r})"))
-    NotebookClient(nb, timeout=120, kernel_name="python3", record_timing=False,
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    execute(nb, timeout=120, where=tmp_path)
     out = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
     passes = json.loads(out[out.index("PROBE") + len("PROBE"):].strip())
     assert sorted(label for _, label in passes) == ["L.count_supervised", "count_by_hand"], passes

@@ -18,16 +18,13 @@ move a verdict; the lesson named in each row is where the mechanism is taught.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
-import io
 import json
 import logging
 import math
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +40,8 @@ from course_utils.losses import (
     model_logits,
     params_finite,
 )
+from course_utils.model import DEFAULT_MODEL, course_model_name, course_seed, load_course_model
+from course_utils.quiet import captured_log, quiet_libraries
 from course_utils.training import logged, make_sft_trainer, set_seed, train
 
 VERDICTS = ("true", "false", "depends")
@@ -103,8 +102,6 @@ class Context:
     def _base(self):
         if "base" not in self._cache:
             from transformers.utils import logging as hf_logging
-
-            from course_utils.model import load_course_model
 
             bars = hf_logging.is_progress_bar_enabled()
             hf_logging.disable_progress_bar()  # "Loading weights" bar: not the table's business
@@ -286,8 +283,6 @@ def _bestfit_rows(examples, row_capacity: int, n_rows: int, buffer_size: int = 8
     "05",
 )
 def _packed_nan(ctx):
-    from course_utils.quiet import captured_log
-
     with captured_log("transformers"):  # "longer than the model's maximum": only tokenized, never run here
         examples = ctx.examples(64, seed=1, context_words=20, long_tail=True)
     lengths = sorted(len(e["input_ids"]) for e in examples)
@@ -649,8 +644,6 @@ def _qlora(ctx, compute_dtype=torch.float32):
     from transformers import BitsAndBytesConfig
     from transformers.utils import logging as hf_logging
 
-    from course_utils.model import load_course_model
-
     set_seed(ctx.seed)
     quant = BitsAndBytesConfig(
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype
@@ -658,24 +651,12 @@ def _qlora(ctx, compute_dtype=torch.float32):
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        with ctx_quiet():
+        with quiet_libraries(capture_output=True, python_warnings=False):
             model, _ = load_course_model(ctx.model_name, quantization_config=quant)
     finally:
         if bars:
             hf_logging.enable_progress_bar()
     return model
-
-
-@contextlib.contextmanager
-def ctx_quiet():
-    """bitsandbytes prints a kernel fallback notice and peft a FutureWarning: not the claim's news."""
-    with (
-        contextlib.redirect_stdout(io.StringIO()),
-        contextlib.redirect_stderr(io.StringIO()),
-        warnings.catch_warnings(),
-    ):
-        warnings.simplefilter("ignore")
-        yield
 
 
 @claim(12, "qlora_lr_1e3_nan", "A learning rate of 1e-3 or more almost guarantees NaN in a QLoRA run.", "06")
@@ -688,7 +669,7 @@ def _qlora_lr(ctx):
         base = ctx.once(f"qlora_{dtype_name}", functools.partial(_qlora, ctx, dtype))
         breaks = None
         for lr in (1e-3, 1e-2, 1e-1, 1.0, 10.0):
-            with ctx_quiet():
+            with quiet_libraries(capture_output=True, python_warnings=False):
                 m = get_peft_model(
                     copy.deepcopy(base),
                     LoraConfig(
@@ -784,8 +765,6 @@ def _checkpointing(ctx):
 def _bnb_kwarg(ctx):
     from transformers import BitsAndBytesConfig
 
-    from course_utils.quiet import captured_log
-
     name = "transformers.utils.quantization_config"
     with captured_log(name, level=logging.WARNING) as warned:
         cfg = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_type=torch.float16)  # misspelt: _dtype
@@ -811,8 +790,6 @@ def _trainer_run(ctx, nan_inf_filter: bool):
 
     Returns the logged losses, the logged grad norms and whether the weights ended finite."""
     from transformers import Trainer, TrainingArguments
-
-    from course_utils.quiet import quiet_libraries
 
     batches = ctx.batches(batch_size=4)
     rows = []
@@ -912,8 +889,6 @@ def _grad_spike(ctx):
 )
 def _nan_check_trainer(ctx):
     from transformers import Trainer, TrainingArguments
-
-    from course_utils.quiet import quiet_libraries
 
     class NaNCheckTrainer(Trainer):  # as copied from forum answers written for transformers 4.x
         def training_step(self, model, inputs):
@@ -1119,7 +1094,7 @@ def _pad_eos(ctx):
 def _sft_bf16(ctx):
     from trl import SFTConfig
 
-    with ctx_quiet():
+    with quiet_libraries(capture_output=True, python_warnings=False):
         cfg = SFTConfig(output_dir=tempfile.mkdtemp(prefix="claims-"), report_to="none", use_cpu=True)
     numbers = {"bf16": cfg.bf16, "fp16": cfg.fp16}
     return Result(
@@ -1166,8 +1141,6 @@ def run_claim(c: Claim, ctx: Context) -> dict:
 
 def run_all(model_name: str | None = None, only: list[str] | None = None) -> list[dict]:
     """Every registered claim (or those whose key is in ``only``) measured on one shipped model."""
-    from course_utils.model import course_model_name, course_seed
-
     ctx = Context(course_model_name(model_name), course_seed())
     chosen = [c for c in sorted(CLAIMS, key=lambda c: c.number) if only is None or c.key in only]
     return [run_claim(c, ctx) for c in chosen]
@@ -1241,8 +1214,6 @@ def write_tables(
 
 
 def render_markdown(data: dict) -> str:
-    from course_utils.model import DEFAULT_MODEL
-
     models = sorted(data["rows"], key=lambda m: (m != DEFAULT_MODEL, m))  # the default model first
     claims = {c.key: c for c in CLAIMS}
     out = [
@@ -1296,8 +1267,6 @@ def main(argv=None) -> int:
     parser.add_argument("--only", nargs="*", default=None, help="claim keys to run (nothing is written)")
     parser.add_argument("--no-write", action="store_true", help="print only; do not rewrite CLAIMS.md/.json")
     args = parser.parse_args(argv)
-    from course_utils.model import course_model_name
-
     torch.set_num_threads(1)  # a tiny model gains nothing from threads (see the Makefile)
     results, changed = {}, []
     for name in args.models or [course_model_name()]:

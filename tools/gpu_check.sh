@@ -16,5 +16,5 @@ if [ "$COURSE_DEVICE" = cuda ]; then
 ' has no CUDA: reinstall it with \`make clean && make install TORCH=cuda\`'"
 fi
 # The table prints lesson by lesson, so a run cut at the limit still shows what it reached.
-timeout "${GPU_CHECK_SECONDS:-300}" "$PY" tools/lesson_report.py "$@" \
+timeout "${GPU_CHECK_SECONDS:-300}" "$PY" -m tools.lesson_report "$@" \
   || echo "gpu_check: stopped at the ${GPU_CHECK_SECONDS:-300} s limit (rc $?)"

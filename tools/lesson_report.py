@@ -1,8 +1,8 @@
 """Run every solution notebook under nbval, one at a time, and print a per-lesson table (pass/fail, time,
 first failure), with the versions that differ from the course's pins.
 
-    python tools/lesson_report.py                      # all lessons, with this interpreter
-    python tools/lesson_report.py solutions/01_*.ipynb # some
+    python -m tools.lesson_report                      # all lessons, with this interpreter
+    python -m tools.lesson_report solutions/01_*.ipynb # some
     make test-latest      # in a venv with the newest TRL/transformers: what drifted, per lesson
     tools/gpu_check.sh  # on a GPU machine (COURSE_DEVICE=cuda): what holds there
 
@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import sys
-import time
 import tomllib
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tools import ROOT
+from tools.notebook_runner import nbval
 
 
 def drifted_versions(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
@@ -52,18 +51,10 @@ def first_failure(output: str) -> str:
 
 def run_lesson(path: Path, timeout: int) -> tuple[str, float, str]:
     """``(PASS/FAIL/TIMEOUT, seconds, first failure or '')`` for one solution notebook under nbval."""
-    command = [sys.executable, "-m", "pytest", str(path), "--nbval-lax", "--nbval-current-env",
-               "--nbval-sanitize-with", str(ROOT / "tests" / "nbval_sanitize.cfg"), "-q", "-x",
-               "-p", "no:cacheprovider", f"--nbval-cell-timeout={timeout}"]
-    start = time.perf_counter()
-    try:
-        out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout * 3)
-    except subprocess.TimeoutExpired:
-        return "TIMEOUT", time.perf_counter() - start, f"over {timeout * 3} s"
-    seconds = time.perf_counter() - start
-    if out.returncode == 0:
-        return "PASS", seconds, ""
-    return "FAIL", seconds, first_failure(out.stdout + out.stderr)
+    code, output, seconds = nbval(path, timeout=timeout * 3, cell_timeout=timeout, extra=("-x",))
+    if code == -1:
+        return "TIMEOUT", seconds, f"over {timeout * 3} s"
+    return ("PASS", seconds, "") if code == 0 else ("FAIL", seconds, first_failure(output))
 
 
 def main(argv=None) -> int:
@@ -73,8 +64,6 @@ def main(argv=None) -> int:
     parser.add_argument("--strict", action="store_true", help="exit 1 when a lesson fails")
     args = parser.parse_args(argv)
     paths = [Path(p).resolve() for p in args.paths] or sorted((ROOT / "solutions").glob("*.ipynb"))
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     device = os.environ.get("COURSE_DEVICE", "cpu")
     print(f"Python {sys.version.split()[0]}, COURSE_DEVICE={device}, "
           f"COURSE_MODEL={os.environ.get('COURSE_MODEL') or '(the embedded course model)'}")

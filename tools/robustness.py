@@ -34,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
@@ -43,14 +42,13 @@ from pathlib import Path
 
 from course_utils.model import SHIPPED_MODELS
 from course_utils.outcomes import read_outcomes
-from tools.make_exercises import ROOT
+from tools import ROOT
+from tools.notebook_runner import nbval
 
 SEEDS = (0, 1, 2)
 THREADS = (1, 2)
 # CI's reduced matrix (issue 12): the second model at seed 0; the first at seed 1 with 2 threads.
 PRESETS = {"ci": (("tiny-llama", 0, 1), ("tiny-qwen", 1, 2))}
-NBVAL_ARGS = ("--nbval-lax", "--nbval-current-env", "--nbval-cell-timeout=300", "-q",
-              "-p", "no:cacheprovider", "--nbval-sanitize-with", str(ROOT / "tests" / "nbval_sanitize.cfg"))
 DEFAULT_OUT = ROOT / "ROBUSTNESS.md"
 RESULTS = ".json"  # ROBUSTNESS.md's results, machine-readable, beside it: what --update merges into
 
@@ -184,17 +182,8 @@ def run_one(notebook: Path, config: Config, workdir: Path, timeout: int = 900) -
     """Run ``notebook`` under nbval with ``config``'s environment; collect failures and outcomes."""
     stem = run_stem(notebook, config)
     junit, outcomes = workdir / f"{stem}.xml", workdir / f"{stem}.jsonl"
-    env = {**os.environ, **config.env(), "COURSE_OUTCOMES": str(outcomes), "COURSE_NOTEBOOK": notebook.name,
-           "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false"}
-    target = notebook.relative_to(ROOT) if notebook.is_relative_to(ROOT) else notebook
-    command = [sys.executable, "-m", "pytest", str(target), *NBVAL_ARGS, f"--junitxml={junit}"]
-    start = time.perf_counter()
-    try:
-        proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-        returncode, log = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired:
-        returncode, log = -1, f"timed out after {timeout} s"
-    seconds = time.perf_counter() - start
+    env = {**config.env(), "COURSE_OUTCOMES": str(outcomes), "COURSE_NOTEBOOK": notebook.name}
+    returncode, log, seconds = nbval(notebook, env=env, timeout=timeout, extra=(f"--junitxml={junit}",))
     failures = failures_from_junit(junit) if junit.exists() else []
     if returncode != 0 and not failures:  # crashed before reporting cells (or timed out)
         failures = [("(run)", _last_error_line(log))]

@@ -21,10 +21,9 @@ import time
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from tools.make_exercises import ROOT
+from tools import ROOT, notebook_runner
 from tools.make_exercises import main as make_exercises
 
 # The generated table sits between these lines (INSTRUCTORS.md): never typed by hand.
@@ -34,17 +33,8 @@ TABLE_END = "<!-- timings:end -->"
 
 def execute(path: Path, timeout: int = 600, save: bool = True) -> float:
     """Run one notebook top to bottom in a fresh kernel, save it with outputs (unless not ``save``);
-    return seconds."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the Makefile: threads only slow a tiny model
-    nb = nbformat.read(path, as_version=4)
-    start = time.perf_counter()
-    # record_timing=False: no per-cell timestamps in the metadata, so a re-run only changes outputs.
-    # shutdown_kernel="immediate": the time is a learner's (start to last cell), not ~1.3 s more of the
-    # interpreter tearing down the libraries after the lesson; nbval stops its kernels the same way.
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
-                   shutdown_kernel="immediate", resources={"metadata": {"path": str(path.parent)}}).execute()
-    seconds = time.perf_counter() - start
+    return seconds (kernel start to last cell: a learner's time)."""
+    nb, seconds = notebook_runner.execute(path, timeout=timeout)
     if save:
         nbformat.write(nb, path)
     return seconds
@@ -91,7 +81,7 @@ def main(argv=None) -> int:
                         help="write the table of times into FILE, between its timing markers")
     args = parser.parse_args(argv)
     paths = [Path(p) for p in args.paths] or sorted((ROOT / "solutions").glob("*.ipynb"))
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # what execute() gives every kernel: say so in the header
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # what every kernel gets: the header says so
     where, times = machine(), {}
     for path in paths:
         start, note = time.perf_counter(), ""
