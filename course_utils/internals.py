@@ -1,0 +1,61 @@
+"""The one place the course reaches into TRL's and transformers' private code.
+
+Some lessons measure what a library does *inside* a training step, where no public API reaches: the
+rows ``SFTTrainer`` would train (without loading a model), the order the Trainer feeds rows, the token
+count it divides a step's loss by. Each such use is a function here, naming the private name it relies
+on; ``PRIVATE_NAMES`` lists them with the versions this file mirrors, and ``tests/test_internals.py``
+fails — naming this file — when an installed TRL or transformers no longer has one of them. Lessons
+and the doctor call these functions, never the private names themselves.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+MIRRORS = {"trl": "1.16.0", "transformers": "5.24.0"}  # the pinned versions this file was read against
+
+# (class, private method, the parameters it takes): what tests/test_internals.py checks is still there
+PRIVATE_NAMES = (
+    ("trl.SFTTrainer", "_prepare_dataset",
+     ("self", "dataset", "processing_class", "args", "packing", "formatting_func", "dataset_name")),
+    ("transformers.Trainer", "_get_train_sampler", ("self", "train_dataset")),
+    ("transformers.Trainer", "_get_num_items_in_batch", ("self", "batch_samples", "device")),
+)
+
+
+def prepare_sft_dataset(dataset, tokenizer, args, *, chat_template=None, completion_only_loss=None):
+    """The rows ``SFTTrainer`` would train — tokenized, labelled, truncated, fully masked rows dropped,
+    packed — computed without a model: ``SFTTrainer._prepare_dataset`` with a stand-in for the trainer.
+
+    In TRL 1.16 that method reads only ``_tokenizer``, ``chat_template`` and ``completion_only_loss``
+    from the trainer (sft_trainer.py, ``_prepare_dataset``), so a namespace holding those stands in.
+    ``args`` is an ``SFTConfig`` (or anything with its fields).
+    """
+    from trl import SFTTrainer
+
+    trainer = types.SimpleNamespace(_tokenizer=tokenizer, chat_template=chat_template,
+                                    completion_only_loss=completion_only_loss)
+    return SFTTrainer._prepare_dataset(trainer, dataset, tokenizer, args, args.packing, None, "train")
+
+
+def feed_in_order(trainer) -> None:
+    """Make ``trainer`` feed its training rows in dataset order (no shuffle): the Trainer builds its
+    sampler in ``_get_train_sampler``; this instance's is replaced by a sequential one."""
+    trainer._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(trainer.train_dataset)
+
+
+def count_items_hook(trainer_cls, on_count, *, count: bool = True):
+    """A subclass of ``trainer_cls`` whose step-global token count (``Trainer._get_num_items_in_batch``:
+    the ``num_items_in_batch`` every micro-batch's summed loss is divided by) is passed to
+    ``on_count(value)``. ``count=False`` returns ``None`` instead: the pre-v4.46 path, where each
+    micro-batch's mean loss is divided by the number of accumulation steps."""
+
+    class CountingItems(trainer_cls):
+        def _get_num_items_in_batch(self, batch_samples, device):
+            value = super()._get_num_items_in_batch(batch_samples, device) if count else None
+            on_count(value)
+            return value
+
+    return CountingItems
