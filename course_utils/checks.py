@@ -27,6 +27,8 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from .model import course_seed
+
 
 @dataclass
 class Case:
@@ -197,8 +199,6 @@ def fresh_seeds(n: int) -> list[int]:
     """``n`` consecutive seeds for a diagnosis checker, offset by the course seed: every ``COURSE_SEED``
     grades other cases, and consecutive seeds walk through every cause of a generator that picks
     ``cause = CAUSES[seed % len(CAUSES)]``."""
-    from .model import course_seed
-
     base = 1000 * (course_seed() + 1)
     return list(range(base, base + n))
 

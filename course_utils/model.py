@@ -20,6 +20,7 @@ import os
 import re
 from pathlib import Path
 
+from . import validate
 from .quiet import no_progress_bars
 
 COURSE_MODEL_DIR = Path(__file__).parent / "course_model"
@@ -163,8 +164,6 @@ def load_course_model(name_or_path=None, device: str | None = None, **model_kwar
 
 def token_id(tokenizer, token: str) -> int:
     """The id of a single token string, or a what/why/fix error if the vocabulary lacks it."""
-    from . import validate
-
     validate.tokenizer("tokenizer", tokenizer)
     if not isinstance(token, str) or not token:
         raise TypeError(f"token must be a non-empty string, got {token!r} — it is looked up in the "

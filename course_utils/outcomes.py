@@ -24,6 +24,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .model import course_model_name, course_seed
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -66,8 +68,6 @@ def _number(argument: str, value, allow_nan: bool) -> float:
 
 def _context(lesson: str | None) -> dict:
     """Who made the claim: lesson, model, seed and thread count, for the robustness table."""
-    from .model import course_model_name, course_seed
-
     try:
         import torch
 

@@ -13,13 +13,18 @@ Used by lessons 00-07.
 from __future__ import annotations
 
 import math
+import random
 import tempfile
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from . import validate
 from .losses import count_supervised, model_logits, params_finite, summed_ignore_index
+from .model import course_seed
+from .quiet import quiet_libraries
 
 NORMALISATIONS = ("mean", "token")
 PROGRESS_DELAY_S = 2.0  # a bar appears only when a run takes longer than this: fast cells stay clean
@@ -30,12 +35,6 @@ def set_seed(seed: int | None = None) -> int:
 
     ``None``: the course seed (``$COURSE_SEED``, default 0), so ``make robustness`` can vary it.
     """
-    import random
-
-    import numpy as np
-
-    from .model import course_seed
-
     seed = course_seed() if seed is None else validate.integer("seed", seed, minimum=0, why="it seeds RNGs")
 
     random.seed(seed)
@@ -105,7 +104,6 @@ def train(model, micro_batches: Sequence[dict], *, steps: int, accum_steps: int 
     default. ``skip_empty=True`` is the guard against empty micro-batches: one without a supervised
     token is not run at all. ``progress`` shows a bar once a run has taken a couple of seconds.
     """
-    from tqdm.auto import tqdm
 
     _check_train_args(micro_batches, accum_steps, steps, normalise, optimizer, lr, max_grad_norm)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -168,8 +166,7 @@ def clip_rate(records: list[dict]) -> float:
 def _progress_callback():
     """A Trainer callback that shows a bar once a run takes a couple of seconds, and prints nothing
     else (the Trainer's own ``ProgressCallback`` also prints every log dict)."""
-    from tqdm.auto import tqdm
-    from transformers import TrainerCallback
+    from transformers import TrainerCallback  # see make_sft_trainer: the Trainer's import is slow
 
     class QuietProgress(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
@@ -201,11 +198,11 @@ def make_sft_trainer(model, tokenizer, train_dataset, *, trainer_cls=None, progr
     ``copy.deepcopy`` of ``model`` taken afterwards still runs, and trains, the original's modules.
     Pass ``copy.deepcopy(model)`` here if you use the model again after building the trainer.
     """
+    # imported here, not at the top: transformers' Trainer and TRL take seconds to import (TRL pulls in
+    # peft and bitsandbytes), and the hand-written loop of lessons 01 and 05-07 needs neither
     from transformers import PrinterCallback, ProgressCallback
     from trl import SFTConfig, SFTTrainer
 
-    from .model import course_seed
-    from .quiet import quiet_libraries
 
     defaults = dict(
         output_dir=tempfile.mkdtemp(prefix="sft-lab-"), report_to="none", max_steps=20,
