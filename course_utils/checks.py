@@ -27,6 +27,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from . import validate
 from .model import course_seed
 
 
@@ -199,6 +200,7 @@ def fresh_seeds(n: int) -> list[int]:
     """``n`` consecutive seeds for a diagnosis checker, offset by the course seed: every ``COURSE_SEED``
     grades other cases, and consecutive seeds walk through every cause of a generator that picks
     ``cause = CAUSES[seed % len(CAUSES)]``."""
+    validate.positive_int("n", n, why="it is how many fresh cases the checker draws")
     base = 1000 * (course_seed() + 1)
     return list(range(base, base + n))
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+import torch
+
 from . import validate
 
 IGNORE_INDEX = -100  # the label value that torch's cross-entropy (and transformers) skip
@@ -48,11 +50,19 @@ def graded(labels):
             raise ValueError(f"labels has {labels.ndim} dimensions but must have 1 ([seq]) or 2 "
                              "([batch, seq]) — a label belongs to one position of one row — "
                              "pass example['labels'] or batch['labels'].")
+        if labels.shape[-1] == 0 or (labels.ndim == 2 and labels.shape[0] == 0):
+            raise ValueError(f"labels has shape {tuple(labels.shape)}: no position — an example has at least "
+                             "one token — pass the labels of a real example or batch.")
         return labels[..., 1:] != IGNORE_INDEX
-    if isinstance(labels, (str, bytes)) or not isinstance(labels, Sequence):
-        raise TypeError(f"labels must be a list or tensor of token labels, got {type(labels).__name__} — one "
-                        "label per position — pass example['labels'] or batch['labels'].")
-    return [int(label) != IGNORE_INDEX for label in list(labels)[1:]]
+    if isinstance(labels, (str, bytes)) or not isinstance(labels, Sequence) or (
+            labels and not all(isinstance(label, int) for label in labels)):
+        raise TypeError(f"labels must be a list of ints or a tensor, got {type(labels).__name__}"
+                        f"{' of ' + type(labels[0]).__name__ if labels else ''} — one label per position — "
+                        "pass example['labels'], or a batch's labels as a tensor (batch['labels']).")
+    if not labels:
+        raise ValueError("labels is empty — an example has at least one token, and one label per token — "
+                         "pass example['labels'] of a tokenized example.")
+    return [label != IGNORE_INDEX for label in labels[1:]]
 
 
 def n_graded(labels) -> int:
@@ -240,6 +250,7 @@ def end_of_turn_token(tokenizer) -> str:
 
 def end_of_turn_id(tokenizer) -> int:
     """The id of ``end_of_turn_token``: what closes every turn of the template (Qwen2.5: ``<|im_end|>``)."""
+    validate.tokenizer("tokenizer", tokenizer)
     return tokenizer.convert_tokens_to_ids(end_of_turn_token(tokenizer))
 
 
@@ -281,11 +292,18 @@ def collate_right(examples: list[dict], pad_token_id: int):
 
     The ``-100`` comes from here, from knowing where each example ends, not from the attention mask.
     """
-    import torch
-
     if not isinstance(examples, (list, tuple)) or not examples:
         raise ValueError("collate_right got no examples — a batch needs at least one — pass a "
                          "non-empty list of tokenize_chat() outputs.")
+    validate.integer("pad_token_id", pad_token_id, minimum=0, why="it is a token id")
+    for i, e in enumerate(examples):
+        if not isinstance(e, dict) or "input_ids" not in e or "labels" not in e:
+            raise TypeError(f"examples[{i}] is a {type(e).__name__}, not a tokenized example — the collate "
+                            "pads its 'input_ids' and 'labels' — pass tokenize_chat() outputs.")
+        if len(e["input_ids"]) != len(e["labels"]) or not len(e["input_ids"]):
+            raise ValueError(f"examples[{i}] has {len(e['input_ids'])} input_ids and {len(e['labels'])} "
+                             "labels — every token needs one label, and an example at least one token — "
+                             "tokenize it with tokenize_chat().")
     width = max(len(e["input_ids"]) for e in examples)
     batch = {"input_ids": [], "attention_mask": [], "labels": []}
     for e in examples:
@@ -300,6 +318,8 @@ def make_batches(tokenizer, conversations: list[list[dict]], batch_size: int,
                  max_length: int | None = None, train_on_eos: bool = True) -> list[dict]:
     """Tokenize conversations and cut them, in order, into right-padded micro-batches."""
     _check_int("batch_size", batch_size, 1)
+    validate.non_empty("conversations", conversations, what="conversations (lists of messages)",
+                       fix="pass e.g. make_messages('add', 8).")
     examples = [tokenize_chat(tokenizer, m, max_length, train_on_eos) for m in conversations]
     return [collate_right(examples[i: i + batch_size], tokenizer.pad_token_id)
             for i in range(0, len(examples), batch_size)]

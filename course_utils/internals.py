@@ -14,6 +14,8 @@ import types
 
 import torch
 
+from . import validate
+
 MIRRORS = {"trl": "1.16.0", "transformers": "5.24.0"}  # the pinned versions this file was read against
 
 # (class, private method, the parameters it takes): what tests/test_internals.py checks is still there
@@ -35,6 +37,13 @@ def prepare_sft_dataset(dataset, tokenizer, args, *, chat_template=None, complet
     """
     from trl import SFTTrainer
 
+    validate.tokenizer("tokenizer", tokenizer)
+    if not hasattr(args, "packing") or not hasattr(args, "max_length"):
+        raise TypeError(f"args must be an SFTConfig, got {type(args).__name__} — TRL reads its packing, "
+                        "max_length and other fields — pass SFTConfig(...).")
+    if not hasattr(dataset, "map") or not len(dataset):
+        raise ValueError(f"dataset must be a non-empty datasets.Dataset, got {type(dataset).__name__} — TRL "
+                         "maps over its rows — pass Dataset.from_list(rows) with at least one row.")
     trainer = types.SimpleNamespace(_tokenizer=tokenizer, chat_template=chat_template,
                                     completion_only_loss=completion_only_loss)
     return SFTTrainer._prepare_dataset(trainer, dataset, tokenizer, args, args.packing, None, "train")
@@ -43,6 +52,7 @@ def prepare_sft_dataset(dataset, tokenizer, args, *, chat_template=None, complet
 def feed_in_order(trainer) -> None:
     """Make ``trainer`` feed its training rows in dataset order (no shuffle): the Trainer builds its
     sampler in ``_get_train_sampler``; this instance's is replaced by a sequential one."""
+    validate.trainer("trainer", trainer)
     trainer._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(trainer.train_dataset)
 
 
@@ -51,6 +61,12 @@ def count_items_hook(trainer_cls, on_count, *, count: bool = True):
     the ``num_items_in_batch`` every micro-batch's summed loss is divided by) is passed to
     ``on_count(value)``. ``count=False`` returns ``None`` instead: the pre-v4.46 path, where each
     micro-batch's mean loss is divided by the number of accumulation steps."""
+    from transformers import Trainer
+
+    if not (isinstance(trainer_cls, type) and issubclass(trainer_cls, Trainer)):
+        raise TypeError(f"trainer_cls must be a Trainer class, got {trainer_cls!r:.60} — the hook subclasses "
+                        "it — pass e.g. trl.SFTTrainer (the class, not an instance).")
+    validate.function("on_count", on_count)
 
     class CountingItems(trainer_cls):
         def _get_num_items_in_batch(self, batch_samples, device):

@@ -103,6 +103,7 @@ MASKED_MEANS = {"ignore_index": mean_ignore_index, "multiplication": mean_by_mul
 
 def model_logits(model, batch: dict) -> torch.Tensor:
     """The model's logits on a collated batch (its attention mask passed when it has one)."""
+    validate.model("model", model)
     validate.batch("batch", batch, need=("input_ids",))
     validate.ids_fit_model(model, batch["input_ids"])
     return model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits
@@ -115,6 +116,7 @@ def eval_loss(model, batches: Sequence[dict]) -> float:
     NaN when the model's weights are NaN. Batches with no supervised token at all are an error, not
     a 0.0 or a NaN: an evaluation that measured nothing must not look like a number.
     """
+    validate.model("model", model)
     validate.batches("batches", batches)
     was_training = model.training
     model.eval()

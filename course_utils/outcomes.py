@@ -115,6 +115,9 @@ def report_outcome(name: str, value, threshold, *, higher_is_better: bool = True
 
 def read_outcomes(path) -> list[dict]:
     """The claims ``report_outcome`` appended to ``path`` (one JSON object per line; [] if absent)."""
+    if not isinstance(path, (str, Path)) or not str(path):
+        raise TypeError(f"path={path!r} must be a file path — the claims are read from that file — pass the "
+                        "COURSE_OUTCOMES path the robustness runner set.")
     path = Path(path)
     if not path.exists():
         return []

@@ -72,7 +72,9 @@ def micro_batch_loss(summed: torch.Tensor, n_tokens: int, *, normalise: str, acc
     return loss / accum_steps if divide_by_accum else loss
 
 
-def _check_train_args(micro_batches, accum_steps, steps, normalise, optimizer, lr, max_grad_norm) -> None:
+def _check_train_args(model, micro_batches, accum_steps, steps, normalise, optimizer, lr,
+                      max_grad_norm) -> None:
+    validate.model("model", model)
     validate.positive_int("accum_steps", accum_steps, why="it counts micro-batches per optimizer step")
     validate.positive_int("steps", steps, why="it counts optimizer steps")
     validate.choice("normalise", normalise, NORMALISATIONS,
@@ -105,7 +107,7 @@ def train(model, micro_batches: Sequence[dict], *, steps: int, accum_steps: int 
     token is not run at all. ``progress`` shows a bar once a run has taken a couple of seconds.
     """
 
-    _check_train_args(micro_batches, accum_steps, steps, normalise, optimizer, lr, max_grad_norm)
+    _check_train_args(model, micro_batches, accum_steps, steps, normalise, optimizer, lr, max_grad_norm)
     params = [p for p in model.parameters() if p.requires_grad]
     if optimizer == "adamw":
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, eps=eps)

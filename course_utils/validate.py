@@ -189,6 +189,9 @@ def batch(name: str, value, *, need: Iterable[str] = ("input_ids", "labels")) ->
             raise TypeError(f"{name}[{key!r}] is a list, not a tensor — the batch is not collated — "
                             "call collate_right(examples, pad_id) first.")
         tensor(f"{name}[{key!r}]", value[key], ndim=2, integer_dtype=True)
+        if 0 in value[key].shape:
+            raise ValueError(f"{name}[{key!r}] has shape {tuple(value[key].shape)}: no row or no position — "
+                             "a batch holds at least one token of one example — collate real examples.")
         if shape is None:
             shape = value[key].shape
         elif value[key].shape != shape:
@@ -210,7 +213,9 @@ def batches(name: str, value, *, need: Iterable[str] = ("input_ids", "labels")) 
 
 def ids_fit_model(model, input_ids, *, name: str = "input_ids") -> None:
     """Token ids must index the model's embedding: a tokenizer from another model does not fit."""
+    _a_model("model", model)
     model = getattr(model, "module", model)  # DistributedDataParallel wraps the model
+    tensor(name, input_ids, integer_dtype=True)
     if not hasattr(model, "get_input_embeddings"):
         return
     vocab = model.get_input_embeddings().num_embeddings
@@ -249,6 +254,9 @@ def model(name: str, value):
         raise TypeError(f"{name} must be a torch model, got {type(value).__name__} — the helper runs or "
                         "inspects its parameters — pass the model from load_course_model().")
     return value
+
+
+_a_model = model  # for checks whose own parameter is called ``model``
 
 
 def trainer(name: str, value):

@@ -62,6 +62,10 @@ def token_strings(tokenizer, input_ids: Iterable[int]) -> list[str]:
     if isinstance(input_ids, (str, bytes)) or not hasattr(input_ids, "__iter__"):
         raise TypeError(f"input_ids must be a sequence of token ids, got {type(input_ids).__name__} — one id "
                         "per token — pass e.g. example['input_ids'].")
+    input_ids = input_ids.tolist() if hasattr(input_ids, "tolist") else list(input_ids)
+    if not input_ids or not all(isinstance(i, int) for i in input_ids):
+        raise ValueError(f"input_ids must be a non-empty flat list of token ids, got {input_ids!r:.60} — one "
+                         "id per token of one example — pass example['input_ids'] (one row, not a batch).")
     return [tokenizer.convert_tokens_to_string([t]).replace("\n", "\\n")
             for t in tokenizer.convert_ids_to_tokens(list(input_ids))]
 
