@@ -121,3 +121,72 @@ def test_each_name_is_defined_once_in_the_package():
 def test_the_maintainers_tooling_is_not_in_the_learner_package():
     for name in ("build_course_model", "make_exercises", "run_solutions", "robustness", "claims"):
         assert not (PACKAGE / f"{name}.py").exists() and (ROOT / "tools" / f"{name}.py").exists(), name
+
+
+def _reachable_from_exercise_copies() -> dict[str, object]:
+    """Public functions an exercise copy can reach: imported by name from ``course_utils``, or the
+    public functions of a ``course_utils`` module it binds (as the give-away probe sees them)."""
+    import importlib
+    import inspect
+    import json
+
+    found = {}
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            source = "\n".join(line for line in "".join(cell["source"]).splitlines()
+                               if not line.lstrip().startswith(("%", "!")))
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("course_utils"):
+                    module = importlib.import_module(node.module)
+                    for alias in node.names:
+                        value = getattr(module, alias.name)
+                        if inspect.ismodule(value):
+                            module, value = value, None
+                        if value is None or inspect.isfunction(value):
+                            found.update(_public(module) if value is None else {alias.name: value})
+                elif isinstance(node, ast.Import):
+                    for alias in node.names:
+                        if alias.name.startswith("course_utils."):
+                            found.update(_public(importlib.import_module(alias.name)))
+    return found
+
+
+def _public(module) -> dict[str, object]:
+    import inspect
+
+    return {f"{module.__name__}.{n}": f for n, f in vars(module).items()
+            if not n.startswith("_") and inspect.isfunction(f) and f.__module__ == module.__name__}
+
+
+def _holds_a_cause(value, depth: int = 0) -> bool:
+    from course_utils.checks import Diagnosis
+
+    if isinstance(value, Diagnosis):
+        return True
+    if depth < 2 and isinstance(value, dict):
+        return bool({"cause", "truth", "answer"} & set(map(str, value))) or any(
+            _holds_a_cause(v, depth + 1) for v in value.values())
+    if depth < 2 and isinstance(value, (list, tuple)):
+        return any(_holds_a_cause(v, depth + 1) for v in value[:8])
+    return False
+
+
+@pytest.mark.slow  # draws one case of every generator the copies reach (~30 s): `make test-slow`, CI
+def test_exercise_copies_reach_no_generator_that_returns_a_cause():
+    """A diagnosis exercise shows what a practitioner sees; the generator that knows the cause is private
+    to its checker's module. Every function the exercise copies reach that draws a case from a seed is
+    called, and what it returns must not name the cause (a Diagnosis, or a cause/truth/answer field)."""
+    import inspect
+
+    telling = []
+    for name, fn in sorted(_reachable_from_exercise_copies().items()):
+        params = inspect.signature(fn).parameters
+        required = [p for p in params.values() if p.default is inspect.Parameter.empty
+                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.POSITIONAL_ONLY)]
+        if [p.name for p in required] != ["seed"] or name.split(".")[-1].startswith("check_"):
+            continue
+        if _holds_a_cause(fn(seed=7)):
+            telling.append(name)
+    assert not telling, f"the exercise copies reach generators that return the cause: {telling}"
