@@ -323,3 +323,10 @@ def make_batches(tokenizer, conversations: list[list[dict]], batch_size: int,
     examples = [tokenize_chat(tokenizer, m, max_length, train_on_eos) for m in conversations]
     return [collate_right(examples[i: i + batch_size], tokenizer.pad_token_id)
             for i in range(0, len(examples), batch_size)]
+
+
+def all_masked(batch: dict) -> dict:
+    """A copy of a collated ``batch`` whose labels are all -100: no token carries loss — what truncation
+    or a clogged packer produces in real data (lesson 05), and where a masked mean turns NaN (lesson 06)."""
+    validate.batch("batch", batch)
+    return {**batch, "labels": torch.full_like(batch["labels"], IGNORE_INDEX)}

@@ -18,6 +18,7 @@ move a verdict; the lesson named in each row is where the mechanism is taught.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import functools
 import json
@@ -32,7 +33,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from course_utils.data import IGNORE_INDEX, collate_right, make_messages, tokenize_chat
+from course_utils import use_course_defaults
+from course_utils.data import IGNORE_INDEX, all_masked, collate_right, make_messages, tokenize_chat
 from course_utils.losses import (
     count_supervised,
     mean_by_multiplication,
@@ -43,9 +45,9 @@ from course_utils.losses import (
 from course_utils.model import DEFAULT_MODEL, course_model_name, course_seed, load_course_model
 from course_utils.quiet import captured_log, quiet_libraries
 from course_utils.training import logged, make_sft_trainer, set_seed, train
+from tools import ROOT
 
 VERDICTS = ("true", "false", "depends")
-ROOT = Path(__file__).resolve().parent.parent
 TABLE_MD = ROOT / "CLAIMS.md"
 TABLE_JSON = ROOT / "CLAIMS.json"
 SITE = "site-packages/"  # citations are paths inside the installed packages
@@ -142,11 +144,6 @@ class Context:
         if key not in self._cache:
             self._cache[key] = fn()
         return self._cache[key]
-
-
-def all_masked(batch: dict) -> dict:
-    """The same batch with every label ``-100``: what truncation or a clogged packer produces."""
-    return {**batch, "labels": torch.full_like(batch["labels"], IGNORE_INDEX)}
 
 
 def _grads(model) -> list[torch.Tensor]:
@@ -1256,8 +1253,7 @@ def render_markdown(data: dict) -> str:
 
 
 def main(argv=None) -> int:
-    import argparse
-
+    use_course_defaults()  # offline, no telemetry: as a lesson runs
     parser = argparse.ArgumentParser(
         description="Re-measure every claim; print the table; write CLAIMS.md/.json."
     )
