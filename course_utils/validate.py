@@ -115,6 +115,17 @@ def seed(name: str, value) -> int:
     return integer(name, value, minimum=0, why="it is a seed")
 
 
+def seeds(name: str, value) -> list[int]:
+    """A diagnosis checker's seeds: a non-empty list (or range) of seeds. None would draw nothing and a
+    checker that grades no case passes any answer."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, range)) or len(value) == 0:
+        got = "an empty list" if isinstance(value, (list, tuple, range)) else repr(value)
+        raise ValueError(f"{name} must be a non-empty list of ints, got {got} — the checker grades one fresh "
+                         "case per seed, and with none it would pass any answer — pass e.g. "
+                         f"{name}=[0, 1, 2, 3], or leave it out for the checker's own.")
+    return [seed(f"{name}[{i}]", s) for i, s in enumerate(value)]
+
+
 def function(name: str, value) -> object:
     """A callable (the learner's function, a loss, a hook)."""
     if not callable(value):
@@ -266,76 +277,3 @@ def trainer(name: str, value):
                         "reads its log history — pass the trainer you called .train() on "
                         "(make_sft_trainer(...)).")
     return value
-
-
-# ------------------------------------------------------------------------------------------------
-# Checks by argument name: the lesson modules' public functions share these conventions
-# ------------------------------------------------------------------------------------------------
-
-_MODELS = {"model", "model_a", "model_b"}
-_TOKENIZERS = {"tokenizer", "tok"}
-_BATCHES = {"micro_batches", "batches"}
-_LISTS = {"records", "prompts", "conversations", "examples"}
-_COUNTS = {"steps", "accum_steps", "max_new_tokens", "batch_size", "n"}
-_SEQUENCES = {"input_ids", "labels", "reference", "other", "allowed", "example_of"}
-_IDS = {"pad_token_id", "stop_id"}
-
-
-def _by_name(name: str, value) -> None:
-    if name in _MODELS:
-        model(name, value)
-    elif name in _TOKENIZERS:
-        tokenizer(name, value)
-    elif name == "batch" or name.endswith("_batch"):
-        batch(name, value, need=("input_ids",))
-    elif name in _BATCHES:
-        batches(name, value, need=("input_ids",))
-    elif name in _LISTS:
-        non_empty(name, value)
-    elif name in _COUNTS:
-        positive_int(name, value)
-    elif name in _IDS:
-        integer(name, value, minimum=0, why="it is a token id")
-    elif name == "grid" and not isinstance(value, dict):
-        raise TypeError(f"grid must be a dict of runs, got {type(value).__name__} — the plot looks "
-                        "up (K, max_grad_norm) in it — pass the grid clip_grid() returned.")
-    elif name in _SEQUENCES and (value is None or isinstance(value, (int, float, str, dict))):
-        raise TypeError(f"{name} must be a sequence or tensor (of token ids, labels or masks), got "
-                        f"{type(value).__name__} — one value per token — pass e.g. example['input_ids'] or "
-                        "batch['labels'].")
-
-
-def check_arguments_by_name(fn):
-    """Wrap ``fn`` so that its arguments are checked by their conventional names before it runs:
-    ``model``, ``tokenizer``/``tok``, ``batch``, ``micro_batches``, ``records``, ``steps``… A value
-    equal to the parameter's default (e.g. ``None`` meaning "not given") is not checked."""
-    import functools
-    import inspect
-
-    signature = inspect.signature(fn)
-
-    @functools.wraps(fn)
-    def checked(*args, **kwargs):
-        bound = signature.bind_partial(*args, **kwargs)
-        for name, value in bound.arguments.items():
-            default = signature.parameters[name].default
-            if default is not inspect.Parameter.empty and value is default:
-                continue
-            _by_name(name, value)
-        return fn(*args, **kwargs)
-
-    checked.checked_by_name = True
-    return checked
-
-
-def check_module_arguments(namespace: dict) -> None:
-    """Apply ``check_arguments_by_name`` to every public function defined in a module (call it once,
-    at the bottom of the module, with ``globals()``); checkers (``check_*``) are left as they are:
-    they must never raise on a learner's answer."""
-    import inspect
-
-    module = namespace["__name__"]
-    for name, value in list(namespace.items()):
-        if (inspect.isfunction(value) and value.__module__ == module and not name.startswith(("_", "check_"))
-                and not getattr(value, "checked_by_name", False)):
-            namespace[name] = check_arguments_by_name(value)
