@@ -222,6 +222,9 @@ def check_diagnosis(name: str, fn: Callable, make_case: Callable[[int], tuple[ob
         raise ValueError(f"{name}: seeds={seeds!r:.60} must be a non-empty list of ints — each seed draws "
                          "one fresh case, and no case would pass any answer — leave seeds out (the checker's "
                          "default) or pass e.g. seeds=[1, 2, 3].")
+    if not callable(fn):  # run_check sees the wrapper below, not the learner's function
+        raise ValueError(f"{name}: expected your function, got {type(fn).__name__} — the checker calls "
+                         "it on fresh cases — pass the function itself, without calling it.")
     evidence_ok = evidence_ok or (lambda got, truth: got == truth.evidence)
     cases = [Case((seed,), None, label=f"fresh case, seed {seed}") for seed in seeds]
 

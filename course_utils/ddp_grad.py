@@ -16,34 +16,52 @@ passes on the same parameters:
 
 Rank 0 writes ``{"rank_mean", "global_count", "n_tokens", "world_size", "seed", "batch_size"}`` with
 ``torch.save``; lesson 07's notebook compares both with the single-process full-batch gradient. Launch it
-from Python with ``token_weighting.run_ddp_grad()``.
+from Python with ``token_weighting.run_ddp_grad()``: it runs this file as a module, so it works from a
+checkout and from an installed wheel alike.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from transformers.utils import logging as hf_logging
+
+from .losses import count_supervised
+from .model import load_course_model
+from .token_weighting import flat_grad, uneven_micro_batches
+from .training import token_losses
+
+
+def _count(minimum: int):
+    """An argparse type: an int >= ``minimum``, refused with what / why / fix."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= {minimum} — it picks the data "
+                                             f"each rank trains on — pass e.g. {max(minimum, 1)}.")
+        return value
+    return parse
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="where rank 0 writes the gradients (torch.save)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--batch-size", type=int, default=2)
+    parser.add_argument("--seed", type=_count(0), default=0)
+    parser.add_argument("--batch-size", type=_count(1), default=2)
     args = parser.parse_args(argv)
     if "RANK" not in os.environ:
         raise SystemExit("RANK is not set — this script is one process of a torchrun job — launch it with "
                          "`torchrun --standalone --nproc_per_node=2 -m course_utils.ddp_grad --out FILE`.")
-
-    from transformers.utils import logging as hf_logging
-
-    from .losses import count_supervised
-    from .model import load_course_model
-    from .token_weighting import flat_grad, uneven_micro_batches
-    from .training import token_losses
+    if not Path(args.out).resolve().parent.is_dir():
+        raise SystemExit(f"--out {args.out}: its folder does not exist — rank 0 writes the gradients there "
+                         "once every rank has run — pass a path in an existing folder.")
 
     hf_logging.disable_progress_bar()
     dist.init_process_group("gloo")  # gloo: the CPU backend

@@ -15,13 +15,22 @@ examples" filter), templates are judged by ``trl.chat_template_utils``, activati
 of the real model on real rows. Nothing is trained; it takes seconds.
 
 Exit status of the command: 1 when an error-level finding exists (so it can gate CI), 0 otherwise,
-2 on bad input (missing file, malformed JSONL line, unknown model id offline, config not a JSON
-object), always with a what/why/fix message and never a traceback.
+2 on bad input — a missing file, a malformed JSONL line, rows of mixed forms, an unknown model id
+offline, a config that is not a JSON object, a config key that is not an SFTConfig field, a config
+value SFTConfig would take but training cannot (``max_length`` or a batch size below 1, a learning
+rate <= 0, ``"yes"`` for a flag), a ``--max-length`` below 1 — always with a what/why/fix message and
+never a traceback. ``diagnose`` raises ``DoctorInputError`` for the same input: the doctor never
+reports on a set-up it had to guess at.
+
+The doctor's own checks are the private ``_*_findings`` functions (``check_*`` names are kept for
+the exercises' graders).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import difflib
 import html
 import json
 import math
@@ -31,7 +40,16 @@ import types
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+
+from . import internals, validate
+from .data import end_of_turn_id
+from .model import _not_available_offline, _offline, _resolve_source
 from .quiet import no_progress_bars
+
+# transformers, trl and datasets are imported where they are used: `from trl import SFTConfig, SFTTrainer`
+# costs ~10 s on a 2-core CPU (measured), and bad input, --help and `import course_utils.doctor` answer
+# without it (~1.5 s: torch, through data)
 
 SEVERITIES = ("error", "warning", "info")
 LESSONS = {
@@ -85,6 +103,8 @@ class Report(list):
 
     def checks(self, severity: str | None = None) -> set[str]:
         """The names of the checks that reported (at ``severity`` if given)."""
+        if severity is not None:
+            validate.choice("severity", severity, SEVERITIES, why="a finding has one of these severities")
         return {f.check for f in self if severity is None or f.severity == severity}
 
     def to_json(self) -> str:
@@ -129,11 +149,9 @@ class Report(list):
 
 def read_jsonl(path) -> list[dict]:
     """The rows of a JSONL file; a malformed line raises ``DoctorInputError`` naming its number."""
-    path = Path(path)
-    if not path.is_file():
-        raise DoctorInputError(f"data file {str(path)!r} does not exist — the doctor reads the rows you "
-                               "would train on — pass the path of a .jsonl file, one JSON object per line.")
-    rows = []
+    path = _existing_file("data file", path, "the doctor reads the rows you would train on",
+                          "pass the path of a .jsonl file, one JSON object per line")
+    rows, numbers = [], []
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
@@ -144,12 +162,38 @@ def read_jsonl(path) -> list[dict]:
                 raise DoctorInputError(
                     f"{path}: line {number} is not valid JSON ({exc.msg} at column {exc.colno}) — each line "
                     "must be one JSON object — fix or remove that line.") from None
-            _check_row(row, f"{path}: line {number}")
             rows.append(row)
+            numbers.append(number)
     if not rows:
         raise DoctorInputError(f"{path} has no rows — there is nothing to check or train on — pass a "
                                "non-empty JSONL file.")
+    _check_rows(rows, lambda i: f"{path}: line {numbers[i]}")
     return rows
+
+
+def _existing_file(what: str, path, why: str, fix: str) -> Path:
+    if not isinstance(path, (str, Path)) or not str(path).strip():
+        raise DoctorInputError(f"the {what} must be a path, got {path!r} — {why} — {fix}.")
+    path = Path(path)
+    if path.is_dir():
+        raise DoctorInputError(f"{what} {str(path)!r} is a directory, not a file — {why} — {fix}.")
+    if not path.is_file():
+        raise DoctorInputError(f"{what} {str(path)!r} does not exist — {why} — {fix}.")
+    return path
+
+
+def _check_rows(rows: list, where) -> None:
+    """Every row in one of TRL's forms, and all rows in the same one (TRL reads one form per dataset)."""
+    first = None
+    for i, row in enumerate(rows):
+        _check_row(row, where(i))
+        form = _form([row])
+        if first is None:
+            first = form
+        elif form != first:
+            raise DoctorInputError(f"{where(i)} is a {form!r} row but {where(0)} is a {first!r} row — TRL "
+                                   "tokenizes a dataset in one form, and the doctor would measure the other "
+                                   "rows as the first one — convert the rows to one form.")
 
 
 def _check_row(row, where: str) -> None:
@@ -168,16 +212,13 @@ def _check_row(row, where: str) -> None:
                                "'prompt'+'completion' or 'text' — rename the columns to one of these forms.")
 
 
-def read_config(config) -> dict:
+def read_config(config=None) -> dict:
     """A dict of SFTConfig fields from a dict, a JSON file path, or ``None`` (all defaults)."""
     if config is None:
         return {}
     if isinstance(config, (str, Path)):
-        path = Path(config)
-        if not path.is_file():
-            raise DoctorInputError(f"config file {str(path)!r} does not exist — it holds your SFTConfig "
-                                   "fields — pass the path of a JSON file, or leave --config out for TRL's "
-                                   "defaults.")
+        path = _existing_file("config file", config, "it holds your SFTConfig fields",
+                              "pass the path of a JSON file, or leave --config out for TRL's defaults")
         try:
             config = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
@@ -190,10 +231,70 @@ def read_config(config) -> dict:
     return dict(config)
 
 
+def _check_config(config: dict) -> None:
+    """Every key a field TRL knows, every SFTConfig value of its field's type (and choices), and the
+    lengths, batch sizes and learning rate the doctor measures with in range. SFTConfig itself takes
+    ``max_length=-5`` or ``packing="yes"`` without a word; training would not."""
+    from trl import ModelConfig, ScriptArguments, SFTConfig
+
+    fields = SFTConfig.__dataclass_fields__
+    # `trl sft --config` reads one file for the script, the model and the SFTConfig: their keys are known
+    known = {*fields, *ModelConfig.__dataclass_fields__, *ScriptArguments.__dataclass_fields__, *PEFT_KEYS}
+    for key in config:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), sorted(fields), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise DoctorInputError(f"config key {key!r} is not an SFTConfig field{hint} — "
+                                   "SFTConfig(**config) raises TypeError on it, and the doctor would measure "
+                                   "with the default instead — fix the spelling against SFTConfig's fields, "
+                                   "or drop the key.")
+    for key, value in config.items():
+        if key in fields:
+            _check_config_value(key, value, fields[key])
+
+
+_TYPES = {"<class 'bool'>": (bool,), "<class 'int'>": (int,), "<class 'float'>": (int, float),
+          "<class 'str'>": (str,), "bool | None": (bool, type(None)), "int | None": (int, type(None)),
+          "float | None": (int, float, type(None)), "str | None": (str, type(None))}
+_AT_LEAST_1 = ("max_length", "per_device_train_batch_size", "gradient_accumulation_steps")
+
+
+def _check_config_value(key: str, value, field) -> None:
+    kinds = _TYPES.get(str(field.type))
+    is_bool = isinstance(value, bool)
+    if kinds is not None and (not isinstance(value, kinds) or (is_bool and bool not in kinds)):
+        names = " or ".join("null" if k is type(None) else "true/false" if k is bool else k.__name__
+                            for k in kinds)
+        raise DoctorInputError(f"config {key}={value!r} has type {type(value).__name__}, but SFTConfig's "
+                               f"{key} is {names} — SFTConfig stores it unchecked and training reads it as "
+                               f"that type — write it as {names} in the JSON.")
+    choices = field.metadata.get("choices")
+    if choices and value not in choices:
+        close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise DoctorInputError(f"config {key}={value!r} is not one of {choices}{hint} — TRL knows only these "
+                               f"— pass one of them.")
+    if key in _AT_LEAST_1 and value is not None and value < 1:
+        raise DoctorInputError(f"config {key}={value!r} is below 1 — it is a count of tokens or rows, and "
+                               f"nothing trains with {value!r} — pass a positive number (or leave it out for "
+                               "TRL's default).")
+    if key == "learning_rate" and not (math.isfinite(value) and value > 0):
+        raise DoctorInputError(f"config learning_rate={value!r} is not a positive number — a rate <= 0 "
+                               "trains nothing or backwards — pass e.g. 2e-5.")
+
+
+def _check_max_length(max_length) -> int | None:
+    if max_length is None:
+        return None
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        raise DoctorInputError(f"max_length={max_length!r} must be a whole number of tokens >= 1 — it is the "
+                               "length TRL truncates every row to, and no row fits in it — pass e.g. "
+                               "--max-length 512 (max_length=512), or leave it out for the config's.")
+    return max_length
+
+
 def _load_tokenizer(model):
     from transformers import AutoTokenizer
-
-    from .model import _not_available_offline, _offline, _resolve_source
 
     try:
         source = _resolve_source(model)
@@ -233,8 +334,8 @@ def _generation_eos_ids(source, model_obj) -> list[int]:
     return [] if eos is None else [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
 
 
-def build_args(config: dict, max_length=None):
-    """``(SFTConfig, user's precision flags, unknown keys)`` for a config dict.
+def _build_args(config: dict, max_length=None):
+    """``(SFTConfig, user's precision flags)`` for a checked config dict (``_check_config``).
 
     The SFTConfig is built for CPU with precision off (``bf16`` on a CPU-only machine raises): the
     doctor only reads its fields; the user's ``bf16``/``fp16`` are returned separately.
@@ -242,7 +343,6 @@ def build_args(config: dict, max_length=None):
     from trl import SFTConfig
 
     fields = set(SFTConfig.__dataclass_fields__)
-    unknown = sorted(set(config) - fields)
     known = {k: v for k, v in config.items() if k in fields}
     if max_length is not None:
         known["max_length"] = max_length
@@ -257,7 +357,7 @@ def build_args(config: dict, max_length=None):
     except (TypeError, ValueError) as exc:
         raise DoctorInputError(f"SFTConfig rejects this config: {str(exc)[:300]} — TRL would fail the same "
                                "way before training — fix the field it names.") from None
-    return args, precision, unknown
+    return args, precision
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,17 +365,11 @@ def build_args(config: dict, max_length=None):
 # ---------------------------------------------------------------------------------------------
 
 def _prepare(tokenizer, dataset, args, chat_template, completion_only_loss, **overrides):
-    """``SFTTrainer._prepare_dataset`` (tokenize, label, truncate, drop, pack) without a model.
-
-    It only reads ``_tokenizer``, ``chat_template`` and ``completion_only_loss`` from the trainer,
-    so a namespace stands in for it; ``overrides`` replace SFTConfig fields (e.g. ``max_length``).
-    """
-    from trl import SFTTrainer
-
+    """The rows TRL's ``SFTTrainer`` would train (tokenize, label, truncate, drop, pack), without a model
+    (``internals.prepare_sft_dataset``); ``overrides`` replace SFTConfig fields (e.g. ``max_length``)."""
     args = _replace(args, shuffle_dataset=False, dataset_num_proc=None, **overrides)
-    trainer = types.SimpleNamespace(_tokenizer=tokenizer, chat_template=chat_template,
-                                    completion_only_loss=completion_only_loss)
-    return SFTTrainer._prepare_dataset(trainer, dataset, tokenizer, args, args.packing, None, "train")
+    return internals.prepare_sft_dataset(dataset, tokenizer, args, chat_template=chat_template,
+                                         completion_only_loss=completion_only_loss)
 
 
 def _replace(args, **changes):
@@ -285,14 +379,12 @@ def _replace(args, **changes):
     return clone
 
 
-def apply_chat_template_path(tokenizer, args):
+def _apply_chat_template_path(tokenizer, args):
     """The tokenizer training would use: SFTTrainer reads a ``.jinja`` ``chat_template_path`` into it.
 
     Other values make TRL clone a template from another checkpoint (``clone_chat_template``), which
     needs the model; the doctor then checks the tokenizer as it is and says so.
     """
-    import copy
-
     path = args.chat_template_path
     if path is None:
         return tokenizer, []
@@ -317,8 +409,6 @@ def _form(rows) -> str:
 def _end_of_turn_or_none(tokenizer) -> int | None:
     """``data.end_of_turn_id``, or ``None`` when the tokenizer has no template or its turns end with
     plain text (then there is no stop id to check)."""
-    from .data import end_of_turn_id
-
     try:
         return end_of_turn_id(tokenizer)
     except Exception:  # no template, or one that rejects the probe or ends turns with text
@@ -329,15 +419,7 @@ def _end_of_turn_or_none(tokenizer) -> int | None:
 # The checks. Each returns a list of Findings; names match the README and lesson 08.
 # ---------------------------------------------------------------------------------------------
 
-def check_config_keys(unknown) -> list[Finding]:
-    if not unknown:
-        return []
-    return [Finding("warning", "config-keys", f"unknown config key(s) {unknown}",
-                    "not fields of trl.SFTConfig: SFTConfig(**config) would raise TypeError",
-                    "check the spelling against SFTConfig's fields (or drop them); the doctor ignored them")]
-
-
-def rows_without_answer(rows, form) -> list[int]:
+def _rows_without_answer(rows, form) -> list[int]:
     """Ids of rows with nothing for the model to say: no assistant message, or an empty completion."""
     if form == "messages":
         return [i for i, r in enumerate(rows) if not any(m["role"] == "assistant" for m in r["messages"])]
@@ -346,9 +428,9 @@ def rows_without_answer(rows, form) -> list[int]:
     return []
 
 
-def check_assistant_turns(rows, form, args) -> list[Finding]:
+def _assistant_turn_findings(rows, form, args) -> list[Finding]:
     """Rows that have nothing for the model to say: no assistant message, or an empty completion."""
-    empty = rows_without_answer(rows, form)
+    empty = _rows_without_answer(rows, form)
     if not empty:
         return []
     share = len(empty) / len(rows)
@@ -364,7 +446,7 @@ def check_assistant_turns(rows, form, args) -> list[Finding]:
                     "'gpt' or 'bot')", "04")]
 
 
-def check_template(tokenizer, args, form) -> tuple[list[Finding], str | None, bool]:
+def _template_findings(tokenizer, args, form) -> tuple[list[Finding], str | None, bool]:
     """Whether TRL can train ``assistant_only_loss`` with this template; the template it would use."""
     from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 
@@ -389,7 +471,7 @@ def check_template(tokenizer, args, form) -> tuple[list[Finding], str | None, bo
     except ValueError as exc:
         from trl import chat_template_utils
 
-        name, ratio = closest_shipped_template(template)
+        name, ratio = _closest_shipped_template(template)
         findings = [Finding("error", "template-unpatchable",
                         "assistant_only_loss=True with a chat template TRL cannot patch",
                         f"get_training_chat_template raised: {str(exc)[:120]}…; closest shipped template: "
@@ -407,10 +489,8 @@ def check_template(tokenizer, args, form) -> tuple[list[Finding], str | None, bo
         return findings, getattr(chat_template_utils, f"{name}_training_chat_template"), True
 
 
-def closest_shipped_template(template: str) -> tuple[str, float]:
+def _closest_shipped_template(template: str) -> tuple[str, float]:
     """The TRL template family (with a training variant) whose text is closest to ``template``."""
-    import difflib
-
     from trl import chat_template_utils as ctu
 
     best = ("", 0.0)
@@ -424,14 +504,14 @@ def closest_shipped_template(template: str) -> tuple[str, float]:
     return best
 
 
-def check_stop_token_trained(tokenizer, prepared, eot, args, chat_template) -> list[Finding]:
+def _stop_token_findings(tokenizer, prepared, eot, args, chat_template) -> list[Finding]:
     """The template's end-of-turn token must carry loss, or the model never learns to stop."""
     from trl.chat_template_utils import is_chat_template_stop_token_trained
 
     if eot is None or prepared is None:
         return []
     rows = prepared["labels"]
-    graded = sum(eot in [t for t in labels if t != -100] for labels in rows)
+    graded = sum(eot in [t for t in labels if t != -100] for labels in rows)  # unshifted: _graded_positions
     token = tokenizer.convert_ids_to_tokens(eot)
     template_ok = (not args.assistant_only_loss
                    or is_chat_template_stop_token_trained(tokenizer, chat_template=chat_template))
@@ -447,7 +527,7 @@ def check_stop_token_trained(tokenizer, prepared, eot, args, chat_template) -> l
                     "templates do), or train on the full sequence (assistant_only_loss=False)", "02")]
 
 
-def check_eos(tokenizer, eot, gen_eos, args) -> list[Finding]:
+def _eos_findings(tokenizer, eot, gen_eos, args) -> list[Finding]:
     """Will ``generate()`` stop at the template's end-of-turn token after this training?"""
     if eot is None:
         return []
@@ -466,7 +546,7 @@ def check_eos(tokenizer, eot, gen_eos, args) -> list[Finding]:
                     f"eos_token_id={[*stop_ids, eot]} to generate()", "02")]
 
 
-def check_pad_eos(tokenizer, prepared, eot, args) -> list[Finding]:
+def _pad_eos_findings(tokenizer, prepared, eot, args) -> list[Finding]:
     """pad == the graded stop token: a collator that masks labels by pad id erases every stop label."""
     from transformers import DataCollatorForLanguageModeling
 
@@ -476,6 +556,7 @@ def check_pad_eos(tokenizer, prepared, eot, args) -> list[Finding]:
     if prepared is None or pad_id not in stop_ids:
         return []
     rows = [{"input_ids": r} for r in prepared["input_ids"][:64]]
+    # unshifted, as _graded_positions: an eos label at its own position
     graded = sum(int(t == pad_id and lab != -100) for r in prepared.select(range(len(rows)))
                  for t, lab in zip(r["input_ids"], r["labels"]))
     if graded == 0:
@@ -492,17 +573,30 @@ def check_pad_eos(tokenizer, prepared, eot, args) -> list[Finding]:
 
 
 def _graded_positions(labels) -> list[int]:
+    """Positions of one of TRL's prepared label lists that are not -100. Unshifted on purpose, unlike
+    ``data.graded``: the report quotes these positions (the first one is the prompt's length in tokens),
+    and column 0 is never a target in a chat row anyway."""
     return [i for i, t in enumerate(labels) if t != -100]
 
 
 def empty_batch_probability(n_rows: int, n_empty: int, batch_size: int) -> float:
     """P(a micro-batch of ``batch_size`` rows drawn without replacement has no graded row)."""
+    validate.positive_int("n_rows", n_rows, why="it counts the rows a micro-batch is drawn from")
+    validate.integer("n_empty", n_empty, minimum=0, why="it counts the rows without a graded token")
+    validate.positive_int("batch_size", batch_size, why="it counts the rows of a micro-batch")
+    if n_empty > n_rows:
+        raise ValueError(f"n_empty={n_empty} is more than n_rows={n_rows} — the rows without a graded token "
+                         "are some of the rows — pass n_empty <= n_rows.")
+    return _empty_batch_probability(n_rows, n_empty, batch_size)
+
+
+def _empty_batch_probability(n_rows: int, n_empty: int, batch_size: int) -> float:
     if batch_size > n_rows:
         return float(n_empty == n_rows)
     return math.prod((n_empty - i) / (n_rows - i) for i in range(batch_size))
 
 
-def check_truncation(prepared, tokenizer, args, chat_template, completion_only_loss) -> list[Finding]:
+def _truncation_findings(prepared, tokenizer, args, chat_template, completion_only_loss) -> list[Finding]:
     """Rows whose every graded token is cut at max_length, what TRL does with them, and the odds of an
     all-empty micro-batch."""
     if prepared is None or args.max_length is None:
@@ -529,7 +623,7 @@ def check_truncation(prepared, tokenizer, args, chat_template, completion_only_l
         return findings
     n = len(first)
     share = len(dropped) / n
-    p_empty = empty_batch_probability(n, len(dropped), batch)
+    p_empty = _empty_batch_probability(n, len(dropped), batch)
     end_mode = "keep_end" if args.truncation_mode == "keep_start" else "keep_start"
     other = _prepare(tokenizer, tokenized, args, chat_template, completion_only_loss, packing=False,
                      truncation_mode=end_mode)
@@ -537,7 +631,7 @@ def check_truncation(prepared, tokenizer, args, chat_template, completion_only_l
     if args.packing:
         packed = _prepare(tokenizer, tokenized, args, chat_template, completion_only_loss)
         empty_rows = sum(not _graded_positions(lab) for lab in packed["labels"])
-        p_packed = empty_batch_probability(len(packed), empty_rows, batch)
+        p_packed = _empty_batch_probability(len(packed), empty_rows, batch)
         path = (f"packing={args.packing_strategy}: TRL does not drop them; {empty_rows} of {len(packed)} "
                 f"packed rows have no graded token, so a micro-batch of {batch} has none with p="
                 f"{p_packed:.3g} and SFTTrainer logs a silent 0.0 (compute_loss divides by "
@@ -558,7 +652,7 @@ def check_truncation(prepared, tokenizer, args, chat_template, completion_only_l
     return findings
 
 
-def check_packing(prepared, tokenizer, args, chat_template, completion_only_loss) -> list[Finding]:
+def _packing_findings(prepared, tokenizer, args, chat_template, completion_only_loss) -> list[Finding]:
     """Packing without per-example boundaries lets attention cross examples (lesson 03)."""
     if not args.packing or prepared is None or args.max_length is None:
         return []
@@ -577,7 +671,7 @@ def check_packing(prepared, tokenizer, args, chat_template, completion_only_loss
                     "03")]
 
 
-def check_padding_side(tokenizer) -> list[Finding]:
+def _padding_side_findings(tokenizer) -> list[Finding]:
     if tokenizer.padding_side != "right":
         return []
     return [Finding("info", "right-padding",
@@ -586,10 +680,8 @@ def check_padding_side(tokenizer) -> list[Finding]:
                     "set tokenizer.padding_side='left' before batched generation", "03")]
 
 
-def max_activation(model, tokenizer, prepared, rows: int = 4) -> tuple[float, str]:
+def _max_activation(model, tokenizer, prepared, rows: int = 4) -> tuple[float, str]:
     """The largest |activation| any module outputs on a few real rows (fp32 forward), and where."""
-    import torch
-
     largest = [0.0, ""]
 
     def hook(name):
@@ -612,7 +704,7 @@ def max_activation(model, tokenizer, prepared, rows: int = 4) -> tuple[float, st
     return largest[0], largest[1]
 
 
-def check_precision_and_lr(config, precision, args, model_obj, tokenizer, prepared) -> list[Finding]:
+def _precision_and_lr_findings(config, precision, args, model_obj, tokenizer, prepared) -> list[Finding]:
     findings = []
     lora = any(config.get(k) for k in PEFT_KEYS)
     low, high = LR_RANGES["lora" if lora else "full"]
@@ -635,7 +727,7 @@ def check_precision_and_lr(config, precision, args, model_obj, tokenizer, prepar
                                 "range",
                                 "use bf16 (same range as fp32) or fp32, and a usual learning rate", "06"))
         return findings
-    peak, where = max_activation(model_obj, tokenizer, prepared)
+    peak, where = _max_activation(model_obj, tokenizer, prepared)
     headroom = FP16_MAX / max(peak, 1e-30)
     near = headroom < FP16_HEADROOM
     if near or hot:
@@ -660,17 +752,34 @@ def check_precision_and_lr(config, precision, args, model_obj, tokenizer, prepar
 def _as_rows(data) -> list[dict]:
     if isinstance(data, (str, Path)):
         return read_jsonl(data)
-    rows = list(data) if not isinstance(data, list) else data
+    if not (isinstance(data, (list, tuple)) or hasattr(data, "column_names")):  # a datasets.Dataset
+        raise DoctorInputError(f"data must be a JSONL path or a list of rows, got {type(data).__name__} — "
+                               "the doctor checks each row as TRL would read it — pass e.g. 'train.jsonl' "
+                               "or [{'messages': [...]}, ...].")
+    rows = list(data)
     if not rows:
         raise DoctorInputError("the data has no rows — there is nothing to check — pass a JSONL path or a "
                                "non-empty list of rows.")
-    for i, row in enumerate(rows):
-        _check_row(row, f"row {i}")
+    _check_rows(rows, lambda i: f"row {i}")
     return [dict(r) for r in rows]
 
 
+def _check_model(model) -> None:
+    """A model directory or hub id, or a loaded ``(model, tokenizer)`` pair that fits together."""
+    if isinstance(model, tuple) and len(model) == 2:
+        try:
+            validate.model_and_tokenizer(*model)
+        except (TypeError, ValueError) as exc:
+            raise DoctorInputError(str(exc)) from None
+    elif not isinstance(model, (str, Path)) or not str(model).strip():
+        raise DoctorInputError(f"model must be a model directory, a hub id or a (model, tokenizer) pair, "
+                               f"got {model!r:.60} — the doctor checks the tokenizer (and weights) you train "
+                               "with, and will not guess a default — pass e.g. --model ./my-model or "
+                               "diagnose((model, tokenizer), ...).")
+
+
 def _model_and_tokenizer(model):
-    if isinstance(model, tuple) and len(model) == 2:  # (model, tokenizer) already loaded
+    if isinstance(model, tuple):  # (model, tokenizer) already loaded
         return None, model[0], model[1]
     source, tokenizer = _load_tokenizer(model)
     return source, None, tokenizer
@@ -683,33 +792,37 @@ def diagnose(model, data, config=None, *, max_length: int | None = None, forward
     pair; ``data``: a JSONL path or a list of rows (``messages`` or ``prompt``/``completion``);
     ``config``: a dict or JSON path of SFTConfig fields; ``max_length`` overrides the config's.
     ``forward=False`` skips loading weights (the fp16 check then reports that it could not measure).
-    Raises ``DoctorInputError`` on bad input.
+    Raises ``DoctorInputError`` on bad input (a set-up the doctor would have to guess at), before any
+    measurement: the cheap checks (files, rows, arguments) first, then the config against SFTConfig.
     """
-
+    if not isinstance(forward, bool):
+        raise DoctorInputError(f"forward={forward!r} must be True or False — it switches the forward pass of "
+                               "the fp16 check — pass forward=False to skip loading weights.")
+    max_length = _check_max_length(max_length)
     config = read_config(config)
     rows = _as_rows(data)
+    _check_model(model)
+    _check_config(config)
     source, model_obj, tokenizer = _model_and_tokenizer(model)
-    args, precision, unknown = build_args(config, max_length)
+    args, precision = _build_args(config, max_length)
     form = _form(rows)
     with no_progress_bars():
-        return _run_checks(rows, form, tokenizer, args, precision, unknown, config, source, model_obj,
-                           forward)
+        return _run_checks(rows, form, tokenizer, args, precision, config, source, model_obj, forward)
 
 
-def _run_checks(rows, form, tokenizer, args, precision, unknown, config, source, model_obj,
-                forward) -> Report:
+def _run_checks(rows, form, tokenizer, args, precision, config, source, model_obj, forward) -> Report:
     from datasets import Dataset
 
-    tokenizer, findings = apply_chat_template_path(tokenizer, args)
-    findings += check_config_keys(unknown) + check_assistant_turns(rows, form, args)
-    template_findings, chat_template, trainable = check_template(tokenizer, args, form)
+    tokenizer, findings = _apply_chat_template_path(tokenizer, args)
+    findings += _assistant_turn_findings(rows, form, args)
+    template_findings, chat_template, trainable = _template_findings(tokenizer, args, form)
     findings += template_findings
     completion_only = args.completion_only_loss
     if completion_only is None:
         completion_only = form.startswith("prompt_completion")
     prepared = None
     # rows without an answer are reported above; the rest is measured without them (TRL would refuse them)
-    skip = set(rows_without_answer(rows, form)) if args.assistant_only_loss else set()
+    skip = set(_rows_without_answer(rows, form)) if args.assistant_only_loss else set()
     if trainable and len(skip) < len(rows):
         try:
             kept = [{**r, "_doctor_row": i} for i, r in enumerate(rows) if i not in skip]
@@ -726,18 +839,21 @@ def _run_checks(rows, form, tokenizer, args, precision, unknown, config, source,
     if model_obj is None and forward and precision["fp16"] and source is not None:
         model_obj = _load_model(source)
     gen_eos = _generation_eos_ids(source, model_obj)
-    findings += check_stop_token_trained(tokenizer, prepared, eot, args, chat_template)
-    findings += check_eos(tokenizer, eot, gen_eos, args)
-    findings += check_pad_eos(tokenizer, prepared, eot, args)
-    findings += check_truncation(prepared, tokenizer, args, chat_template, completion_only)
-    findings += check_packing(prepared, tokenizer, args, chat_template, completion_only)
-    findings += check_precision_and_lr(config, precision, args, model_obj if forward else None, tokenizer,
-                                       prepared)
-    findings += check_padding_side(tokenizer)
+    findings += _stop_token_findings(tokenizer, prepared, eot, args, chat_template)
+    findings += _eos_findings(tokenizer, eot, gen_eos, args)
+    findings += _pad_eos_findings(tokenizer, prepared, eot, args)
+    findings += _truncation_findings(prepared, tokenizer, args, chat_template, completion_only)
+    findings += _packing_findings(prepared, tokenizer, args, chat_template, completion_only)
+    findings += _precision_and_lr_findings(config, precision, args, model_obj if forward else None,
+                                           tokenizer, prepared)
+    findings += _padding_side_findings(tokenizer)
     return Report(sorted(findings, key=lambda f: SEVERITIES.index(f.severity)))
 
 
 def main(argv=None) -> int:
+    """The command: ``argv`` as ``sys.argv[1:]`` would be (None: the process's). Returns the exit status."""
+    if argv is not None:
+        validate.strings("argv", argv, allow_empty=True)  # main("--model m") would parse one letter at a time
     parser = argparse.ArgumentParser(
         prog="python -m course_utils.doctor",
         description="Check an SFT set-up for the failures of the SFT Failure Lab.")

@@ -12,29 +12,165 @@ must sit inside the graded span, or the model never learns to emit it). This mod
   train *until* the model ends its training answers with the stop token and its own replies to
   unseen prompts stop (a measured criterion with a step cap), not for a step count that happens to
   work on one model and one CPU.
-- ``graded_text`` / ``graded_span_has_stop``: the tokens of a training batch that carry loss, and
-  the pre-flight check "does each row grade its stop token?".
+- ``graded_span_text`` / ``graded_span_has_stop``: the text of the tokens of a training row that
+  carry loss, and the pre-flight check "does each row grade its stop token?".
 - ``untrained_stop_template``: TRL's Qwen2.5 training template with ``<|im_end|>`` moved out of
   ``{% generation %}`` (the template bug TRL warns about).
-- ``plain_text_example``: the plain-text format that appends ``tokenizer.eos_token`` (where the
-  pad == eos trap bites).
-- exercises: ``check_stop_token_ids`` (1), ``broken_generation_run`` + ``check_diagnosis_exercise``
-  (2, diagnosis), ``check_collate_keep_eos`` (3, fix); reference answers in ``answers/lesson02.py``.
+- ``plain_text_example`` / ``plain_text_batches``: the plain-text format that appends
+  ``tokenizer.eos_token`` (where the pad == eos trap bites).
+- ``stop_explorer``: the lesson's "what if" control (another eos list, on each trained model).
+
+The exercises' checkers and the broken runs of the diagnosis exercise are in
+``course_utils.exercises.lesson02``; the reference answers in ``course_utils.exercises.answers.lesson02``.
 """
 
 from __future__ import annotations
 
-import copy
-import random
 import time
 
+import torch
+
 from . import validate
-from .checks import Case, Diagnosis, Hints, run_check
 
 # end_of_turn_token (the first special token a template writes after an assistant message) lives in the
 # core, course_utils.data: lesson 02 teaches it here, and the doctor checks it too. One copy of the idea.
-from .data import IGNORE_INDEX, end_of_turn_token  # noqa: F401
+from .data import end_of_turn_token, graded
+from .training import train
+from .viz import what_if
 
+# ------------------------------------------------------------------------------------------------
+# Argument checks this module needs beyond course_utils.validate
+# ------------------------------------------------------------------------------------------------
+
+def _vocab(model) -> int:
+    """The number of token ids ``model`` can embed (and predict)."""
+    return getattr(model, "module", model).get_input_embeddings().num_embeddings
+
+
+def _check_id(name: str, value) -> int:
+    """A token id: an int >= 0 (a token *string* is refused with the call that turns it into an id)."""
+    if isinstance(value, str):
+        raise TypeError(f"{name}={value!r} is a token string, not an id — ids are what the model reads and "
+                        f"writes — pass token_id(tokenizer, {value!r}).")
+    return validate.integer(name, value, minimum=0, why="it is a token id")
+
+
+def _check_token_id(name: str, value, vocab: int, owner: str = "the model") -> int:
+    """A token id ``generate()`` or a probability can use: an int in ``[0, vocab)``."""
+    _check_id(name, value)
+    if value >= vocab:
+        raise ValueError(f"{name}={value} is beyond the {vocab} token ids of {owner} — no such token can "
+                         "ever be written, so nothing would stop on it or be measured — pass an id of this "
+                         "model's tokenizer (token_id(tokenizer, '<|im_end|>')).")
+    return value
+
+
+def _check_eos_ids(name: str, value, vocab: int) -> list[int]:
+    """An ``eos_token_id`` for ``generate()``: one id or a non-empty list of ids the model can write."""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ValueError(f"{name}=[] lists no stop id — generate() would never stop before "
+                             f"max_new_tokens — pass ids, e.g. stop_token_ids(tokenizer), or leave {name} "
+                             "out to use the model's generation_config.")
+        return [_check_token_id(f"{name}[{i}]", v, vocab) for i, v in enumerate(value)]
+    if isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} is a tensor — the stop ids are compared one by one — pass a list: "
+                        f"{name}=ids.tolist().")
+    return [_check_token_id(name, value, vocab)]
+
+
+def _check_pair(model, tokenizer) -> None:
+    validate.model("model", model)
+    validate.tokenizer("tokenizer", tokenizer)
+    validate.model_and_tokenizer(model, tokenizer)
+
+
+def _check_chat_tokenizer(tokenizer) -> None:
+    validate.tokenizer("tokenizer", tokenizer)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this tokenizer has no chat_template — a chat prompt is rendered with it — load the "
+                         "course tokenizer (load_course_model()) or set tokenizer.chat_template.")
+
+
+def _check_conversation(name: str, conversation, *, need: tuple[str, ...] = ()) -> list[dict]:
+    """A conversation: a non-empty list of ``{'role', 'content'}`` dicts, holding a message of each role
+    in ``need``."""
+    if isinstance(conversation, dict):
+        raise TypeError(f"{name} is one message (a dict), not a conversation — a conversation is a list of "
+                        "messages — pass the list, e.g. make_messages(...)[0] (and a list of those where "
+                        "several conversations are expected).")
+    if (not isinstance(conversation, (list, tuple)) or not conversation
+            or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in conversation)):
+        got = "an empty list" if conversation in ([], ()) else type(conversation).__name__
+        raise ValueError(f"{name} must be a non-empty list of {{'role', 'content'}} messages, got {got} — "
+                         "the chat template renders such a list — pass e.g. make_messages('mixed', 4)[0].")
+    for role in need:
+        if not any(m["role"] == role and isinstance(m.get("content"), str) for m in conversation):
+            raise ValueError(f"{name} has no {role!r} message with text content — the helper reads that "
+                             f"message — pass a conversation with a {role} turn (make_messages() has both).")
+    return list(conversation)
+
+
+def _check_conversations(conversations, *, need: tuple[str, ...] = ()) -> list[list[dict]]:
+    if (isinstance(conversations, (list, tuple)) and conversations
+            and isinstance(conversations[0], dict) and "role" in conversations[0]):
+        raise TypeError("conversations is one conversation (a list of messages), not a list of conversations "
+                        "— each item is rendered as a whole chat — wrap it: [conversation].")
+    validate.non_empty("conversations", conversations, what="conversations",
+                       fix="pass e.g. make_messages('mixed', 8).")
+    return [_check_conversation(f"conversations[{i}]", c, need=need) for i, c in enumerate(conversations)]
+
+
+def _check_records(records, *, name: str = "records") -> list[dict]:
+    validate.non_empty(name, records, what="generation records", fix="pass generate_greedy()'s output.")
+    for i, r in enumerate(records):
+        if not isinstance(r, dict) or not {"text", "stopped"} <= set(r):
+            raise TypeError(f"{name}[{i}] is a {type(r).__name__}, not a generation record (a dict with "
+                            "'text' and 'stopped') — the helper reads those fields — pass "
+                            "generate_greedy()'s output, one record per prompt.")
+    return list(records)
+
+
+def _check_record(record) -> dict:
+    if isinstance(record, list):
+        raise TypeError("record is a list (all of generate_greedy()'s records?) — reply() reads one record — "
+                        "pass one of them, e.g. records[0], or [reply(r) for r in records].")
+    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+        raise TypeError("record must be a generation record (a dict with 'text'), got "
+                        f"{type(record).__name__} — reply() cuts its text at the first stop string — pass "
+                        "one item of generate_greedy()'s output.")
+    return record
+
+
+def _check_stop_strings(stop_strings) -> list[str]:
+    stop_strings = validate.strings("stop_strings", stop_strings, allow_empty=True)
+    if "" in stop_strings:
+        raise ValueError("stop_strings holds an empty string — every text 'contains' it, so the cut would be "
+                         "meaningless — pass non-empty stop strings, e.g. ('<|im_end|>',).")
+    return stop_strings
+
+
+def _row(name: str, seq) -> list[int]:
+    """One row of token ids or labels (a list, or a 1-D tensor) as a list of ints."""
+    if isinstance(seq, torch.Tensor):
+        if seq.ndim != 1:
+            raise ValueError(f"{name} has shape {tuple(seq.shape)} but must be one row ([seq]) — the helper "
+                             f"reads a single example — pass one row, e.g. batch['{name}'][0].")
+        if seq.is_floating_point():
+            raise TypeError(f"{name} has dtype {seq.dtype} — token ids and labels are integers — use "
+                            "dtype=torch.long.")
+        return seq.tolist()
+    if (isinstance(seq, (list, tuple)) and seq
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in seq)):
+        return list(seq)
+    got = "an empty sequence" if isinstance(seq, (list, tuple)) and not seq else type(seq).__name__
+    raise TypeError(f"{name} must be a non-empty row of integer token ids or labels, got {got} — one value "
+                    f"per token — pass e.g. batch['{name}'][0].")
+
+
+# ------------------------------------------------------------------------------------------------
+# Stop ids and generation
+# ------------------------------------------------------------------------------------------------
 
 def stop_token_ids(tokenizer) -> list[int]:
     """The ``eos_token_id`` list for ``generate()``: the tokenizer's eos, then the end-of-turn token.
@@ -42,6 +178,7 @@ def stop_token_ids(tokenizer) -> list[int]:
     Keeping the eos covers plain-text use; adding the end-of-turn token makes a chat turn stop.
     Lesson 00 uses it; lesson 02's exercise 1 asks for it, so lesson 02's notebook never imports it.
     """
+    validate.tokenizer("tokenizer", tokenizer)
     eot = tokenizer.convert_tokens_to_ids(end_of_turn_token(tokenizer))
     ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
     return ids + [eot] if eot not in ids else ids
@@ -49,6 +186,8 @@ def stop_token_ids(tokenizer) -> list[int]:
 
 def chat_prompts(tokenizer, conversations: list[list[dict]]) -> list[str]:
     """Each conversation's user turn rendered with the generation prompt (``<|im_start|>assistant``)."""
+    _check_chat_tokenizer(tokenizer)
+    conversations = _check_conversations(conversations, need=("user",))
     return [tokenizer.apply_chat_template([m for m in c if m["role"] != "assistant"], tokenize=False,
                                           add_generation_prompt=True) for c in conversations]
 
@@ -57,6 +196,10 @@ def _as_list(eos) -> list[int]:
     if eos is None:
         return []
     return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
+
+
+# generate_greedy sets these itself; passing them again would be a TypeError deep inside generate().
+_SET_BY_GENERATE_GREEDY = ("input_ids", "attention_mask", "do_sample", "pad_token_id", "max_new_tokens")
 
 
 def generate_greedy(model, tokenizer, prompts: list[str], *, max_new_tokens: int = 40,
@@ -70,18 +213,34 @@ def generate_greedy(model, tokenizer, prompts: list[str], *, max_new_tokens: int
     ``eos_token_id`` in ``generate_kwargs``, ``generate()`` uses ``model.generation_config`` — the
     default a user meets. Left padding, because a decoder continues from the last position of each row.
     """
-    import torch
-
-    if not prompts or not isinstance(prompts, (list, tuple)) or not all(isinstance(p, str) for p in prompts):
-        raise ValueError("prompts must be a non-empty list of strings — generate_greedy tokenizes them — "
-                         "build them with chat_prompts(tokenizer, conversations).")
+    _check_pair(model, tokenizer)
+    prompts = validate.strings("prompts", prompts)
     validate.positive_int("max_new_tokens", max_new_tokens, why="it bounds every generation")
+    turn_markers = validate.strings("turn_markers", turn_markers, allow_empty=True)
+    clash = [k for k in _SET_BY_GENERATE_GREEDY if k in generate_kwargs]
+    if clash:
+        raise TypeError(f"generate_greedy sets {clash} itself — it generates greedily from the tokenized "
+                        "prompts, with the tokenizer's pad id — drop them (max_new_tokens is its own "
+                        "argument).")
+    if "eos_token_id" in generate_kwargs and generate_kwargs["eos_token_id"] is not None:
+        _check_eos_ids("eos_token_id", generate_kwargs["eos_token_id"], _vocab(model))
+    if tokenizer.pad_token_id is None and len(prompts) > 1:
+        raise ValueError("the tokenizer has no pad token — prompts of different lengths are left-padded "
+                         "into one batch — set tokenizer.pad_token (e.g. tokenizer.pad_token = "
+                         "tokenizer.eos_token).")
+    return _generate(model, tokenizer, prompts, max_new_tokens, tuple(turn_markers), generate_kwargs)
+
+
+def _generate(model, tokenizer, prompts: list[str], max_new_tokens: int, turn_markers: tuple[str, ...],
+              generate_kwargs: dict) -> list[dict]:
+    """``generate_greedy`` on checked arguments (the explorer and the criterion call it per frame/check)."""
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try:
         encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     finally:
         tokenizer.padding_side = side
     encoded = encoded.to(model.device)
+    validate.ids_fit_model(model, encoded["input_ids"], name="the tokenized prompts")
     limit = getattr(model.config, "max_position_embeddings", None)
     prompt_len = encoded["input_ids"].shape[1]
     if limit is not None and prompt_len + max_new_tokens > limit:
@@ -109,15 +268,25 @@ def stop_rate(records: list[dict]) -> float:
     A reply that writes ``<|im_start|>assistant …`` and only then ``<|im_end|>`` ended, but it did
     not stop where the answer did: it is not counted.
     """
-    if not records:
-        raise ValueError("stop_rate got no records — it is a fraction of generations — pass "
-                         "generate_greedy()'s output.")
-    return sum(r["stopped"] for r in records) / len(records)
+    records = _check_records(records)
+    return _stop_rate(records)
+
+
+def _stop_rate(records: list[dict]) -> float:
+    return sum(bool(r["stopped"]) for r in records) / len(records)
 
 
 def reply(record: dict, stop_strings: tuple[str, ...] = ("<|im_end|>", "<|endoftext|>")) -> str:
-    """The reply's text up to the first stop string, stripped: what a chat UI would show."""
-    text = record["text"]
+    """The reply's text up to the first stop string, stripped: what a chat UI would show.
+
+    ``stop_strings`` is a list or tuple; a single string is refused, since it would be read character
+    by character (``"<|im_end|>"`` would cut at the first ``<``, ``|``, ``i``, …): pass ``("<|im_end|>",)``.
+    """
+    record = _check_record(record)
+    return _reply(record["text"], _check_stop_strings(stop_strings))
+
+
+def _reply(text: str, stop_strings) -> str:
     for s in stop_strings:
         text = text.split(s, 1)[0]
     return text.strip()
@@ -129,12 +298,48 @@ def answer_accuracy(records: list[dict], conversations: list[list[dict]]) -> flo
     Reported beside the stop rate: a model that stops but answers wrongly has learned to stop, not
     the task — the lesson is about the first, and says so with this number.
     """
-    validate.non_empty("records", records, what="generation records", fix="pass generate_greedy()'s output.")
-    if len(records) != len(conversations):
-        raise ValueError(f"{len(records)} records but {len(conversations)} conversations — each record is "
+    records = _check_records(records)
+    if not isinstance(conversations, (list, tuple)) or len(records) != len(conversations):
+        n = len(conversations) if isinstance(conversations, (list, tuple)) else type(conversations).__name__
+        raise ValueError(f"{len(records)} records but {n} conversations — each record is "
                          "compared with its own reference — pass the conversations the prompts came from.")
+    conversations = _check_conversations(conversations, need=("assistant",))
     answers = [next(m["content"] for m in c if m["role"] == "assistant") for c in conversations]
-    return sum(r["stopped"] and reply(r) == a.strip() for r, a in zip(records, answers)) / len(records)
+    stops = ("<|im_end|>", "<|endoftext|>")
+    return sum(bool(r["stopped"]) and _reply(r["text"], stops) == a.strip()
+               for r, a in zip(records, answers)) / len(records)
+
+
+# ------------------------------------------------------------------------------------------------
+# Training until the model stops: a measured criterion
+# ------------------------------------------------------------------------------------------------
+
+def _last_stop(batch: dict, stop_id: int, name: str):
+    """Per row, the column of the row's last real ``stop_id`` (refused where a row has none, or has it
+    only at column 0, where no earlier position predicts it)."""
+    ids = batch["input_ids"]
+    mask = batch.get("attention_mask", torch.ones_like(ids))
+    hits = (ids == stop_id) & (mask == 1)
+    if not bool(hits.any(1).all()):
+        raise ValueError(f"some rows of {name} contain no token {stop_id} — the probability is read "
+                         "where the row's text ends with the stop token — pass rows that end with it "
+                         "(a chat rendered with its template, or plain text with the eos appended).")
+    cols = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    last = torch.where(hits, cols, -1).max(1).values              # the final stop token of each row
+    if bool((last == 0).any()):
+        raise ValueError(f"a row of {name} has its stop token {stop_id} only at position 0 — the probability "
+                         "is read at the position before it, and there is none — pass rows with text before "
+                         "the stop token.")
+    return last
+
+
+def _stop_probability(model, batch: dict, last, stop_id: int):
+    ids = batch["input_ids"]
+    mask = batch.get("attention_mask", torch.ones_like(ids))
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    probs = logits[torch.arange(len(ids)), last - 1].float().softmax(-1)  # predicted one step before
+    return probs[:, stop_id]
 
 
 def stop_probability(model, batch: dict, stop_id: int):
@@ -145,28 +350,17 @@ def stop_probability(model, batch: dict, stop_id: int):
     Teacher-forced, so it measures whether the model has learned to stop *after this answer*,
     independent of what it would generate. Above 0.5 it is the greedy choice there, whatever else.
     """
-    import torch
-
+    validate.model("model", model)
     validate.batch("batch", batch, need=("input_ids",))
-    ids = batch["input_ids"]
-    mask = batch.get("attention_mask", torch.ones_like(ids))
-    hits = (ids == stop_id) & (mask == 1)
-    if not bool(hits.any(1).all()):
-        raise ValueError(f"some rows of the batch contain no token {stop_id} — the probability is read "
-                         "where the row's text ends with the stop token — pass rows that end with it "
-                         "(a chat rendered with its template, or plain text with the eos appended).")
-    cols = torch.arange(ids.shape[1]).expand_as(ids)
-    last = torch.where(hits, cols, -1).max(1).values              # the final stop token of each row
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask).logits
-    probs = logits[torch.arange(len(ids)), last - 1].float().softmax(-1)  # predicted one step before
-    return probs[:, stop_id]
+    _check_token_id("stop_id", stop_id, _vocab(model))
+    validate.ids_fit_model(model, batch["input_ids"], name="batch['input_ids']")
+    return _stop_probability(model, batch, _last_stop(batch, stop_id, "the batch"), stop_id)
 
 
 class StopCriterion:
     """When a run has learned to stop: measured on the run, never a step count fitted to one model.
 
-    Two measurements, each must reach ``level``:
+    Two measurements, each must reach ``level`` (a fraction, 0 < level <= 1):
 
     - ``p_stop``: the mean teacher-forced ``stop_probability`` on ``probe`` (rows of the training
       data): the model emits the stop token after an answer it was *given*;
@@ -187,31 +381,62 @@ class StopCriterion:
     def __init__(self, probe: dict, stop_id: int, *, level: float = 0.8, tokenizer=None,
                  prompts: list[str] | None = None, max_new_tokens: int = 40,
                  turn_markers: tuple[str, ...] = ("<|im_start|>",)):
-        validate.number("level", level, positive=True)
         validate.batch("probe", probe, need=("input_ids",))
+        _check_id("stop_id", stop_id)
+        level = validate.fraction("level", level, why="both measurements (a mean probability, a stop rate) "
+                                  "are fractions of 1")
+        if level == 0:
+            raise ValueError("level=0 is met by any run, trained or not — the criterion would end training "
+                             "at its first check — pass a fraction such as level=0.8.")
         if (tokenizer is None) != (prompts is None):
             raise ValueError("pass tokenizer and prompts together (or neither) — the generation check "
                              "tokenizes the prompts — e.g. tokenizer=tok, prompts=chat_prompts(tok, convs).")
+        if tokenizer is not None:
+            validate.tokenizer("tokenizer", tokenizer)
+            prompts = validate.strings("prompts", prompts)
+            _check_token_id("stop_id", stop_id, len(tokenizer), owner="the tokenizer")
+            if tokenizer.pad_token_id is None and len(prompts) > 1:
+                raise ValueError("the tokenizer has no pad token — the prompts are left-padded into one "
+                                 "batch — set tokenizer.pad_token (e.g. tokenizer.pad_token = "
+                                 "tokenizer.eos_token).")
+        validate.positive_int("max_new_tokens", max_new_tokens, why="it bounds every generation of a check")
+        turn_markers = validate.strings("turn_markers", turn_markers, allow_empty=True)
+        self.last = _last_stop(probe, stop_id, "the probe")
         self.probe, self.stop_id, self.level = probe, int(stop_id), level
         self.tokenizer, self.prompts = tokenizer, prompts
-        self.max_new_tokens, self.turn_markers = max_new_tokens, turn_markers
+        self.max_new_tokens, self.turn_markers = max_new_tokens, tuple(turn_markers)
+
+    def _check_model(self, model) -> None:
+        """The model must be able to read the probe and the prompts and write the stop id."""
+        validate.model("model", model)
+        _check_token_id("the criterion's stop_id", self.stop_id, _vocab(model))
+        validate.ids_fit_model(model, self.probe["input_ids"], name="the criterion's probe")
+        if self.tokenizer is not None:
+            validate.model_and_tokenizer(model, self.tokenizer)
 
     def measure(self, model, *, lazy: bool = False) -> dict:
+        self._check_model(model)
+        return self._measure(model, lazy=lazy)
+
+    def _measure(self, model, *, lazy: bool = False) -> dict:
         was_training = model.training
         model.eval()
         try:
-            p_stop = float(stop_probability(model, self.probe, self.stop_id).mean())
+            p_stop = float(_stop_probability(model, self.probe, self.last, self.stop_id).mean())
             rate = None
             if self.prompts is not None and not (lazy and p_stop < self.level):
-                eos = [self.tokenizer.eos_token_id, self.stop_id]
-                rate = stop_rate(generate_greedy(model, self.tokenizer, self.prompts, eos_token_id=eos,
-                                                 max_new_tokens=self.max_new_tokens,
-                                                 turn_markers=self.turn_markers))
+                eos = _as_list(self.tokenizer.eos_token_id) + [self.stop_id]
+                rate = _stop_rate(_generate(model, self.tokenizer, self.prompts, self.max_new_tokens,
+                                            self.turn_markers, {"eos_token_id": eos}))
         finally:
             model.train(was_training)
         return {"p_stop": p_stop, "stop_rate": rate}
 
     def met(self, measured: dict) -> bool:
+        if not isinstance(measured, dict) or not {"p_stop", "stop_rate"} <= set(measured):
+            raise TypeError("measured must be the dict measure(model) returns, got "
+                            f"{type(measured).__name__} — met() compares its 'p_stop' and 'stop_rate' with "
+                            "the level — pass criterion.measure(model).")
         return measured["p_stop"] >= self.level and (measured["stop_rate"] is None
                                                       or measured["stop_rate"] >= self.level)
 
@@ -231,9 +456,13 @@ def train_until_stops(model, batches: list[dict], criterion: StopCriterion, *, l
     ``steps``, ``seconds``, ``reached``, ``p_stop`` and ``stop_rate`` (the last measurement) and
     ``history`` (``(step, p_stop, stop_rate)`` at each check).
     """
-    from .training import train
-
+    validate.model("model", model)
+    validate.batches("batches", batches)
+    for i, b in enumerate(batches):
+        validate.ids_fit_model(model, b["input_ids"], name=f"batches[{i}]['input_ids']")
     _require_criterion(criterion, "train_until_stops")
+    criterion._check_model(model)
+    validate.number("lr", lr, positive=True, why="a learning rate of 0 or less trains nothing or backwards")
     validate.positive_int("chunk", chunk, why="it is the steps between two checks of the criterion")
     validate.positive_int("max_steps", max_steps, why="it caps the run when the criterion is never met")
     history, last, start = [], {}, time.perf_counter()
@@ -241,7 +470,7 @@ def train_until_stops(model, batches: list[dict], criterion: StopCriterion, *, l
     def check(step, trained):
         if step % chunk and step < max_steps:
             return False
-        last.update(criterion.measure(trained, lazy=step < max_steps))  # the last check in full
+        last.update(criterion._measure(trained, lazy=step < max_steps))  # the last check in full
         history.append((step, last["p_stop"], last["stop_rate"]))
         return criterion.met(last)
 
@@ -250,10 +479,59 @@ def train_until_stops(model, batches: list[dict], criterion: StopCriterion, *, l
             "reached": criterion.met(last), **last, "history": history}
 
 
-def graded_text(tokenizer, input_ids, labels) -> str:
-    """The text of the tokens that carry loss in one row (``labels != -100``), decoded in order."""
-    ids = [int(i) for i, label in zip(input_ids, labels) if int(label) != IGNORE_INDEX]
-    return tokenizer.decode(ids)
+def stop_criterion_callback(criterion: StopCriterion, *, every: int = 10):
+    """A ``TrainerCallback`` that ends ``SFTTrainer`` training once ``criterion`` is met.
+
+    The same ``StopCriterion`` as ``train_until_stops``, checked every ``every`` steps, so the run's
+    length is measured on the run, not fitted to one model; ``max_steps`` stays the cap. The
+    callback's ``history`` lists ``(step, p_stop, stop_rate)``.
+    """
+    _require_criterion(criterion, "the callback")
+    validate.positive_int("every", every, why="it is the steps between two checks of the criterion")
+    # Imported here, not at the top: transformers.trainer takes seconds to import and pulls in
+    # bitsandbytes (with its CPU-kernel notice); only this callback needs it (measured: ~7 s here
+    # after torch and transformers, against 0.2 s for this whole module).
+    from transformers import TrainerCallback
+
+    class StopWhenMet(TrainerCallback):
+        history: list[tuple[int, float, float | None]] = []
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            criterion._check_model(model)  # once: the trainer's model must read the probe
+            return control
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            final = state.global_step >= state.max_steps
+            if state.global_step % every == 0 or final:
+                measured = criterion._measure(model, lazy=not final)  # the last check in full
+                self.history.append((state.global_step, measured["p_stop"], measured["stop_rate"]))
+                control.should_training_stop = criterion.met(measured)
+            return control
+
+    callback = StopWhenMet()
+    callback.history = []
+    return callback
+
+
+# ------------------------------------------------------------------------------------------------
+# The graded span, the template bug and the plain-text format
+# ------------------------------------------------------------------------------------------------
+
+def graded_span_text(tokenizer, input_ids, labels) -> str:
+    """The text of one row's graded span: its tokens that carry loss (``data.graded``), decoded in order.
+
+    ``input_ids`` and ``labels`` are one row (a list or a 1-D tensor), e.g. ``batch['input_ids'][0]``.
+    """
+    validate.tokenizer("tokenizer", tokenizer)
+    ids, labels = _row("input_ids", input_ids), _row("labels", labels)
+    if len(ids) != len(labels):
+        raise ValueError(f"{len(ids)} input_ids but {len(labels)} labels — one label per token — pass the "
+                         "same row of both, e.g. batch['input_ids'][0] and batch['labels'][0].")
+    outside = [i for i in ids if not 0 <= i < len(tokenizer)]
+    if outside:
+        raise ValueError(f"input_ids holds token id {outside[0]} but the tokenizer has {len(tokenizer)} "
+                         "tokens — the row was made by another tokenizer — pass the tokenizer that made it.")
+    return tokenizer.decode([t for t, g in zip(ids[1:], graded(labels)) if g])  # graded drops column 0
 
 
 _ASSISTANT_OUT = "{{- '\\n' + message.content + '<|im_end|>\\n' }}"
@@ -266,6 +544,10 @@ def untrained_stop_template(training_template: str) -> str:
     mistake TRL's ``is_chat_template_stop_token_trained`` warns about. A string edit of the shipped
     template, so the lesson breaks TRL's real template rather than a hand-written one.
     """
+    if not isinstance(training_template, str):
+        raise TypeError("training_template must be a chat template string, got "
+                        f"{type(training_template).__name__} — the edit is a string replacement — pass "
+                        "trl.chat_template_utils.qwen2_5_training_chat_template.")
     if training_template.count(_ASSISTANT_OUT) != 1 or "{%- endgeneration %}" not in training_template:
         raise ValueError("this is not TRL's qwen2_5 training template (the assistant output line or "
                          "{%- endgeneration %} is missing) — the edit looks for those exact strings — pass "
@@ -275,14 +557,27 @@ def untrained_stop_template(training_template: str) -> str:
             .replace("{%- endgeneration %}", moved))
 
 
+def _check_eos_tokenizer(tokenizer) -> str:
+    validate.tokenizer("tokenizer", tokenizer)
+    if not tokenizer.eos_token:
+        raise ValueError("the tokenizer has no eos_token — the plain-text format ends each example with it, "
+                         "its only stop signal — set tokenizer.eos_token (the course's is '<|endoftext|>').")
+    return tokenizer.eos_token
+
+
+def _plain_text(conversation: list[dict], eos: str) -> str:
+    question = next(m["content"] for m in conversation if m["role"] == "user")
+    answer = next(m["content"] for m in conversation if m["role"] == "assistant")
+    return f"### Question: {question}\n### Answer: {answer}{eos}"
+
+
 def plain_text_example(tokenizer, conversation: list[dict]) -> str:
     """A conversation as plain text ending in ``tokenizer.eos_token``, as pre-chat SFT scripts wrote it.
 
     The only stop signal is the eos, so whether the model learns to stop depends on its label.
     """
-    question = next(m["content"] for m in conversation if m["role"] == "user")
-    answer = next(m["content"] for m in conversation if m["role"] == "assistant")
-    return f"### Question: {question}\n### Answer: {answer}{tokenizer.eos_token}"
+    eos = _check_eos_tokenizer(tokenizer)
+    return _plain_text(_check_conversation("conversation", conversation, need=("user", "assistant")), eos)
 
 
 def plain_text_batches(tokenizer, conversations: list[list[dict]], batch_size: int, collator) -> list[dict]:
@@ -292,14 +587,20 @@ def plain_text_batches(tokenizer, conversations: list[list[dict]], batch_size: i
     passes transformers' ``DataCollatorForLanguageModeling`` (masks by pad *id*) or TRL's (masks by
     *position*).
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be a positive integer — it is the rows per batch "
-                         "— pass e.g. batch_size=16.")
-    rows = [{"input_ids": tokenizer(plain_text_example(tokenizer, c), add_special_tokens=False)["input_ids"]}
+    eos = _check_eos_tokenizer(tokenizer)
+    conversations = _check_conversations(conversations, need=("user", "assistant"))
+    validate.positive_int("batch_size", batch_size, why="it is the rows per batch")
+    validate.function("collator", collator)
+    rows = [{"input_ids": tokenizer(_plain_text(c, eos), add_special_tokens=False)["input_ids"]}
             for c in conversations]
     batches = []
     for i in range(0, len(rows), batch_size):
         batch = collator(rows[i: i + batch_size])
+        if not hasattr(batch, "keys") or not {"input_ids", "attention_mask", "labels"} <= set(batch.keys()):
+            raise ValueError(f"the collator returned {type(batch).__name__} without input_ids, "
+                             "attention_mask and labels — the batches are trained on and their labels "
+                             "inspected — pass a language-modelling collator, e.g. "
+                             "DataCollatorForLanguageModeling(tok, mlm=False).")
         batches.append({k: batch[k] for k in ("input_ids", "attention_mask", "labels")})
     return batches
 
@@ -307,39 +608,13 @@ def plain_text_batches(tokenizer, conversations: list[list[dict]], batch_size: i
 def graded_span_has_stop(batch: dict, stop_id: int) -> list[bool]:
     """The pre-flight check: per row, does a token with id ``stop_id`` carry loss?
 
-    Only ``labels`` count: the prompt's ``<|im_end|>`` tokens are in ``input_ids`` but are not trained.
+    Only graded labels count (``data.graded``): the prompt's ``<|im_end|>`` tokens are in ``input_ids``
+    but are not trained.
     """
-    return [bool((row == stop_id).any()) for row in batch["labels"]]
-
-
-
-
-def stop_criterion_callback(criterion: StopCriterion, *, every: int = 10):
-    """A ``TrainerCallback`` that ends ``SFTTrainer`` training once ``criterion`` is met.
-
-    The same ``StopCriterion`` as ``train_until_stops``, checked every ``every`` steps, so the run's
-    length is measured on the run, not fitted to one model; ``max_steps`` stays the cap. The
-    callback's ``history`` lists ``(step, p_stop, stop_rate)``.
-    """
-    from transformers import TrainerCallback
-
-    _require_criterion(criterion, "the callback")
-    validate.positive_int("every", every, why="it is the steps between two checks of the criterion")
-
-    class StopWhenMet(TrainerCallback):
-        history: list[tuple[int, float, float | None]] = []
-
-        def on_step_end(self, args, state, control, model=None, **kwargs):
-            final = state.global_step >= state.max_steps
-            if state.global_step % every == 0 or final:
-                measured = criterion.measure(model, lazy=not final)  # the last check in full
-                self.history.append((state.global_step, measured["p_stop"], measured["stop_rate"]))
-                control.should_training_stop = criterion.met(measured)
-            return control
-
-    callback = StopWhenMet()
-    callback.history = []
-    return callback
+    validate.batch("batch", batch, need=("labels",))
+    _check_id("stop_id", stop_id)
+    labels = batch["labels"]
+    return [bool(row.any()) for row in graded(labels) & (labels[:, 1:] == stop_id)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -356,20 +631,27 @@ def stop_explorer(models: dict, tokenizer, prompts: list[str], eos_choices: dict
     shows the stop rate and the first ``shown`` replies: a config fix helps only a model that learned
     to emit the token.
     """
-    from .viz import what_if
-
     for name, value, example in (("models", models, "{'graded': model}"),
                                  ("eos_choices", eos_choices, "{'generation_config': None, 'end': [id]}")):
         if not isinstance(value, dict) or not value:
             raise ValueError(f"stop_explorer's {name} must be a non-empty dict, got {type(value).__name__} — "
                              f"each entry is one choice of the control — pass e.g. {example}.")
+    validate.tokenizer("tokenizer", tokenizer)
+    for label, model in models.items():
+        validate.model(f"models[{label!r}]", model)
+        validate.model_and_tokenizer(model, tokenizer)
+        for eos_label, ids in eos_choices.items():
+            if ids is not None:
+                _check_eos_ids(f"eos_choices[{eos_label!r}]", ids, _vocab(model))
+    prompts = validate.strings("prompts", prompts)
+    validate.positive_int("max_new_tokens", max_new_tokens, why="it bounds every generation")
+    turn_markers = tuple(validate.strings("turn_markers", turn_markers, allow_empty=True))
     validate.positive_int("shown", shown, why="it is how many replies each frame prints")
 
     def frame(model, eos):
         extra = {} if eos_choices[eos] is None else {"eos_token_id": eos_choices[eos]}
-        records = generate_greedy(models[model], tokenizer, prompts, max_new_tokens=max_new_tokens,
-                                  turn_markers=turn_markers, **extra)
-        lines = [f"stop rate {stop_rate(records):.2f} over {len(records)} prompts "
+        records = _generate(models[model], tokenizer, prompts, max_new_tokens, turn_markers, extra)
+        lines = [f"stop rate {_stop_rate(records):.2f} over {len(records)} prompts "
                  f"(max_new_tokens={max_new_tokens})"]
         lines += [f"{'stopped' if r['stopped'] else 'ran on '} | {r['text'][:70]!r}" for r in records[:shown]]
         return "\n".join(lines)
@@ -377,326 +659,3 @@ def stop_explorer(models: dict, tokenizer, prompts: list[str], eos_choices: dict
     return what_if(frame, {"model": list(models), "eos": list(eos_choices)},
                    descriptions={"model": "trained model", "eos": "eos_token_id for generate()"},
                    width="620px")
-
-
-# ------------------------------------------------------------------------------------------------
-# Exercise 1: the stop ids for generate()
-# ------------------------------------------------------------------------------------------------
-
-def _variant(tokenizer, template: str, extra: list[str], eos: str | None = None):
-    """A copy of ``tokenizer`` with another family's chat template and its special tokens."""
-    variant = copy.deepcopy(tokenizer)
-    variant.add_special_tokens({"additional_special_tokens": extra})
-    variant.chat_template = template
-    if eos is not None:
-        variant.eos_token = eos
-    return variant
-
-
-def _stop_cases(tokenizer) -> list[Case]:
-    from trl.chat_template_utils import gemma_chat_template, llama3_chat_template, phi3_chat_template
-
-    llama = _variant(tokenizer, llama3_chat_template, ["<|start_header_id|>", "<|end_header_id|>",
-                                                       "<|eot_id|>", "<|begin_of_text|>"])
-    llama.bos_token = "<|begin_of_text|>"
-    gemma = _variant(tokenizer, gemma_chat_template, ["<start_of_turn>", "<end_of_turn>", "<bos>"])
-    gemma.bos_token = "<bos>"
-    phi = _variant(tokenizer, phi3_chat_template, ["<|user|>", "<|assistant|>", "<|end|>"])
-    eos_is_eot = _variant(tokenizer, tokenizer.chat_template, [], eos="<|im_end|>")
-    cases = []
-    for label, tag, tok in (("course tokenizer (Qwen2.5 template)", "qwen", tokenizer),
-                            ("Llama 3 template", "llama3", llama), ("Gemma template", "gemma", gemma),
-                            ("Phi-3 template", "phi3", phi), ("eos already set to <|im_end|>", "eos_is_eot",
-                                                              eos_is_eot)):
-        cases.append(Case((tok,), stop_token_ids(tok), label=label, tag=tag))
-    return cases
-
-
-def _compare_stop_ids(got, expected) -> str | None:
-    if not isinstance(got, (list, tuple)) or not all(isinstance(g, int) and not isinstance(g, bool)
-                                                      for g in got):
-        return f"expected a list of int token ids, got {got!r:.120}"
-    if len(set(got)) != len(got):
-        return f"{list(got)} lists an id twice"
-    return None if sorted(got) == sorted(expected) else f"expected the ids {expected}, got {list(got)}"
-
-
-def _diagnose_stop_ids(got, case: Case) -> str | None:
-    tok = case.args[0]
-    if not isinstance(got, (list, tuple)):
-        return "return a list of ids: generate(eos_token_id=[...]) stops on any of them."
-    got = list(got)
-    eos = tok.eos_token_id
-    eot = [i for i in case.expected if i != eos]
-    if got == [eos] and eot:
-        return ("you returned only the tokenizer's eos: that is the default that never stops a chat turn; "
-                "add the token the template writes after an assistant message.")
-    if eot and eot[0] in got and eos not in got:
-        return "keep the tokenizer's eos in the list too: plain-text generations still end with it."
-    if len(set(got)) != len(got):
-        return "when the eos already IS the end-of-turn token, list it once."
-    course_eot = tok.convert_tokens_to_ids("<|im_end|>")
-    if course_eot in got and course_eot not in case.expected:
-        return ("you hard-coded <|im_end|>; other families close turns with other tokens — "
-                "read the token off the rendered chat template.")
-    extra = [t for t in got if t not in case.expected]
-    if extra:
-        return (f"{tok.convert_ids_to_tokens(extra)} is not what follows the assistant's text — that is "
-                "probably a turn *opener*; the stop token comes right after the assistant's content.")
-    return None
-
-
-STOP_IDS_HINTS = Hints(
-    question="Which token does the chat template write right after the assistant's text — and is it a "
-             "token generate() already stops on?",
-    pointer="Render [user, assistant, user] with tokenizer.apply_chat_template(..., tokenize=False), "
-            "tokenize what follows the assistant's text, and look for the first id in "
-            "tokenizer.get_added_vocab().values().",
-    answer="ids = [tokenizer.eos_token_id]; eot = first added-vocab id after the answer; "
-           "return ids if eot in ids else ids + [eot]")
-
-
-def check_stop_token_ids(fn, tokenizer):
-    """Checker for exercise 1: ``fn(tokenizer) -> list[int]``, the stop ids to pass to ``generate()``."""
-    return run_check("stop_token_ids", fn, _stop_cases(tokenizer), compare=_compare_stop_ids,
-                     diagnose=_diagnose_stop_ids, hint=STOP_IDS_HINTS)
-
-
-# ------------------------------------------------------------------------------------------------
-# Exercise 2 (diagnosis): why does this fine-tune not stop?
-# ------------------------------------------------------------------------------------------------
-
-CAUSES = ("wrong_stop_ids", "stop_token_not_graded", "pad_equals_eos", "max_new_tokens_too_small",
-          "left_padding_without_mask")
-# Chat families the generator draws from: (end-of-turn token, turn opener, eos) as their templates write them.
-_FAMILIES = (("<|im_end|>", "<|im_start|>", "<|endoftext|>"), ("<|eot_id|>", "<|start_header_id|>",
-             "<|end_of_text|>"), ("<end_of_turn>", "<start_of_turn>", "<eos>"), ("<|end|>", "<|user|>",
-                                                                                  "<|endoftext|>"))
-_WORDS = ("red", "cat", "moon", "road", "big", "box", "green", "cold", "bag", "cow", "sun", "tree")
-
-
-def _qa(rng: random.Random) -> tuple[list[str], list[str]]:
-    """A question and answer as token strings (reverse-the-words: the answer length varies)."""
-    words = rng.sample(_WORDS, rng.randint(3, 6))
-    return ["Reverse", ":"] + words, list(reversed(words))
-
-
-def broken_generation_run(seed: int) -> tuple[dict, Diagnosis]:
-    """A fine-tune that does not stop as it should — generations, generate() config, graded span.
-
-    The artefact a learner would collect: ``generations`` (token strings per prompt, ``stopped``),
-    ``generate_config`` (``eos_tokens``, ``max_new_tokens``, ``padding_side``,
-    ``attention_mask_passed``), ``graded_span`` (the tokens that carried loss in three training
-    rows), ``format`` ("chat" or "plain"), the template's ``end_of_turn_token``, ``eos_token``,
-    ``pad_token``. Five causes, drawn by ``seed``: three from this lesson and two look-alikes (a
-    ``max_new_tokens`` too small for the answers; left padding without an attention mask, lesson 03).
-    """
-    validate.integer("seed", seed, minimum=0, why="it picks the case")
-    rng = random.Random(seed)
-    cause = CAUSES[seed % len(CAUSES)] if seed < len(CAUSES) else rng.choice(CAUSES)
-    eot, opener, eos = rng.choice(_FAMILIES)
-    fmt = "plain" if cause == "pad_equals_eos" else "chat"
-    stop = eos if fmt == "plain" else eot
-    pad = eos if (fmt == "plain" or rng.random() < 0.5) else "<pad>"
-    budget = rng.choice((32, 40, 64))
-    cfg = {"eos_tokens": [eos, eot], "max_new_tokens": budget, "padding_side": "left",
-           "attention_mask_passed": True}
-    if cause == "wrong_stop_ids":
-        cfg["eos_tokens"] = [eos]
-    if cause == "left_padding_without_mask":
-        cfg["attention_mask_passed"] = False
-    qas = [_qa(rng) for _ in range(rng.randint(4, 6))]
-    if cause == "max_new_tokens_too_small":
-        cfg["max_new_tokens"] = budget = rng.randint(2, min(len(a) for _, a in qas) - 1)
-    longest = max(len(q) for q, _ in qas)
-    generations = []
-    for q, a in qas:
-        gen = _broken_reply(rng, cause, a, stop, opener, len(q) < longest)[:budget]
-        stopped = bool(gen) and gen[-1] in cfg["eos_tokens"]
-        generations.append({"prompt_tokens": q, "tokens": gen, "stopped": stopped, "reference": a})
-    graded = []
-    for _, a in qas[:3]:
-        span = (["###", "Answer", ":"] if fmt == "plain" else ["\n"]) + a
-        closing = [stop] if fmt == "plain" else [stop, "\n"]
-        graded.append(span if cause in ("stop_token_not_graded", "pad_equals_eos") else span + closing)
-    artefact = {"generations": generations, "generate_config": cfg, "graded_span": graded, "format": fmt,
-                "end_of_turn_token": eot, "eos_token": eos, "pad_token": pad,
-                "collator": ("transformers DataCollatorForLanguageModeling" if cause == "pad_equals_eos" else
-                             rng.choice(("TRL DataCollatorForLanguageModeling", "course collate_right")))}
-    if cause == "pad_equals_eos":
-        evidence = eos
-    elif cause in ("wrong_stop_ids", "stop_token_not_graded"):
-        evidence = eot
-    elif cause == "max_new_tokens_too_small":
-        evidence = budget
-    else:
-        evidence = tuple(i for i, (q, _) in enumerate(qas) if len(q) < longest)
-    return artefact, Diagnosis(cause, evidence)
-
-
-def _broken_reply(rng: random.Random, cause: str, answer: list[str], stop: str, opener: str,
-                  padded: bool) -> list[str]:
-    """What the model generates for one prompt under ``cause`` (tokens; cut to the budget later)."""
-    ramble = [rng.choice(_WORDS) for _ in range(80)]
-    if cause == "wrong_stop_ids":  # writes the end-of-turn token, nobody watches it: invents turns
-        return answer + [stop, "\n", opener, "assistant", "\n"] + ramble
-    if cause in ("stop_token_not_graded", "pad_equals_eos"):  # never learned the stop: rambles on
-        return answer + (["\n", "###", "Question", ":"] if cause == "pad_equals_eos" else ["\n"]) + ramble
-    if cause == "left_padding_without_mask" and padded:  # attends to pad columns: garbled from token 1
-        return [rng.choice(("##", "ss", "w", "0", "nsw")) for _ in range(80)]
-    return answer + [stop]  # stops correctly (the budget may still cut it)
-
-
-def _evidence_ok(got, truth) -> bool:
-    if truth.cause == "left_padding_without_mask":  # any garbled (padded) row, or all of them
-        return got in truth.evidence or (isinstance(got, (list, tuple)) and set(got) == set(truth.evidence))
-    return got == truth.evidence
-
-
-DIAGNOSIS_MISCONCEPTIONS = {
-    ("stop_token_not_graded", "wrong_stop_ids"):
-        "the model DOES write the end-of-turn token and keeps going: training taught it to stop; "
-        "generate() is not watching that token — compare eos_tokens with what the replies contain",
-    ("wrong_stop_ids", "stop_token_not_graded"):
-        "no reply contains the end-of-turn token, so no eos list can stop it; look at the graded span",
-    ("stop_token_not_graded", "pad_equals_eos"):
-        "the stop token here is the eos and pad is the same token: which collator built the labels?",
-    ("wrong_stop_ids", "max_new_tokens_too_small"):
-        "these replies do not ramble — they are cut mid-answer; compare their length with max_new_tokens",
-    ("stop_token_not_graded", "max_new_tokens_too_small"):
-        "the graded span has the stop token; the replies are cut before the answer is complete",
-    ("stop_token_not_graded", "left_padding_without_mask"):
-        "the longest prompt's reply is fine and stops: only padded rows are garbled (lesson 03)",
-    ("wrong_stop_ids", "left_padding_without_mask"):
-        "the longest prompt's reply is fine and stops: only padded rows are garbled (lesson 03)",
-}
-
-DIAGNOSIS_HINTS = Hints(
-    question="Do the replies contain the end-of-turn token at all? If yes, who should have stopped on it; "
-             "if no, was it ever in the graded span? And are all rows broken, or only some?",
-    pointer="Read artefact['generations'][i]['tokens'] beside artefact['generate_config'] and "
-            "artefact['graded_span'] — sections 3 (config), 5c (graded span) and 5d (pad == eos).",
-    answer="garbled only on padded rows with no mask -> left_padding_without_mask (evidence: a padded row); "
-           "writes eot but eot not in eos_tokens -> wrong_stop_ids (eot); never writes it and it is not "
-           "graded -> stop_token_not_graded (eot), or pad_equals_eos if the stop is the eos and pad == eos "
-           "(eos); else the replies are cut -> max_new_tokens_too_small (max_new_tokens).")
-
-
-def check_diagnosis_exercise(fn):
-    """Checker for exercise 2: ``fn(artefact) -> Diagnosis`` on fresh ``broken_generation_run`` cases."""
-    from .checks import check_diagnosis
-    from .model import course_seed
-
-    seeds = [1000 + 7 * course_seed() + i for i in range(12)]
-    seeds = list(range(len(CAUSES))) + seeds  # every cause at least once, then fresh draws
-    return check_diagnosis("diagnose_generations", fn, broken_generation_run, seeds=seeds,
-                           evidence_ok=_evidence_ok, misconceptions=DIAGNOSIS_MISCONCEPTIONS,
-                           hint=DIAGNOSIS_HINTS)
-
-
-# ------------------------------------------------------------------------------------------------
-# Exercise 3 (fix): a collator that keeps the row's own eos when pad == eos
-# ------------------------------------------------------------------------------------------------
-
-def _collate_cases(n_cases: int = 6) -> list[Case]:
-    """Batches the notebook never shows: random ids ending in eos, pad == eos (and one pad != eos)."""
-    from .exercises.answers.lesson02 import collate_keep_eos
-
-    rng = random.Random(4242)
-    cases = []
-    for k in range(n_cases):
-        eos = rng.randint(0, 9)
-        pad = eos if k < n_cases - 1 else eos + 10  # the last case: a distinct pad token
-        examples = []
-        for _ in range(rng.randint(2, 5)):
-            body = [rng.randint(20, 400) for _ in range(rng.randint(3, 12))]
-            ex = {"input_ids": body + [eos]}
-            if k % 2:  # a prompt mask, as a chat or prompt-completion example carries
-                n_prompt = rng.randint(1, len(body) - 1)
-                ex["labels"] = [IGNORE_INDEX] * n_prompt + ex["input_ids"][n_prompt:]
-            examples.append(ex)
-        expected = {"reference": collate_keep_eos(examples, pad), "examples": examples}
-        cases.append(Case((examples, pad), expected,
-                          label=f"{len(examples)} rows, {'with' if k % 2 else 'no'} prompt mask, "
-                                f"pad {'==' if pad == eos else '!='} eos",
-                          tag="prompt_mask" if k % 2 else "plain"))
-    return cases
-
-
-def _rows(batch: dict, examples: list[dict]):
-    """Per example: (its ids, its labels, the batch row's real ids, real labels, pad labels)."""
-    for i, e in enumerate(examples):
-        real = batch["attention_mask"][i] == 1
-        yield (list(e["input_ids"]), list(e.get("labels", e["input_ids"])),
-               batch["input_ids"][i][real].tolist(), batch["labels"][i][real].tolist(),
-               batch["labels"][i][~real].tolist())
-
-
-def _compare_collate(got, expected: dict) -> str | None:
-    import torch
-
-    examples, reference = expected["examples"], expected["reference"]
-    if not isinstance(got, dict) or not all(isinstance(got.get(k), torch.Tensor)
-                                            for k in ("input_ids", "attention_mask", "labels")):
-        return "expected a dict with tensors 'input_ids', 'attention_mask' and 'labels'"
-    shapes = {tuple(got[k].shape) for k in ("input_ids", "attention_mask", "labels")}
-    if shapes != {tuple(reference["input_ids"].shape)}:
-        return f"expected three tensors of shape {tuple(reference['input_ids'].shape)}, got {shapes}"
-    for i, (ids, labels, real_ids, real_labels, pad_labels) in enumerate(_rows(got, examples)):
-        if real_ids != ids:
-            return f"row {i}: the attention mask does not mark exactly the example's own tokens"
-        if real_labels != labels:
-            return f"row {i}: labels on the example's own tokens differ from its labels"
-        if any(x != IGNORE_INDEX for x in pad_labels):
-            return f"row {i}: a padding position carries a label"
-    return None
-
-
-def _diagnose_collate(got, case: Case) -> str | None:
-    examples, pad = case.args
-    if not isinstance(got, dict) or "labels" not in got:
-        return None
-    first = list(_rows(got, examples))
-    for ids, labels, real_ids, real_labels, pad_labels in first:
-        if real_ids != ids and len(real_ids) == len(got["input_ids"][0]):
-            return "the attention mask is all ones: the model would attend to (and the labels see) padding."
-        if real_ids != ids:
-            return None
-        if real_labels[-1] == IGNORE_INDEX and labels[-1] != IGNORE_INDEX and ids[-1] == pad:
-            return ("the row's own eos lost its label: you masked by pad *id*, and with pad == eos that "
-                    "erases every eos — mask by position (where the example ends) instead.")
-        if real_labels == ids and labels != ids:
-            return ("the prompt tokens carry labels: you cloned input_ids into labels and overwrote the "
-                    "example's prompt mask — start from the example's own labels.")
-        if pad_labels and all(x == pad for x in pad_labels):
-            return ("the padding carries labels (pad ids): the model is trained to write eos/pad again and "
-                    "again after the answer — padding positions must be -100.")
-        if pad_labels and pad_labels[-1] != IGNORE_INDEX:
-            return ("you kept the row's *last* eos — with pad == eos that is a pad; keep the first one "
-                    "(the example's own) and mask everything after it.")
-    return None
-
-
-COLLATE_HINTS = Hints(
-    question="With pad == eos, how can a collator tell the example's own eos from the padding after it, "
-             "if not by its id?",
-    pointer="Section 5d: TRL's collator masks by position (where each example ends), transformers' "
-            "by pad id. Pad with pad_token_id, but decide the -100s from each example's length.",
-    answer="for each example: ids + [pad]*k, mask [1]*len + [0]*k, "
-           "labels = e.get('labels', ids) + [-100]*k; return torch tensors")
-
-
-def check_collate_keep_eos(fn):
-    """Checker for exercise 3: ``fn(examples, pad_token_id) -> {input_ids, attention_mask, labels}``.
-
-    Property checks, so every correct collator passes (right or left padding, masking by length or
-    by keeping the first eos): the masked tokens are the example's own, their labels are its
-    labels, padding positions are -100.
-    """
-    return run_check("collate_keep_eos", fn, _collate_cases(), compare=_compare_collate,
-                     diagnose=_diagnose_collate, hint=COLLATE_HINTS)
-
-
-# Every public function above checks its arguments by their conventional names (model, tokenizer,
-# batch, steps, ...) before it runs: one what/why/fix message for the slips learners make most.
-validate.check_module_arguments(globals())

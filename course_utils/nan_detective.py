@@ -17,8 +17,11 @@ Used by lesson 06 only. What is here:
 - ``anomaly_report``: what ``torch.autograd.detect_anomaly`` says about a NaN backward.
 - ``norm_on_inf``: what the model's own normalisation layer makes of one inf.
 - ``GuardCallback``: a ``TrainerCallback`` that runs *your* guard before every optimizer step.
-- ``broken_run`` / ``show_run`` / ``check_diagnosis_run`` / ``check_guard``: the exercises.
+- ``CAUSES``: the four causes of a non-finite (or silently zero) step the lesson tells apart.
 - ``plot_checklist``: the decision flow of the lesson as one picture.
+
+The exercises (a generated broken run to diagnose, the guard's checker) are in
+``course_utils.exercises.lesson06``; their reference answers in ``course_utils.exercises.answers``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-import random
 import re
 import warnings
 from collections.abc import Callable, Sequence
@@ -34,8 +36,9 @@ from collections.abc import Callable, Sequence
 import torch
 
 from . import validate
-from .checks import Case, Diagnosis, Hints, check_diagnosis, run_check
-from .data import IGNORE_INDEX
+from .model import load_course_model
+from .training import make_sft_trainer, set_seed
+from .viz import figure, what_if
 
 FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504: the largest finite float16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -65,16 +68,18 @@ def qlora_model(*, compute_dtype=torch.float32, dtype=None, r: int = 8, lora_alp
     adapters are float32 either way: peft upcasts them (``autocast_adapter_dtype``, peft PR 1706).
     ``seed``: LoRA's A matrices are random (``None``: the course seed).
     """
+    # peft (and transformers' quantisation config) load the whole trainer stack: ~9 s more than torch
+    # on a 2-core CPU (measured: import peft 11.5 s, import torch 3.3 s); the record-reading tools of
+    # this module do not need them
     from peft import LoraConfig, get_peft_model
     from transformers import BitsAndBytesConfig
-
-    from .model import load_course_model
-    from .training import set_seed
 
     compute_dtype = _dtype(compute_dtype, "compute_dtype")
     kwargs = {} if dtype is None else {"dtype": _dtype(dtype, "dtype")}
     validate.positive_int("r", r, why="it is the LoRA rank")
     validate.positive_int("lora_alpha", lora_alpha, why="it scales the LoRA update (alpha / r)")
+    if seed is not None:
+        validate.seed("seed", seed)
     set_seed(seed)
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                bnb_4bit_compute_dtype=compute_dtype)
@@ -99,19 +104,34 @@ def _finite(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+def _check_records(name: str, records) -> Sequence[dict]:
+    """A non-empty list of training records, each with ``step``, ``loss`` and ``grad_norm``."""
+    validate.non_empty(name, records, what="training records", fix="pass train()'s output.")
+    for i, record in enumerate(records):
+        if not isinstance(record, dict) or not {"step", "loss", "grad_norm"} <= set(record):
+            got = sorted(record) if isinstance(record, dict) else type(record).__name__
+            raise ValueError(f"{name}[{i}] is {got}, not a record with 'step', 'loss' and 'grad_norm' — "
+                             "the search reads those three per step — pass train()'s output (one dict per "
+                             "optimizer step).")
+    return records
+
+
+def _nonfinite(records: Sequence[dict]) -> list[int]:
+    return [r["step"] for r in records if not (_finite(r["loss"]) and _finite(r["grad_norm"]))]
+
+
 def nonfinite_steps(records: Sequence[dict]) -> list[int]:
     """The ``step`` of every record whose ``loss`` or ``grad_norm`` is inf or NaN (empty: all finite).
 
     The gradient norm counts as much as the loss: a forward can be finite while its backward is not.
     """
-    validate.non_empty("records", records, what="training records", fix="pass train()'s output.")
-    return [r["step"] for r in records if not (_finite(r["loss"]) and _finite(r["grad_norm"]))]
+    return _nonfinite(_check_records("records", records))
 
 
 def first_nonfinite_step(records: Sequence[dict]) -> int:
     """The first step whose loss or gradient norm is inf/NaN. Raises ``NotFound`` when every step is
     finite: code that asked for the bad step must not go on with ``None``."""
-    bad = nonfinite_steps(records)
+    bad = _nonfinite(_check_records("records", records))
     if not bad:
         raise NotFound(f"every one of the {len(records)} steps has a finite loss and gradient norm — there "
                        "is no non-finite step to find — train longer or harder (higher learning rate, "
@@ -122,7 +142,7 @@ def first_nonfinite_step(records: Sequence[dict]) -> int:
 def batch_at_step(batches: Sequence[dict], step: int) -> dict:
     """The micro-batch ``training.train`` (with ``accum_steps=1``) uses at 1-based ``step``: it cycles."""
     validate.positive_int("step", step, why="train() counts steps from 1")
-    validate.non_empty("batches", batches, what="collated batches")
+    validate.batches("batches", batches, need=("input_ids",))
     return batches[(step - 1) % len(batches)]
 
 
@@ -131,11 +151,14 @@ def lowest_diverging_lr(run: Callable[[float], list[dict]], lrs: Sequence[float]
     records hold a non-finite step. Returns ``(lr, {lr: records})`` — every run tried, so a lesson
     can show the last healthy one beside the first broken one. Raises ``NotFound`` if none diverges.
     """
-    validate.non_empty("lrs", lrs, what="learning rates")
+    validate.function("run", run)
+    validate.non_empty("lrs", lrs, what="learning rates", fix="pass a grid, e.g. lrs=[1e-3, 1e-2, 1e-1].")
+    grid = sorted(validate.number(f"lrs[{i}]", x, positive=True, why="each is a learning rate to try")
+                  for i, x in enumerate(lrs))  # all checked before the first (slow) run
     runs = {}
-    for lr in sorted(validate.number("lr", x, positive=True) for x in lrs):
-        runs[lr] = run(lr)
-        if nonfinite_steps(runs[lr]):
+    for lr in grid:
+        runs[lr] = _check_records(f"run({lr:g})", run(lr))
+        if _nonfinite(runs[lr]):
             return lr, runs
     raise NotFound(f"no learning rate up to {max(lrs):g} turned the run non-finite — the grid stops too "
                    "low for this model — extend lrs upwards or train more steps per run.")
@@ -155,8 +178,17 @@ def _check_runs(lr_runs) -> dict:
                          "per run — pass the runs lowest_diverging_lr returned.")
     for lr, records in lr_runs.items():
         validate.number("learning rate", lr, positive=True, why="each key of lr_runs is a run's rate")
-        nonfinite_steps(records)  # non-empty, with loss and grad_norm
+        _check_records(f"lr_runs[{lr!r}]", records)
     return lr_runs
+
+
+def _check_healthy(healthy, healthy_lr) -> None:
+    _check_records("healthy", healthy)
+    validate.number("healthy_lr", healthy_lr, positive=True, why="it is the healthy run's learning rate")
+    if _nonfinite(healthy) or not max(r["grad_norm"] for r in healthy) > 0:
+        raise ValueError("healthy is not a healthy run (a non-finite step, or no gradient at all) — every "
+                         "frame divides by its largest gradient norm — pass the records of a run that "
+                         "learned, e.g. train() at the lesson's usual learning rate.")
 
 
 def lr_frame(lr_runs: dict, lr: float, healthy: Sequence[dict], healthy_lr: float):
@@ -166,23 +198,24 @@ def lr_frame(lr_runs: dict, lr: float, healthy: Sequence[dict], healthy_lr: floa
     every step, the largest norm before the break over the healthy run's largest, and where the search
     put the threshold; the figure draws both runs' gradient norms (log) and losses, with the break marked.
     """
+    _check_runs(lr_runs)
+    validate.choice("lr", lr, sorted(lr_runs), why="a frame only shows runs already made")
+    _check_healthy(healthy, healthy_lr)
+    return _lr_frame(lr_runs, lr, healthy, healthy_lr)
+
+
+def _lr_frame(lr_runs: dict, lr: float, healthy: Sequence[dict], healthy_lr: float):
+    # matplotlib costs ~1.3 s to import; like viz, the module loads it on the first plot
     from matplotlib.ticker import NullLocator
 
-    from .viz import figure
-
-    records = _check_runs(lr_runs).get(lr)
-    if records is None:
-        raise ValueError(f"lr={lr!r} is not one of the runs {sorted(lr_runs)} — a frame only shows runs "
-                         "already made — pick a learning rate from lr_runs.")
-    validate.number("healthy_lr", healthy_lr, positive=True, why="it is the healthy run's learning rate")
-    bad = nonfinite_steps(records)
+    records = lr_runs[lr]
+    bad = _nonfinite(records)
     reference = healthy[: len(records)]
-    nonfinite_steps(reference)  # the healthy run: non-empty records
     steps = [r["step"] for r in records]
     before = [r["grad_norm"] for r in records[: (bad[0] - records[0]["step"]) if bad else None]]
     ratio = max(before, default=0.0) / max(r["grad_norm"] for r in reference)
-    finite_lrs = [x for x, rec in lr_runs.items() if not nonfinite_steps(rec)]
-    diverging = [x for x, rec in lr_runs.items() if nonfinite_steps(rec)]
+    finite_lrs = [x for x, rec in lr_runs.items() if not _nonfinite(rec)]
+    diverging = [x for x, rec in lr_runs.items() if _nonfinite(rec)]
     search = (f"highest finite lr {max(finite_lrs):.3g}" if finite_lrs else "no finite lr")
     search += f", lowest diverging {min(diverging):.3g}" if diverging else ", none diverged"
     text = "\n".join([
@@ -221,15 +254,13 @@ def lr_explorer(lr_runs: dict, healthy: Sequence[dict], healthy_lr: float, *, st
     records of a run at ``healthy_lr`` that learned, drawn beside each run. ``start``: the learning rate
     shown first (default: the lowest diverging one, else the highest).
     """
-    from .viz import what_if
-
     _check_runs(lr_runs)
-    nonfinite_steps(healthy)
-    validate.number("healthy_lr", healthy_lr, positive=True, why="it is the healthy run's learning rate")
+    _check_healthy(healthy, healthy_lr)
     lrs = sorted(lr_runs)
     if start is None:
-        start = next((x for x in lrs if nonfinite_steps(lr_runs[x])), lrs[-1])
-    return what_if(lambda lr: lr_frame(lr_runs, lr, healthy, healthy_lr),
+        start = next((x for x in lrs if _nonfinite(lr_runs[x])), lrs[-1])
+    validate.choice("start", start, lrs, why="the explorer starts on one of the runs already made")
+    return what_if(lambda lr: _lr_frame(lr_runs, lr, healthy, healthy_lr),
                    {"lr": {f"{x:.3g}": x for x in lrs}}, start={"lr": start},
                    descriptions={"lr": "learning rate"})
 
@@ -266,7 +297,7 @@ class watch_activations(contextlib.AbstractContextManager):
     """
 
     def __init__(self, model):
-        self.model, self.handles = model, []
+        self.model, self.handles = validate.model("model", model), []
         self.max_abs: list[float] = []
         self.first_nonfinite: dict | None = None
         self._current = 0.0
@@ -309,6 +340,13 @@ class watch_activations(contextlib.AbstractContextManager):
         return self.first_nonfinite
 
 
+def _check_model_and_batch(model, batch) -> None:
+    """A model and a collated batch of token ids it can embed (a forward of the two must make sense)."""
+    validate.model("model", model)
+    validate.batch("batch", batch, need=("input_ids",))
+    validate.ids_fit_model(model, batch["input_ids"], name="batch['input_ids']")
+
+
 def _forward(model, batch: dict):
     """One forward without gradients, in train mode (identical here: LoRA dropout is 0).
 
@@ -316,7 +354,6 @@ def _forward(model, batch: dict):
     for its inference kernel on an eval-mode, no-grad forward and does not undo it in ``train()``;
     the next training forward then fails ("a view of a leaf Variable ... in-place operation").
     """
-    validate.batch("batch", batch, need=("input_ids",))
     was_training = model.training
     model.train()
     try:
@@ -329,6 +366,11 @@ def _forward(model, batch: dict):
 def forward_watch(model, batch: dict) -> watch_activations:
     """One forward pass of ``batch`` under ``watch_activations``; returns the watch (``.max_abs[0]``,
     ``.first_nonfinite`` — None when the forward is finite, ``.culprit()`` to insist)."""
+    _check_model_and_batch(model, batch)
+    return _forward_watch(model, batch)
+
+
+def _forward_watch(model, batch: dict) -> watch_activations:
     with watch_activations(model) as watch:
         _forward(model, batch)
     return watch
@@ -336,7 +378,8 @@ def forward_watch(model, batch: dict) -> watch_activations:
 
 def first_nonfinite_module(model, batch: dict) -> dict:
     """The first module whose output is inf/NaN in one forward of ``batch``; raises ``NotFound`` if none."""
-    return forward_watch(model, batch).culprit()
+    _check_model_and_batch(model, batch)
+    return _forward_watch(model, batch).culprit()
 
 
 def debug_underflow_overflow(model, batch: dict) -> tuple[str, str]:
@@ -348,8 +391,10 @@ def debug_underflow_overflow(model, batch: dict) -> tuple[str, str]:
     overflow; that is caught here, and its hooks (which it never removes) are removed. Raises
     ``NotFound`` when it detected nothing.
     """
+    # transformers' debug tools pull in its whole model stack (seconds): loaded when asked for
     from transformers.debug_utils import DebugUnderflowOverflow
 
+    _check_model_and_batch(model, batch)
     handles = []
 
     class _Removable(DebugUnderflowOverflow):
@@ -391,8 +436,14 @@ def anomaly_report(compute_loss: Callable[[], torch.Tensor]) -> dict:
     error, forward_line = "", ""
     with warnings.catch_warnings(record=True) as caught, torch.autograd.detect_anomaly():
         warnings.simplefilter("always")
+        loss = compute_loss()
+        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad):
+            shape = f" of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else ""
+            raise TypeError(f"compute_loss() returned {type(loss).__name__}{shape}, not a scalar loss with a "
+                            "gradient — the report runs its backward — return the loss tensor itself (not "
+                            ".item(), not computed under torch.no_grad()).")
         try:
-            compute_loss().backward()
+            loss.backward()
         except RuntimeError as exc:
             error = str(exc).splitlines()[0]
     if not error:
@@ -405,13 +456,6 @@ def anomaly_report(compute_loss: Callable[[], torch.Tensor]) -> dict:
             if lines:  # the traceback ends with the line that called the failing op; keep its code only
                 forward_line = f"{lines[-1][0]}: {lines[-1][1].strip()}"
     return {"error": error, "forward_line": forward_line}
-
-
-def all_masked(batch: dict) -> dict:
-    """A copy of ``batch`` whose labels are all -100: no token carries loss (lesson 05 shows how truncation
-    gets there in real data)."""
-    validate.batch("batch", batch)
-    return {**batch, "labels": torch.full_like(batch["labels"], IGNORE_INDEX)}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -437,7 +481,12 @@ def plant_large_update(model, value: float) -> str:
     output large — linearly in ``value``, on any architecture — while the weight itself stays small
     enough for every format (peft keeps adapters in float32; TRL casts them to bfloat16).
     """
+    validate.model("model", model)
     validate.number("value", value, positive=True, why="it is written into the LoRA B matrix")
+    return _plant_large_update(model, value)
+
+
+def _plant_large_update(model, value: float) -> str:
     name, lora_b = _first_mlp_lora_b(model)
     with torch.no_grad():
         lora_b.weight.fill_(value)
@@ -451,11 +500,13 @@ def overflow_scale(model, batch: dict, *, max_doublings: int = 30) -> float:
     depend on one model's activation sizes (run it on a float32 model: float16 is slow on a CPU).
     Raises ``NotFound`` if ``2**max_doublings`` is not enough.
     """
+    _check_model_and_batch(model, batch)
     validate.positive_int("max_doublings", max_doublings, why="it bounds the search")
+    _first_mlp_lora_b(model)  # a model without an MLP adapter is refused before the search starts
     value = 1.0
     for _ in range(max_doublings + 1):
-        plant_large_update(model, value)
-        watch = forward_watch(model, batch)
+        _plant_large_update(model, value)
+        watch = _forward_watch(model, batch)
         if watch.first_nonfinite is not None or watch.max_abs[0] > FP16_MAX:
             return value
         value *= 2
@@ -471,9 +522,20 @@ def norm_on_inf(norm: torch.nn.Module, hidden_size: int, position: int = 0) -> d
     ``x * 0`` — the finite entries become 0 and the inf entry ``inf * 0`` = NaN. LayerNorm
     (GPT-NeoX) subtracts the mean: ``inf - inf`` = NaN.
     """
+    weight = getattr(norm, "weight", None)
+    if not (isinstance(norm, torch.nn.Module) and isinstance(weight, torch.Tensor)):
+        raise TypeError(f"norm must be a normalisation layer with a weight (RMSNorm, LayerNorm), got "
+                        f"{type(norm).__name__} — the helper feeds it one hidden vector — pass "
+                        "first_norm(model).")
     validate.positive_int("hidden_size", hidden_size, why="it is the width of the hidden vector")
+    if weight.shape[-1] != hidden_size:
+        raise ValueError(f"hidden_size={hidden_size} but the layer normalises vectors of {weight.shape[-1]} "
+                         "entries — the vector must have the layer's width — pass model.config.hidden_size "
+                         f"(here {weight.shape[-1]}).")
     validate.integer("position", position, minimum=0, why="it indexes the hidden vector")
-    weight = next(norm.parameters())
+    if position >= hidden_size:
+        raise ValueError(f"position={position} is outside a hidden vector of {hidden_size} entries — the inf "
+                         f"goes at that index — pass 0 to {hidden_size - 1}.")
     x = torch.ones(1, 1, hidden_size, dtype=weight.dtype)
     x[..., position] = float("inf")
     with torch.no_grad():
@@ -484,6 +546,7 @@ def norm_on_inf(norm: torch.nn.Module, hidden_size: int, position: int = 0) -> d
 
 def first_norm(model) -> torch.nn.Module:
     """The model's first normalisation layer (RMSNorm or LayerNorm), for ``norm_on_inf``."""
+    validate.model("model", model)
     for module in model.modules():
         if "norm" in type(module).__name__.lower() and getattr(module, "weight", None) is not None:
             return module
@@ -493,10 +556,20 @@ def first_norm(model) -> torch.nn.Module:
 
 def sft_run(model, tokenizer, dataset, callback=None, **config):
     """Train a TRL ``SFTTrainer`` (``course_utils.make_sft_trainer``: quiet, fp32 unless you pass
-    ``bf16``/``fp16``) with an optional callback; return the trainer. Read ``train.logged(trainer)``.
+    ``bf16``/``fp16``) with an optional callback; return the trainer. Read ``training.logged(trainer)``.
     """
-    from .training import make_sft_trainer
+    # transformers' trainer stack costs ~9 s to import (see qlora_model); make_sft_trainer loads it anyway
+    from transformers import TrainerCallback
 
+    validate.model("model", model)
+    validate.tokenizer("tokenizer", tokenizer)
+    validate.model_and_tokenizer(model, tokenizer)
+    is_callback = isinstance(callback, TrainerCallback) or (isinstance(callback, type)
+                                                            and issubclass(callback, TrainerCallback))
+    if callback is not None and not is_callback:
+        raise TypeError(f"callback must be a transformers TrainerCallback, got {type(callback).__name__} — "
+                        "the Trainer calls its on_* methods during training — pass e.g. GuardCallback(guard) "
+                        "(the callback, not the guard function itself).")
     trainer = make_sft_trainer(model, tokenizer, dataset, **config)
     if callback is not None:
         trainer.add_callback(callback)
@@ -534,7 +607,7 @@ def _make_guard_callback_class():
     return GuardCallback
 
 
-def __getattr__(name):  # build the callback class lazily: importing transformers costs seconds
+def __getattr__(name):  # the class is built on first use: transformers' trainer stack costs ~9 s
     if name == "GuardCallback":
         cls = _make_guard_callback_class()
         globals()[name] = cls
@@ -543,280 +616,10 @@ def __getattr__(name):  # build the callback class lazily: importing transformer
 
 
 # ------------------------------------------------------------------------------------------------
-# Exercise 1 (diagnosis): an unseen broken run, generated
+# The causes the lesson tells apart (exercise 1 asks for one of them)
 # ------------------------------------------------------------------------------------------------
 
 CAUSES = ("all_masked_labels", "fp16_overflow", "learning_rate_too_high", "silent_zero_loss")
-_MODULES = ("embed_tokens", "layers.0.self_attn.o_proj", "layers.0.mlp.up_proj", "layers.0.mlp.down_proj",
-            "layers.1.self_attn.o_proj", "layers.1.mlp.up_proj", "layers.1.mlp.down_proj", "norm", "lm_head")
-
-
-def broken_run(seed: int) -> tuple[dict, Diagnosis]:
-    """``(run, truth)``: a Trainer-style log of a QLoRA run that went wrong, and what broke it.
-
-    ``run`` = ``{"config", "log", "activation_max"}``: the config (lr, storage dtype, compute dtype),
-    one log row per step as the Trainer logs it (``loss`` — with ``logging_nan_inf_filter`` on, so a
-    NaN loss shows as 0.0 —, ``grad_norm``, ``n_tokens``), and the largest |output| of each module per
-    step (forward hooks, execution order). Causes: all labels masked (a hand-written masked mean:
-    NaN gradients), float16 overflow in one module, a learning rate too high (the backward overflows
-    first), and a look-alike from lesson 05: TRL's clamped mean on an empty batch, a *silent* 0.0
-    with zero gradients and no NaN anywhere. The truth's evidence: the step, or for fp16 the module.
-    """
-    validate.integer("seed", seed, minimum=0, why="it picks the case")
-    rng = random.Random(seed)
-    cause = CAUSES[seed % len(CAUSES)]
-    n = rng.randint(10, 14)
-    k = rng.randint(4, n - 3)  # the first bad step
-    lr = rng.choice((1e-4, 2e-4, 5e-4, 1e-3))
-    storage = rng.choice(("float16", "bfloat16", "float32"))
-    if cause == "fp16_overflow":
-        storage = "float16"
-    if cause == "learning_rate_too_high":
-        lr, storage = rng.choice((0.3, 1.0, 3.0)), rng.choice(("bfloat16", "float32"))
-    compute = storage if storage != "float32" else rng.choice(("float32", "bfloat16"))
-    base = {m: rng.uniform(2.0, 30.0) for m in _MODULES}
-    loss0, nan = rng.uniform(9.0, 12.0), float("nan")
-    culprit = rng.choice([m for m in _MODULES if "mlp" in m])
-    log, acts = [], {m: [] for m in _MODULES}
-    for step in range(1, n + 1):
-        loss = loss0 * (0.75 + 0.25 * math.exp(-step / 3)) + rng.uniform(-0.3, 0.3)
-        norm = rng.uniform(1.0, 6.0) * (3.0 if step <= 2 else 1.0)
-        tokens = rng.randint(35, 60)
-        grow = {m: 1.0 for m in _MODULES}
-        dead = False
-        if cause == "learning_rate_too_high":
-            blow = 4.0 ** max(0, step - 1)
-            grow = {m: blow for m in _MODULES}
-            norm *= blow if step < k else 1.0
-            loss = loss0 * (1.0 + 0.2 * max(0, step - k + 3)) if step <= k else loss
-            if step == k:
-                norm = float("inf")  # the backward overflows while the forward is still finite
-            dead = step > k
-        elif cause == "fp16_overflow":
-            g = (FP16_MAX / base[culprit]) ** (min(step, k) / k)
-            grow[culprit] = g
-            grow.update({m: min(g, 1.5) for m in _MODULES if m != culprit})
-            dead = step >= k
-        elif cause in ("all_masked_labels", "silent_zero_loss"):
-            if step == k or (cause == "silent_zero_loss" and step == k + rng.choice((1, 2))):
-                tokens = 0
-            dead = cause == "all_masked_labels" and step >= k
-        for i, m in enumerate(_MODULES):
-            value = base[m] * grow[m] * rng.uniform(0.9, 1.1)
-            if cause == "fp16_overflow" and step >= k:
-                after = i > _MODULES.index(culprit) or step > k
-                value = float("inf") if m == culprit else (nan if after else value)
-            elif dead and not (cause == "all_masked_labels" and step == k) and not (
-                    cause == "learning_rate_too_high" and step == k):
-                value = nan
-            acts[m].append(min(value, FP16_MAX) if (storage == "float16" and math.isfinite(value)) else value)
-        if cause == "silent_zero_loss" and tokens == 0:
-            loss, norm = 0.0, 0.0
-        elif dead or (cause == "all_masked_labels" and step == k):
-            loss, norm = 0.0, nan  # the Trainer logs a NaN loss as 0.0; grad_norm is unfiltered
-        log.append({"step": step, "loss": round(loss, 4), "grad_norm": norm, "n_tokens": tokens})
-    config = {"learning_rate": lr, "dtype": storage, "bnb_4bit_compute_dtype": compute,
-              "optim": "adamw_torch", "logging_nan_inf_filter": True}
-    evidence = culprit if cause == "fp16_overflow" else k
-    return {"config": config, "log": log, "activation_max": acts}, Diagnosis(cause, evidence)
-
-
-def show_run(run: dict) -> None:
-    """Print a generated run as a learner would see it: the config, then one line per step with the
-    Trainer's log and each module's largest |activation| (execution order, left to right)."""
-    if not (isinstance(run, dict) and {"config", "log", "activation_max"} <= set(run)):
-        raise TypeError("run must be the first item broken_run(seed) returns — show_run prints its config, "
-                        "log and activations — call run, truth = broken_run(seed) first.")
-    print("config:", run["config"])
-    modules = list(run["activation_max"])
-    short = [m.replace("layers.", "L").replace("self_attn.", "").replace("mlp.", "") for m in modules]
-    print(f"{'':31}| largest |output| per module (execution order →)")
-    print(f"{'step':>4} {'loss':>8} {'grad_norm':>10} {'n_tok':>5} | " + " ".join(f"{s:>9}" for s in short))
-    for i, row in enumerate(run["log"]):
-        values = " ".join(f"{run['activation_max'][m][i]:9.3g}" for m in modules)
-        print(f"{row['step']:4d} {row['loss']:8.4g} {row['grad_norm']:10.4g} {row['n_tokens']:5d} | {values}")
-
-
-_MISCONCEPTIONS = {
-    ("all_masked_labels", "fp16_overflow"): (
-        "a logged loss of 0.0 is what the Trainer shows for *any* NaN step (logging_nan_inf_filter); "
-        "n_tokens of that step is normal — read the activations of that step"),
-    ("all_masked_labels", "learning_rate_too_high"): (
-        "a logged 0.0 is any NaN; this step still had supervised tokens — "
-        "what did the gradient norm do first?"),
-    ("all_masked_labels", "silent_zero_loss"): (
-        "n_tokens is 0 there, but the gradient norm is exactly 0.0, not NaN, and the run goes on finite: "
-        "the loss was clamped (sum / max(count, 1)), a silent zero, not a NaN"),
-    ("silent_zero_loss", "all_masked_labels"): (
-        "the empty step's gradient norm is NaN and every step after it is dead: the mean was 0/0 and "
-        "its NaN gradients reached the weights"),
-    ("fp16_overflow", "all_masked_labels"): (
-        "float16 storage alone is not evidence: at the first bad step no activation is inf, "
-        "and n_tokens is 0"),
-    ("fp16_overflow", "silent_zero_loss"): (
-        "float16 storage alone is not evidence: nothing is inf or NaN here at all"),
-    ("fp16_overflow", "learning_rate_too_high"): (
-        "this run is not float16, and at the first bad step the forward is finite: the gradient norm "
-        "turned inf first, after growing for several steps"),
-    ("learning_rate_too_high", "fp16_overflow"): (
-        "the gradient norm did not climb first: one module's activation reached inf (float16's ceiling "
-        "is 65504) while the others stayed small"),
-    ("learning_rate_too_high", "all_masked_labels"): (
-        "the bad step has n_tokens 0: no token carried loss, whatever the learning rate"),
-    ("learning_rate_too_high", "silent_zero_loss"): (
-        "nothing here is inf or NaN: a 0.0 loss with a 0.0 gradient norm on a step with n_tokens 0"),
-}
-
-DIAGNOSIS_HINTS = Hints(
-    question="Which step is the first one that is not healthy — and at that step, which of n_tokens, "
-             "grad_norm and the activations is unusual?",
-    pointer="Section 3 (the step, the module) and 2d (no targets): a logged 0.0 can be a NaN (section 1). "
-            "Read grad_norm of the first odd step: 0.0, NaN or inf? Then the activations of that step.",
-    answer="n_tokens 0 at the first odd step: grad_norm 0.0 → silent_zero_loss, NaN → all_masked_labels "
-           "(evidence: that step). Else, an inf activation at that step → fp16_overflow (evidence: the "
-           "first module in execution order that is inf). Else learning_rate_too_high (evidence: the "
-           "first step whose grad_norm is not finite).")
-
-
-def _evidence_ok(got, truth: Diagnosis) -> bool:
-    if isinstance(truth.evidence, str):  # a module: accept the full name or a path that ends with it
-        return isinstance(got, str) and bool(got) and (got == truth.evidence or got.endswith(truth.evidence))
-    return not isinstance(got, bool) and isinstance(got, int) and got == truth.evidence
-
-
-def check_diagnosis_run(fn, seeds: Sequence[int] | None = None):
-    """Checker for exercise 1: ``fn(run) -> Diagnosis(cause, evidence)`` on fresh ``broken_run``s."""
-    from .model import course_seed
-
-    seeds = seeds or [1000 + 17 * course_seed() + i for i in range(12)]  # 3 of each cause, never shown
-    return check_diagnosis("diagnose_run", fn, broken_run, seeds=seeds, evidence_ok=_evidence_ok,
-                           misconceptions=_MISCONCEPTIONS, hint=DIAGNOSIS_HINTS)
-
-
-# ------------------------------------------------------------------------------------------------
-# Exercise 2 (fix): the guard a GuardCallback runs before each optimizer step
-# ------------------------------------------------------------------------------------------------
-
-class _Control:
-    """Stands in for transformers' ``TrainerControl`` (the guard only sets ``should_training_stop``)."""
-
-    def __init__(self):
-        self.should_training_stop = False
-
-
-class _TwoLayers(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.frozen = torch.nn.Linear(3, 4)
-        self.first = torch.nn.Linear(4, 4)
-        self.second = torch.nn.Linear(4, 2)
-        self.frozen.requires_grad_(False)  # like a 4-bit base layer: no gradient at all
-
-    def forward(self, x):
-        return self.second(torch.relu(self.first(self.frozen(x))))
-
-
-def _guard_case(bad: Sequence[tuple[str, float]], seed: int):
-    """A model after one healthy AdamW step and one more backward, with ``bad`` gradients planted."""
-    torch.manual_seed(seed)
-    model = _TwoLayers()
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    for _ in range(2):
-        opt.zero_grad()
-        model(torch.randn(5, 3)).pow(2).mean().backward()
-        if _ == 0:
-            opt.step()
-    params = dict(model.named_parameters())
-    for name, value in bad:
-        params[name].grad.view(-1)[seed % params[name].numel()] = value
-    return model, opt
-
-
-_GUARD_CASES = (  # (tag, bad gradients, expected name)
-    ("healthy", (), None),
-    ("nan", (("first.weight", float("nan")),), "first.weight"),
-    ("inf", (("second.bias", float("inf")),), "second.bias"),
-    ("neg_inf_two", (("first.bias", float("-inf")), ("second.weight", float("nan"))), "first.bias"),
-)
-
-
-def _run_guard(fn, tag: str, seed: int):
-    bad, expected = next((b, e) for t, b, e in _GUARD_CASES if t == tag)
-    model, opt = _guard_case(bad, seed)
-    before = {n: (None if p.grad is None else p.grad.clone()) for n, p in model.named_parameters()}
-    control = _Control()
-    found = fn(model, control)
-    grads_after = {n: p.grad for n, p in model.named_parameters()}
-    opt.step()  # the Trainer calls optimizer.step() right after the callback, whatever it decided
-    return {"found": found, "stopped": control.should_training_stop, "before": before,
-            "grads_after": grads_after, "weights_finite": all(bool(torch.isfinite(p).all())
-                                                               for p in model.parameters()),
-            "expected": expected}
-
-
-def _same(a, b) -> bool:
-    return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
-
-
-def _compare_guard(got, _expected):
-    if got["expected"] is None:
-        if got["found"]:
-            return f"the gradients are all finite, but your guard returned {got['found']!r}"
-        if got["stopped"]:
-            return "the gradients are all finite, but your guard stopped the run"
-        changed = [n for n, g in got["grads_after"].items() if not _same(g, got["before"][n])]
-        if changed:
-            return f"the gradients are all finite, but your guard changed {changed[0]}'s gradient"
-        return None
-    name = got["found"]
-    expected = got["expected"]
-    if not (isinstance(name, str) and name and (name == expected or expected.startswith(name + "."))):
-        return f"expected the first parameter with a non-finite gradient ({expected!r}), got {name!r}"
-    if not got["stopped"]:
-        return "you found it, but control.should_training_stop is still False: the run goes on"
-    if not got["weights_finite"]:
-        return ("you stopped the run, but the optimizer step that follows wrote the non-finite gradient "
-                "into the weights")
-    return None
-
-
-def _diagnose_guard(got, case: Case):
-    if case.tag == "healthy":
-        return None
-    if got["found"] is None:
-        grads = [g for g in got["before"].values() if g is not None]
-        bad = [g for g in grads if not bool(torch.isfinite(g).all())]
-        if bad and not any(bool(v.isnan().any()) for v in bad):
-            return "this gradient holds an inf, not a NaN: `isnan` misses it — test with torch.isfinite."
-        return ("nothing found: look at each parameter's .grad (the weights are still finite before the "
-                "step), skip parameters whose .grad is None, and test with torch.isfinite.")
-    if isinstance(got["found"], str) and got["found"] != got["expected"] and case.tag == "neg_inf_two":
-        return "two parameters are bad here: name the first one in model.named_parameters() order."
-    if got["found"] and not got["stopped"]:
-        return "set control.should_training_stop = True: the Trainer reads it after the step."
-    if got["stopped"] and not got["weights_finite"]:
-        return ("stopping is not enough: the Trainer still calls optimizer.step() for this step, right after "
-                "the callback. Drop (or zero) the gradients so the step cannot spread the NaN.")
-    return None
-
-
-GUARD_HINTS = Hints(
-    question="Where is the NaN before optimizer.step(): in the weights, or in their .grad? And what does "
-             "the Trainer do right after your callback returns?",
-    pointer="Section 3d (clip_grad_norm_ with error_if_nonfinite) and section 5: torch.isfinite catches inf "
-            "and NaN; frozen 4-bit weights have .grad None; the Trainer reads control.should_training_stop "
-            "only after optimizer.step().",
-    answer="for name, p in model.named_parameters(): if p.grad is not None and not torch.isfinite(p.grad)."
-           "all(): model.zero_grad(set_to_none=True); control.should_training_stop = True; return name — "
-           "after the loop, return None.")
-
-
-def check_guard(fn):
-    """Checker for exercise 2: ``fn(model, control) -> str | None`` — see the notebook's exercise text."""
-    cases = [Case((tag, 3 + i), None, label=f"gradients: {tag}", tag=tag)
-             for i, (tag, _, _) in enumerate(_GUARD_CASES)]
-    return run_check("guard", lambda tag, seed: _run_guard(fn, tag, seed), cases, compare=_compare_guard,
-                     diagnose=_diagnose_guard, hint=GUARD_HINTS)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -839,8 +642,11 @@ CHECKLIST = (
 
 def plot_checklist(ax=None):
     """Draw the lesson's checklist: questions in order of cost, each with its fix. Returns the axes."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # ~1.3 s to import: loaded on the first plot, as viz does
 
+    if ax is not None and not (hasattr(ax, "annotate") and hasattr(ax, "set_xlim")):
+        raise TypeError(f"ax must be a matplotlib Axes or None, got {type(ax).__name__} — the checklist is "
+                        "drawn into it — pass e.g. plt.subplots()[1], or leave it out for a new figure.")
     if ax is None:
         _, ax = plt.subplots(figsize=(9.5, 6.4))
     ax.set_xlim(0, 10)
@@ -863,8 +669,3 @@ def plot_checklist(ax=None):
     ax.set_title("NaN checklist: cheapest check first (each 'yes' leads to the fix measured in this lesson)",
                  fontsize=9.5)
     return ax
-
-
-# Every public function above checks its arguments by their conventional names (model, tokenizer,
-# batch, steps, ...) before it runs: one what/why/fix message for the slips learners make most.
-validate.check_module_arguments(globals())

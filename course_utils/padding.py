@@ -1,4 +1,4 @@
-"""Lesson 03 (padding, attention masks and packing): layouts, leak measurements, collates, checkers.
+"""Lesson 03 (padding, attention masks and packing): layouts, leak measurements, collates, mask pictures.
 
 Three ways to put several examples into one tensor, and what each lets a real token attend to:
 
@@ -15,21 +15,21 @@ example run alone; ``allowed_attention`` returns the mask transformers really bu
 ``plot_attention_layouts`` draws it. ``padding_explorer`` (built on ``padding_frame``) puts the layout,
 ``attention_mask``, ``position_ids`` and ``use_cache`` of one forward call on sliders and measures each
 setting. ``greedy_continuations`` shows what a right-padded batched ``generate`` continues from.
-Exercises: ``padding_incident`` generates broken batches and
-generations for the diagnosis exercise (``check_padding_diagnosis``); ``check_block_mask`` grades the
-fix exercise (a 4-D mask built from ``position_ids``). Reference answers: ``answers/lesson03.py``.
+The exercises (the incident diagnosis and the block-mask fix) are graded in
+``course_utils.exercises.lesson03``.
 """
 
 from __future__ import annotations
 
 import math
-import random
+import operator
+from collections.abc import Sequence
 
 import torch
 
 from . import validate
-from .checks import Case, Diagnosis, Hints, check_diagnosis, fresh_seeds, run_check
 from .data import IGNORE_INDEX, collate_right
+from .viz import figure, what_if
 
 SIDES = ("right", "left")
 
@@ -38,17 +38,90 @@ SIDES = ("right", "left")
 # Collates: the three layouts
 # ------------------------------------------------------------------------------------------------
 
-def _check_examples(examples, need_labels: bool = True) -> None:
+def _token_ids(name: str, ids, *, labels: bool = False) -> list[int]:
+    """One sequence of token ids (or labels) as a list of ints: a list, a tuple or a 1-D integer tensor."""
+    if isinstance(ids, torch.Tensor):
+        if ids.ndim != 1 or ids.is_floating_point():
+            raise ValueError(f"{name} is a {ids.ndim}-D {ids.dtype} tensor — one example's tokens are a 1-D "
+                             "list of integer ids — pass one example (a row of a collated batch is "
+                             "already padded: collate the tokenize_chat() outputs instead).")
+        ids = ids.tolist()
+    elif hasattr(ids, "tolist") and not isinstance(ids, (list, tuple)):  # a numpy array
+        ids = ids.tolist()
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+        raise TypeError(f"{name} must be a list of token ids, got {type(ids).__name__} — the collate puts "
+                        "one id per position — tokenize text first (tokenize_chat, or "
+                        "tok(text)['input_ids']).")
+    out = []
+    for t in ids:
+        try:
+            if isinstance(t, bool):
+                raise TypeError
+            out.append(operator.index(t))
+        except TypeError:
+            raise TypeError(f"{name} holds {t!r} ({type(t).__name__}), not an integer — ids and labels index "
+                            "the vocabulary — pass the tokenizer's integer ids.") from None
+    if labels:
+        bad = [x for x in out if x < 0 and x != IGNORE_INDEX]
+        rule = "a label is a token id, or -100 where the loss ignores the position"
+    else:
+        bad = [x for x in out if x < 0]
+        rule = "a token id indexes the embedding and cannot be negative (labels passed as input_ids?)"
+    if bad:
+        raise ValueError(f"{name} holds {bad[0]} — {rule} — pass the ids and labels tokenize_chat() "
+                         "returned.")
+    return out
+
+
+def _examples(examples, need_labels: bool = True) -> list[dict]:
+    """The examples as lists of ints, checked: each a dict with ``input_ids`` (and ``labels`` of the same
+    length), at least one token."""
+    if isinstance(examples, dict):
+        raise TypeError("examples is one dict, not a list of examples — a collate builds the tensors from "
+                        "several tokenize_chat() outputs (a batch that is already collated needs none) — "
+                        "pass a list, e.g. [tokenize_chat(tok, m) for m in convs].")
     if not isinstance(examples, (list, tuple)) or not examples:
         raise ValueError("examples must be a non-empty list of tokenize_chat() outputs — a batch needs at "
                          "least one example — pass e.g. [tokenize_chat(tok, m) for m in convs].")
-    for e in examples:
+    out = []
+    for i, e in enumerate(examples):
         if not isinstance(e, dict) or "input_ids" not in e or (need_labels and "labels" not in e):
-            raise ValueError("each example must be a dict with 'input_ids' and 'labels' (as tokenize_chat "
+            raise ValueError(f"examples[{i}] is not a dict with 'input_ids' and 'labels' (as tokenize_chat "
                              "returns) — the collate pads both — tokenize the conversations first.")
-        if len(e["input_ids"]) == 0:
-            raise ValueError("an example has no tokens — it would be all padding, and its row would have "
+        ids = _token_ids(f"examples[{i}]['input_ids']", e["input_ids"])
+        if not ids:
+            raise ValueError(f"examples[{i}] has no tokens — it would be all padding, and its row would have "
                              "nothing to attend to — drop empty examples before collating.")
+        row = {"input_ids": ids}
+        if need_labels:
+            row["labels"] = _token_ids(f"examples[{i}]['labels']", e["labels"], labels=True)
+            if len(row["labels"]) != len(ids):
+                raise ValueError(f"examples[{i}] has {len(ids)} input_ids but {len(row['labels'])} labels — "
+                                 "each label belongs to one token, so the collate would misalign them — "
+                                 "cut ids and labels with the same slice (or tokenize again).")
+        out.append(row)
+    return out
+
+
+def _pad_id(pad_token_id) -> int:
+    return validate.integer("pad_token_id", pad_token_id, minimum=0,
+                            why="it fills the padding positions (a tokenizer without a pad token has "
+                                "pad_token_id None: set tok.pad_token first)")
+
+
+def _prompts(prompts) -> list[list[int]]:
+    """Prompts for generate(): a non-empty list of non-empty token-id lists."""
+    if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts):
+        raise TypeError("prompts is one prompt (a list of ids), not a list of prompts — each row of the "
+                        "batch is one prompt — wrap it: [prompt].")
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError("prompts must be a non-empty list of non-empty token-id lists — generate() "
+                         "continues each one — pass e.g. [tok(p)['input_ids'] for p in texts].")
+    out = [_token_ids(f"prompts[{i}]", p) for i, p in enumerate(prompts)]
+    if not all(out):
+        raise ValueError(f"prompts[{[len(p) for p in out].index(0)}] is empty — generate() needs at least "
+                         "one token to continue from — drop empty prompts.")
+    return out
 
 
 def collate_padded(examples: list[dict], pad_token_id: int, side: str = "right") -> dict:
@@ -57,10 +130,12 @@ def collate_padded(examples: list[dict], pad_token_id: int, side: str = "right")
     Pads get label ``-100`` on either side: the collate knows where each example ends, so the labels
     never depend on the attention mask. ``side="right"`` is the foundation's ``data.collate_right``.
     """
-    if side not in SIDES:
-        raise ValueError(f"side={side!r} is not 'right' or 'left' — those are the two padding layouts — "
-                         "pass side='right' for training or side='left' for generation.")
-    _check_examples(examples)
+    validate.choice("side", side, SIDES, why="those are the two padding layouts: 'right' for training, "
+                    "'left' for generation")
+    return _collate_padded(_examples(examples), _pad_id(pad_token_id), side)
+
+
+def _collate_padded(examples: list[dict], pad_token_id: int, side: str) -> dict:
     if side == "right":
         return collate_right(examples, pad_token_id)
     width = max(len(e["input_ids"]) for e in examples)
@@ -78,9 +153,10 @@ def collate_left(prompts: list[list[int]], pad_token_id: int) -> dict:
 
     Every prompt then ends in the last column, which is where ``generate`` appends the next token.
     """
-    if not isinstance(prompts, (list, tuple)) or not prompts or not all(len(p) for p in prompts):
-        raise ValueError("prompts must be a non-empty list of non-empty token-id lists — generate() "
-                         "continues each one — pass e.g. [tok(p)['input_ids'] for p in texts].")
+    return _collate_left(_prompts(prompts), _pad_id(pad_token_id))
+
+
+def _collate_left(prompts: list[list[int]], pad_token_id: int) -> dict:
     width = max(len(p) for p in prompts)
     ids = [[pad_token_id] * (width - len(p)) + list(p) for p in prompts]
     mask = [[0] * (width - len(p)) + [1] * len(p) for p in prompts]
@@ -95,7 +171,10 @@ def collate_packed(examples: list[dict]) -> dict:
     after the shift inside the loss it would be predicted from the *previous* example's last token.
     No ``attention_mask``: an all-ones one would switch off the block-diagonal inference.
     """
-    _check_examples(examples)
+    return _collate_packed(_examples(examples))
+
+
+def _collate_packed(examples: list[dict]) -> dict:
     ids, labels, positions = [], [], []
     for e in examples:
         ids += list(e["input_ids"])
@@ -111,10 +190,13 @@ def block_causal_mask(lengths: list[int]) -> torch.Tensor:
     transformers passes a 4D mask through unchanged (``masking_utils._preprocess_mask_arguments``), so
     this keeps packed examples apart even when a cache or an all-ones mask would defeat the inference.
     """
-    if not lengths or any(int(n) < 1 for n in lengths):
-        raise ValueError(f"lengths={lengths!r} must be positive example lengths — each block is one "
-                         "example — pass [len(e['input_ids']) for e in examples].")
-    example = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor([int(n) for n in lengths]))
+    if isinstance(lengths, torch.Tensor):
+        lengths = lengths.tolist()
+    validate.non_empty("lengths", lengths, what="example lengths",
+                       fix="pass [len(e['input_ids']) for e in examples].")
+    lengths = [validate.positive_int("lengths item", n, why="each block is one example of that many tokens")
+               for n in lengths]
+    example = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
     total = len(example)
     causal = torch.ones(total, total, dtype=torch.bool).tril()
     return (causal & (example[:, None] == example[None, :]))[None, None]
@@ -122,9 +204,14 @@ def block_causal_mask(lengths: list[int]) -> torch.Tensor:
 
 def packed_segments(position_ids: torch.Tensor) -> list[tuple[int, int]]:
     """``(start, end)`` of each example in a packed row: a new one starts wherever the position is 0."""
+    validate.tensor("position_ids", position_ids, integer_dtype=True)
     if position_ids.dim() != 2 or position_ids.shape[0] != 1:
         raise ValueError(f"position_ids has shape {tuple(position_ids.shape)}, expected [1, total] — a "
                          "packed batch is one row — pass batch['position_ids'] of a padding-free batch.")
+    return _packed_segments(position_ids)
+
+
+def _packed_segments(position_ids: torch.Tensor) -> list[tuple[int, int]]:
     starts = (position_ids[0] == 0).nonzero().flatten().tolist()
     if not starts or starts[0] != 0:
         raise ValueError("position_ids do not start at 0 — without a reset nothing marks where an example "
@@ -136,9 +223,28 @@ def packed_segments(position_ids: torch.Tensor) -> list[tuple[int, int]]:
 # Measurements: how much do real tokens' logits move?
 # ------------------------------------------------------------------------------------------------
 
+def _check_model_ids(model, input_ids) -> None:
+    """A course model (anything with an input embedding) and ids it can embed."""
+    validate.model("model", model)
+    if not hasattr(model, "get_input_embeddings"):
+        raise TypeError(f"model is a {type(model).__name__} without get_input_embeddings() — the helper runs "
+                        "a transformers causal LM on token ids — pass the model from load_course_model().")
+    validate.ids_fit_model(model, input_ids)
+
+
 @torch.no_grad()
 def alone_logits(model, input_ids) -> torch.Tensor:
     """Logits of one sequence run by itself: no padding, no neighbours, no cache (the reference)."""
+    ids = torch.tensor(_token_ids("input_ids", input_ids))
+    if not len(ids):
+        raise ValueError("input_ids is empty — there is no token to compute logits for — pass one example's "
+                         "ids, e.g. examples[0]['input_ids'].")
+    _check_model_ids(model, ids)
+    return _alone_logits(model, ids)
+
+
+@torch.no_grad()
+def _alone_logits(model, input_ids) -> torch.Tensor:
     ids = torch.as_tensor(input_ids, device=model.device).reshape(1, -1)
     return model(input_ids=ids, use_cache=False).logits[0].float().cpu()
 
@@ -158,7 +264,7 @@ def _drift_per_token(model, batch: dict, logits, spans) -> list[torch.Tensor]:
     """
     drifts = []
     for row, where in spans:
-        reference = alone_logits(model, batch["input_ids"][row][where])
+        reference = _alone_logits(model, batch["input_ids"][row][where])
         if isinstance(where, torch.Tensor):
             where = where.to(logits.device)
         drifts.append((logits[row][where].float().cpu() - reference).abs().amax(-1))
@@ -170,7 +276,7 @@ def _padded_spans(batch: dict) -> list:
 
 
 def _packed_spans(batch: dict) -> list:
-    return [(0, slice(start, end)) for start, end in packed_segments(batch["position_ids"])]
+    return [(0, slice(start, end)) for start, end in _packed_segments(batch["position_ids"])]
 
 
 def padded_drift(model, batch: dict, logits: torch.Tensor) -> float:
@@ -180,13 +286,21 @@ def padded_drift(model, batch: dict, logits: torch.Tensor) -> float:
     batch's ``attention_mask`` is only used here to find the real tokens, on either side.
     """
     validate.batch("batch", batch, need=("input_ids", "attention_mask"))
+    _check_model_ids(model, batch["input_ids"])
     _check_logits_of(batch, logits)
+    mask = batch["attention_mask"]
+    if not bool(((mask == 0) | (mask == 1)).all()) or int(mask.sum(1).min()) == 0:
+        raise ValueError("batch['attention_mask'] must be 0 (pad) or 1 (real token), with a real token in "
+                         "every row — it tells the helper which tokens to compare with their solo run — pass "
+                         "the mask the collate returned (collate_padded).")
     return max(float(d.max()) for d in _drift_per_token(model, batch, logits, _padded_spans(batch)))
 
 
 def packed_drift(model, batch: dict, logits: torch.Tensor) -> float:
     """Max |Δlogit| over every token of a packed row vs each example alone (segments from position_ids)."""
     validate.batch("batch", batch, need=("input_ids", "position_ids"))
+    packed_segments(batch["position_ids"])  # one row, restarting at 0: refused here otherwise
+    _check_model_ids(model, batch["input_ids"])
     _check_logits_of(batch, logits)
     return max(float(d.max()) for d in _drift_per_token(model, batch, logits, _packed_spans(batch)))
 
@@ -200,15 +314,14 @@ def allowed_attention(model, input_ids, attention_mask=None, position_ids=None, 
     without a cache, or (``use_cache=True``, the default call's ``config.use_cache``) with the fresh
     ``DynamicCache`` the forward builds; ``None`` from it means "plain causal" (the kernel's own mask).
     """
-    from transformers import DynamicCache
-    from transformers.masking_utils import create_causal_mask
-
     if not isinstance(use_cache, bool):
         raise ValueError(f"use_cache={use_cache!r} must be True or False — it decides whether the forward "
                          "builds a cache, which changes the mask — pass use_cache=True or use_cache=False.")
-
     validate.tensor("input_ids", input_ids, ndim=2, integer_dtype=True)
-    validate.ids_fit_model(model, input_ids)
+    if input_ids.numel() == 0:
+        raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}: no token — there is no mask to "
+                         "build — pass a collated batch's input_ids (at least one row and one column).")
+    _check_model_ids(model, input_ids)
     for name, extra in (("attention_mask", attention_mask), ("position_ids", position_ids)):
         if extra is None:
             continue
@@ -222,6 +335,16 @@ def allowed_attention(model, input_ids, attention_mask=None, position_ids=None, 
             raise ValueError(f"{name} has {extra.ndim} dimensions — a 2-D [batch, seq] tensor (or a 4-D "
                              "[batch, 1, query, key] mask) is what transformers reads — pass the collate's "
                              f"{name}.")
+    return _allowed_attention(model, input_ids, attention_mask, position_ids, use_cache)
+
+
+@torch.no_grad()
+def _allowed_attention(model, input_ids, attention_mask, position_ids, use_cache: bool) -> torch.Tensor:
+    # Deferred: transformers' masking utilities take ~1.6 s to import on top of torch (measured with
+    # python -X importtime), and the collates above, used without a model, should not pay for it.
+    from transformers import DynamicCache
+    from transformers.masking_utils import create_causal_mask
+
     embeds = model.get_input_embeddings()(input_ids)
     cache = DynamicCache(config=model.config) if use_cache else None
     mask = create_causal_mask(config=model.config, inputs_embeds=embeds, attention_mask=attention_mask,
@@ -245,6 +368,22 @@ def attention_categories(allowed: torch.Tensor, example_of: torch.Tensor) -> tor
     ``allowed``: [query, key] booleans from ``allowed_attention``; ``example_of``: [length] example
     index of each token, ``-1`` for pads. Real queries that reach a pad or another example leak.
     """
+    validate.tensor("allowed", allowed, ndim=2)
+    validate.tensor("example_of", example_of, ndim=1, integer_dtype=True)
+    if allowed.dtype != torch.bool:
+        raise TypeError(f"allowed has dtype {allowed.dtype} — it must be booleans (True = may attend), as "
+                        "allowed_attention returns — pass one row of allowed_attention(...), e.g. [0].")
+    if allowed.shape != (len(example_of), len(example_of)):
+        raise ValueError(f"allowed has shape {tuple(allowed.shape)} but example_of names {len(example_of)} "
+                         "tokens — each cell pairs a query and a key of the same row — pass one row of "
+                         "allowed_attention(...) and that row's example index per token.")
+    if len(example_of) and int(example_of.min()) < -1:
+        raise ValueError(f"example_of holds {int(example_of.min())} — it is each token's example index, or "
+                         "-1 for a pad — pass e.g. torch.where(attention_mask[row] == 1, 0, -1).")
+    return _attention_categories(allowed, example_of)
+
+
+def _attention_categories(allowed: torch.Tensor, example_of: torch.Tensor) -> torch.Tensor:
     q_ex, k_ex = example_of[:, None], example_of[None, :]
     cats = torch.full(allowed.shape, BLOCKED)
     cats[allowed & (k_ex == q_ex)] = OWN
@@ -254,22 +393,41 @@ def attention_categories(allowed: torch.Tensor, example_of: torch.Tensor) -> tor
     return cats
 
 
+def _check_categories(name: str, cats) -> None:
+    validate.tensor(name, cats, ndim=2, integer_dtype=True)
+    if cats.numel() and (int(cats.min()) < BLOCKED or int(cats.max()) > PAD_QUERY):
+        raise ValueError(f"{name} holds values outside {BLOCKED}..{PAD_QUERY} — they are the categories "
+                         "attention_categories returns — pass its result.")
+
+
 def leak_counts(cats: torch.Tensor) -> dict:
     """How many (real query, key) cells reach a pad or another example: both should be 0."""
+    _check_categories("cats", cats)
+    return _leak_counts(cats)
+
+
+def _leak_counts(cats: torch.Tensor) -> dict:
     return {"real->pad": int((cats == PAD).sum()), "real->other example": int((cats == OTHER).sum())}
 
 
 def plot_attention_layouts(panels: dict):
     """One figure, one heatmap per layout: ``{title: categories}`` from ``attention_categories``."""
+    # Deferred: pyplot (~0.3 s, measured) picks a backend when imported; only this plot needs it.
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
+    if not isinstance(panels, dict) or not panels:
+        raise TypeError(f"panels must be a non-empty dict {{title: categories}}, got "
+                        f"{type(panels).__name__} — one heatmap per entry — pass e.g. "
+                        "{'left padding': attention_categories(...)}.")
+    for title, cats in panels.items():
+        _check_categories(f"panels[{title!r}]", cats)
     colours = ["#ffffff", "#52b788", "#d62828", "#f77f00", "#d9d9d9"]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.4))
     for ax, (title, cats) in zip(list(axes) if len(panels) > 1 else [axes], panels.items()):
         ax.imshow(cats, cmap=ListedColormap(colours), vmin=0, vmax=len(colours) - 1, interpolation="nearest")
-        counts = leak_counts(cats)
+        counts = _leak_counts(cats)
         ax.set_title(f"{title}\nreal→pad {counts['real->pad']} · real→other {counts['real->other example']}",
                      fontsize=9)
         ax.set_xlabel("key position (token index)")
@@ -295,13 +453,13 @@ LAYOUTS = {"right padding": "right", "left padding": "left", "packed row": "pack
 def _layout_call(examples, pad_token_id: int, layout: str, attention_mask: bool, position_ids: bool):
     """The batch of ``layout`` (for measuring), what the call passes, and the example of each token."""
     if layout == "packed":
-        batch = collate_packed(examples)
+        batch = _collate_packed(examples)
         lengths = [len(e["input_ids"]) for e in examples]
         example_of = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[None]
         mask = torch.ones_like(batch["input_ids"])  # what TRL's "wrapped" packing collator returns
         restart = batch["position_ids"]
     else:
-        batch = collate_padded(examples, pad_token_id, layout)
+        batch = _collate_padded(examples, pad_token_id, layout)
         mask = batch["attention_mask"]
         example_of = torch.where(mask == 1, torch.arange(len(examples))[:, None], -1)
         restart = (mask.cumsum(-1) - 1).clamp(min=0)  # each row's first real token at 0, as generate() counts
@@ -323,31 +481,42 @@ def padding_frame(model, examples, pad_token_id: int, *, layout: str = "left", a
     per example, and the (real query → pad / other example) cells of the mask transformers built; the
     figure draws |Δlogit| token by token, with ``same`` (round-off) and ``leak`` as lines.
     """
-    from .viz import figure
-
     validate.choice("layout", layout, tuple(LAYOUTS.values()), why="they are the lesson's three layouts")
     for name, flag in (("attention_mask", attention_mask), ("position_ids", position_ids),
                        ("use_cache", use_cache)):
         if not isinstance(flag, bool):
             raise ValueError(f"{name}={flag!r} must be True or False — it switches one argument of the "
                              f"forward call on or off — pass {name}=True or {name}=False.")
+    examples, pad_token_id, same, leak = _frame_inputs(model, examples, pad_token_id, same, leak)
+    return _padding_frame(model, examples, pad_token_id, layout, attention_mask, position_ids, use_cache,
+                          same, leak)
+
+
+def _frame_inputs(model, examples, pad_token_id, same, leak) -> tuple[list[dict], int, float, float]:
+    """padding_frame's shared arguments, checked once (the explorer calls the frame for every move)."""
+    examples, pad_token_id = _examples(examples), _pad_id(pad_token_id)
+    _check_model_ids(model, torch.tensor([pad_token_id] + [t for e in examples for t in e["input_ids"]]))
     same = validate.number("same", same, positive=True, why="below it two logits count as equal")
     leak = validate.number("leak", leak, positive=True, why="above it a real token saw a neighbour")
     if same >= leak:
         raise ValueError(f"same={same} is not below leak={leak} — a drift cannot be both round-off and a "
                          "leak — pass e.g. same=1e-4, leak=0.1.")
-    _check_examples(examples)
+    return examples, pad_token_id, same, leak
+
+
+def _padding_frame(model, examples: list[dict], pad_token_id: int, layout: str, attention_mask: bool,
+                   position_ids: bool, use_cache: bool, same: float, leak: float):
     batch, call, example_of = _layout_call(examples, pad_token_id, layout, attention_mask, position_ids)
     call = {k: v.to(model.device) for k, v in call.items()}
     with torch.no_grad():
         logits = model(**call, use_cache=use_cache).logits
     spans = _packed_spans(batch) if layout == "packed" else _padded_spans(batch)
     drifts = _drift_per_token(model, batch, logits, spans)
-    allowed = allowed_attention(model, call["input_ids"], call.get("attention_mask"),
-                                call.get("position_ids"), use_cache=use_cache)
+    allowed = _allowed_attention(model, call["input_ids"], call.get("attention_mask"),
+                                 call.get("position_ids"), use_cache)
     cells = {"real->pad": 0, "real->other example": 0}
     for row in range(allowed.shape[0]):
-        for key, count in leak_counts(attention_categories(allowed[row], example_of[row])).items():
+        for key, count in _leak_counts(_attention_categories(allowed[row], example_of[row])).items():
             cells[key] += count
 
     worst = max(float(d.max()) for d in drifts)
@@ -392,14 +561,12 @@ def padding_explorer(model, examples, pad_token_id: int, *, same: float = 1e-4, 
     """What if: layout × ``attention_mask`` × ``position_ids`` × ``use_cache`` sliders → ``padding_frame``.
 
     Each move is one forward pass of ``examples`` on ``model`` (cached once seen); it starts on left
-    padding without a mask, the leak of section 2 (bad arguments fail there, when the control is built).
+    padding without a mask, the leak of section 2.
     """
-    from .viz import what_if
-
+    examples, pad_token_id, same, leak = _frame_inputs(model, examples, pad_token_id, same, leak)
     return what_if(
-        lambda layout, attention_mask, position_ids, use_cache: padding_frame(
-            model, examples, pad_token_id, layout=layout, attention_mask=attention_mask,
-            position_ids=position_ids, use_cache=use_cache, same=same, leak=leak),
+        lambda layout, attention_mask, position_ids, use_cache: _padding_frame(
+            model, examples, pad_token_id, layout, attention_mask, position_ids, use_cache, same, leak),
         {"layout": LAYOUTS,
          "attention_mask": {"not passed": False, "passed": True},
          "position_ids": {"not passed": False, "restart per example": True},
@@ -430,9 +597,16 @@ def greedy_continuations(model, prompts: list[list[int]], pad_token_id: int, lay
     """
     validate.choice("layout", layout, ("alone",) + SIDES, why="the three ways to feed prompts to generate() "
                     "compared here")
+    prompts, pad_token_id = _prompts(prompts), _pad_id(pad_token_id)
     validate.positive_int("max_new_tokens", max_new_tokens, why="it is how many tokens generate() adds")
+    if isinstance(stop_ids, int) or not isinstance(stop_ids, (list, tuple, set)) or not stop_ids:
+        raise TypeError(f"stop_ids={stop_ids!r} must be a non-empty list or tuple of token ids — generation "
+                        "stops at any of them — pass e.g. stop_ids=(tok.pad_token_id, im_end_id), or (id,) "
+                        "for one.")
+    stop_ids = _token_ids("stop_ids", list(stop_ids))
+    _check_model_ids(model, torch.tensor([pad_token_id] + stop_ids + [t for p in prompts for t in p]))
     limit = getattr(model.config, "max_position_embeddings", None)
-    if limit and max(map(len, prompts), default=0) + max_new_tokens > limit:
+    if limit and max(map(len, prompts)) + max_new_tokens > limit:
         raise ValueError(f"prompts plus max_new_tokens={max_new_tokens} exceed the model's {limit} positions"
                          " — "
                          "positions past the limit have no embedding — pass a smaller max_new_tokens.")
@@ -446,7 +620,7 @@ def greedy_continuations(model, prompts: list[list[int]], pad_token_id: int, lay
             outs.append(new)
     else:
         if layout == "left":
-            batch = collate_left(prompts, pad_token_id)
+            batch = _collate_left(prompts, pad_token_id)
         else:
             width = max(map(len, prompts))  # the layout generate() warns about: pads after the prompt
             ids = [list(p) + [pad_token_id] * (width - len(p)) for p in prompts]
@@ -459,6 +633,7 @@ def greedy_continuations(model, prompts: list[list[int]], pad_token_id: int, lay
 
 def differing_tokens(reference: list[list[int]], other: list[list[int]]) -> int:
     """How many generated tokens differ, position by position (a missing token counts as different)."""
+    reference, other = _continuations("reference", reference), _continuations("other", other)
     if len(reference) != len(other):
         raise ValueError(f"{len(reference)} reference continuations but {len(other)} others — the "
                          "comparison is prompt by prompt — pass both lists for the same prompts, in order.")
@@ -470,218 +645,13 @@ def differing_tokens(reference: list[list[int]], other: list[list[int]]) -> int:
     return total
 
 
-# ------------------------------------------------------------------------------------------------
-# Exercise 7.1 (diagnosis): a broken batch or a batched generation, from one of several causes
-# ------------------------------------------------------------------------------------------------
-
-INCIDENT_CAUSES = (
-    "left_padding_without_mask",        # forward: pads before real tokens, no attention_mask
-    "no_leak",                          # forward: right padding, no attention_mask (looks alarming, is exact)
-    "packing_without_position_reset",   # forward: one packed row, position_ids 0..T-1
-    "packing_with_all_ones_mask",       # forward: reset position_ids plus an all-ones attention_mask
-    "packing_with_cache",               # forward: reset position_ids, no mask, default call (use_cache=True)
-    "right_padded_generation",          # generate: pads after the prompt, mask passed
-    "never_stops",                      # generate: lesson 02's look-alike, left padding is fine
-)
-
-
-def _content(rng: random.Random, n: int, avoid: set) -> list[int]:
-    return [t for t in (rng.randrange(10, 500) for _ in range(4 * n)) if t not in avoid][:n]
-
-
-def padding_incident(seed: int) -> tuple[dict, Diagnosis]:
-    """A broken (or look-alike) artefact and its true ``Diagnosis``; ``seed`` picks cause and contents.
-
-    The artefact is what you would have in hand when debugging: ``kind`` ("forward" or "generate"),
-    the ``batch`` exactly as passed to the model, the ``call`` keyword arguments (``use_cache``; absent
-    means the default, ``model.config.use_cache=True``), ``pad_token_id``, ``stop_ids``, for packed rows
-    the ``cu_seq_lens`` the data pipeline knows (where each example starts), and for generation the
-    ``generated`` token lists and ``max_new_tokens``. Evidence of the truth: the sorted list of affected
-    rows (padding and generation causes), the index of the first token that can see another example
-    (packing causes), or ``None`` (nothing leaks).
-    """
-    seed = validate.integer("seed", seed, minimum=0, why="it picks the generated case")
-    rng = random.Random(seed)
-    cause = INCIDENT_CAUSES[seed % len(INCIDENT_CAUSES)]
-    pad, im_end = rng.sample(range(0, 8), 2)
-    avoid = {pad, im_end}
-    art: dict = {"pad_token_id": pad, "stop_ids": (pad, im_end), "call": {}, "cu_seq_lens": None}
-    if cause.startswith("packing"):
-        lengths = [rng.randint(4, 12) for _ in range(rng.randint(2, 4))]
-        ids = _content(rng, sum(lengths), avoid)
-        starts = [sum(lengths[:i]) for i in range(len(lengths))]
-        reset = [p for n in lengths for p in range(n)]
-        batch = {"input_ids": torch.tensor([ids])}
-        if cause == "packing_without_position_reset":
-            batch["position_ids"] = torch.arange(len(ids))[None]
-            art["call"] = {"use_cache": False}
-        elif cause == "packing_with_all_ones_mask":
-            batch["position_ids"] = torch.tensor([reset])
-            batch["attention_mask"] = torch.ones(1, len(ids), dtype=torch.long)
-            art["call"] = {"use_cache": False}
-        else:
-            batch["position_ids"] = torch.tensor([reset])  # the default call: config.use_cache=True
-        art.update(kind="forward", batch=batch, cu_seq_lens=starts + [len(ids)])
-        return art, Diagnosis(cause, starts[1])
-    rows = rng.randint(3, 5)
-    lengths = [rng.randint(3, 9) for _ in range(rows)]
-    lengths[rng.randrange(rows)] = 10  # one longest row, so at least one row has no pads
-    prompts = [_content(rng, n, avoid) for n in lengths]
-    padded_rows = [i for i, n in enumerate(lengths) if n < 10]
-    side = "right" if cause in ("no_leak", "right_padded_generation") else "left"
-    batch = collate_padded([{"input_ids": p, "labels": p} for p in prompts], pad, side)
-    del batch["labels"]
-    if cause in ("left_padding_without_mask", "no_leak"):
-        del batch["attention_mask"]
-        art.update(kind="forward", batch=batch)
-        return art, Diagnosis(cause, padded_rows if cause != "no_leak" else None)
-    max_new = 8
-    art.update(kind="generate", batch=batch, max_new_tokens=max_new)
-    if cause == "right_padded_generation":
-        first = rng.randrange(10, 500)  # every padded row continues from the pad token: the same first token
-        generated = []
-        for i in range(rows):
-            body = ([first] if i in padded_rows else []) + _content(rng, rng.randint(2, 5), avoid)
-            generated.append(body + [im_end])
-        art["generated"] = generated
-        return art, Diagnosis(cause, padded_rows)
-    never = sorted(rng.sample(range(rows), rng.randint(1, rows)))
-    art["generated"] = [_content(rng, max_new, avoid) if i in never else
-                        _content(rng, rng.randint(1, max_new - 1), avoid) + [im_end] for i in range(rows)]
-    return art, Diagnosis(cause, never)
-
-
-def _evidence_ok(got, truth: Diagnosis) -> bool:
-    if truth.evidence is None:
-        return got is None or (isinstance(got, (list, tuple, set)) and not got)
-    if isinstance(truth.evidence, list):
-        try:
-            return sorted(int(r) for r in got) == truth.evidence
-        except TypeError:
-            return False
-    return not isinstance(got, bool) and isinstance(got, int) and got == truth.evidence
-
-
-_INCIDENT_MISCONCEPTIONS = {
-    ("left_padding_without_mask", "no_leak"):
-        "the pads come AFTER every real token here: a causal mask already hides them (section 2).",
-    ("no_leak", "left_padding_without_mask"):
-        "pads BEFORE real tokens are visible to them unless attention_mask hides them (section 2).",
-    ("right_padded_generation", "never_stops"):
-        "the prompts end in the last column (left padding): the batch is fine, the rows never emit a "
-        "stop token (lesson 02).",
-    ("never_stops", "right_padded_generation"):
-        "every row stops; look at the last column of the prompts: generate() reads the first new token "
-        "there.",
-    ("packing_with_cache", "packing_with_all_ones_mask"):
-        "use_cache is off here; what else turns off transformers' inference from position_ids?",
-    ("packing_with_all_ones_mask", "packing_with_cache"):
-        "there is no attention_mask here; check the call's use_cache (absent = the config's True).",
-    ("packing_with_cache", "packing_without_position_reset"):
-        "position_ids never restart at 0: nothing marks where an example begins.",
-    ("packing_with_all_ones_mask", "packing_without_position_reset"):
-        "position_ids never restart at 0: nothing marks where an example begins.",
-}
-
-
-def check_padding_diagnosis(fn, seeds=None):
-    """Checker for exercise 7.1: ``fn(artefact) -> Diagnosis(cause, evidence)`` on fresh incidents.
-
-    ``seeds`` default to two rounds through every cause, offset by the course seed.
-    """
-    if seeds is None:
-        seeds = fresh_seeds(2 * len(INCIDENT_CAUSES))
-    return check_diagnosis(
-        "padding_incident", fn, padding_incident, seeds=seeds, evidence_ok=_evidence_ok,
-        misconceptions=_INCIDENT_MISCONCEPTIONS,
-        hint=Hints(question="Which tensor tells you where each example (or each prompt) begins, and what "
-                            "was passed with it: a mask, reset positions, a cache?",
-                   pointer="Sections 2 and 3 list the forward calls that leak; section 1 shows where "
-                           "generate() reads its first new token. Look at artefact['batch'], "
-                           "artefact['call'] and, for generations, whether each row contains a stop id.",
-                   answer="generate: a pad in the last prompt column -> right_padded_generation (rows "
-                          "with a pad), else rows without a stop id -> never_stops. Forward, one packed row: "
-                          "position_ids without a reset -> packing_without_position_reset; an attention_mask "
-                          "-> packing_with_all_ones_mask; else packing_with_cache (evidence cu_seq_lens[1]). "
-                          "Padded rows: pads at the start -> left_padding_without_mask (rows with pads), "
-                          "at the end -> no_leak (None)."))
-
-
-# ------------------------------------------------------------------------------------------------
-# Exercise 7.2 (fix): a 4-D mask from position_ids, safe with a cache or an all-ones mask
-# ------------------------------------------------------------------------------------------------
-
-def _block_cases() -> list[Case]:
-    from .exercises.answers.lesson03 import block_mask_from_position_ids as reference
-
-    rng = random.Random(306)
-    rows = []
-    for lengths in ([3, 4, 2], [6], [1, 1, 5, 2]):
-        rows.append([p for n in lengths for p in range(n)])
-    cases = [Case((torch.tensor([r]),), reference(torch.tensor([r])),
-                  label=f"one packed row, {len(r)} tokens", tag="one_row") for r in rows]
-    two = []
-    for _ in range(2):  # two packed rows of one width; TRL pads position_ids with 0 (a one-token "example")
-        lengths = [rng.randint(1, 5) for _ in range(rng.randint(2, 3))]
-        two.append([p for n in lengths for p in range(n)])
-    width = max(map(len, two))
-    pos = torch.tensor([r + [0] * (width - len(r)) for r in two])
-    cases.append(Case((pos,), reference(pos), label="two packed rows, padded with position 0",
-                      tag="two_rows"))
-    return cases
-
-
-def _compare_mask(got, expected) -> str | None:
-    if not isinstance(got, torch.Tensor):
-        return f"expected a torch.Tensor, got {type(got).__name__}"
-    if got.shape != expected.shape:
-        return f"expected shape {tuple(expected.shape)} ([batch, 1, query, key]), got {tuple(got.shape)}"
-    if got.dtype != torch.bool:
-        return f"expected a boolean mask (True = may attend), got dtype {got.dtype}"
-    if not torch.equal(got, expected):
-        diff = (got != expected).nonzero()[0].tolist()
-        return f"first wrong cell [batch, head, query, key] = {diff}: got {bool(got[tuple(diff)])}"
-    return None
-
-
-def _diagnose_mask(got, case: Case):
-    if not isinstance(got, torch.Tensor):
-        return None
-    want = case.expected
-    if got.shape == want.shape[:1] + want.shape[2:] or got.shape == want.shape[2:]:
-        return ("transformers passes only a 4-D mask through unchanged: add the head dimension, "
-                "[batch, 1, T, T].")
-    if got.shape != want.shape or got.dtype != torch.bool:
-        return None
-    length = want.shape[-1]
-    causal = torch.ones(length, length, dtype=torch.bool).tril()
-    if torch.equal(got, causal.expand_as(want)):
-        return ("that is the plain causal mask: every example sees the ones before it — cut it where "
-                "position_ids restart.")
-    if torch.equal(got, ~want):
-        return "True must mean 'may attend' (you returned the blocked cells)."
-    same = want | (want.transpose(-1, -2))
-    if torch.equal(got, same):
-        return "inside an example a token may see only itself and earlier tokens: AND with the causal mask."
-    if bool((got & ~causal).any()):
-        return "a query sees a later key: keep the causal part (keys no later than the query)."
-    return ("the block boundaries are off: a new example starts exactly where position_ids is 0 (that token "
-            "belongs to the NEW example).")
-
-
-def check_block_mask(fn):
-    """Checker for exercise 7.2: ``fn(position_ids [B, T]) -> bool mask [B, 1, T, T]`` (True = may attend)."""
-    return run_check("block_mask_from_position_ids", fn, _block_cases(), compare=_compare_mask,
-                     diagnose=_diagnose_mask,
-                     hint=Hints(
-                         question="For a query at position i of a row, which keys belong to its own example "
-                                  "and come no later than i?",
-                         pointer="position_ids restart at 0 where an example begins (section 3's "
-                                 "packed_segments); block_causal_mask builds the same picture from lengths.",
-                         answer="example = (position_ids == 0).cumsum(-1); mask = (example[:, :, None] == "
-                                "example[:, None, :]) & causal (tril); return mask[:, None]."))
-
-
-# Every public function above checks its arguments by their conventional names (model, tokenizer,
-# batch, steps, ...) before it runs: one what/why/fix message for the slips learners make most.
-validate.check_module_arguments(globals())
+def _continuations(name: str, value) -> list[list[int]]:
+    """A list of generated token lists, one per prompt (as greedy_continuations returns)."""
+    if isinstance(value, (list, tuple)) and value and all(isinstance(t, int) for t in value):
+        raise TypeError(f"{name} is one continuation (a list of ids), not a list of them — the comparison is "
+                        f"prompt by prompt — wrap it: [{name}], or pass greedy_continuations(...)'s result.")
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"{name} must be a non-empty list of continuations (token-id lists), got "
+                         f"{type(value).__name__ if value else 'an empty one'} — one per prompt — pass "
+                         "greedy_continuations(...)'s result.")
+    return [_token_ids(f"{name}[{i}]", c) for i, c in enumerate(value)]

@@ -13,23 +13,29 @@ Two mechanisms give a micro-batch without a single target token:
 The masked means themselves (NaN, NaN gradients, silent 0.0) live in ``course_utils.losses``; the
 training loop is ``course_utils.training.train``. Here: what truncation and packing produce, how nanochat
 logs it (``nanochat_logged``), a normalised-update optimiser that moves weights without a gradient
-(``NormalisedMomentum``), what TRL and the ``Trainer`` do, and the checkers of the two exercises.
+(``NormalisedMomentum``) and what TRL and the ``Trainer`` do. "A target" is the course's one rule,
+``data.graded``: a label after the one-token shift that is not -100. The two exercises are graded in
+``course_utils.exercises.lesson05``.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import operator
 import random
 import tempfile
 from collections.abc import Sequence
 
 import torch
 
-from . import validate
-from .checks import Case, Diagnosis, Hints, check_diagnosis, run_check
-from .data import IGNORE_INDEX, collate_right
-from .losses import count_supervised, mean_ignore_index, model_logits, params_finite
+from . import internals, validate
+from .data import IGNORE_INDEX, collate_right, graded, n_graded
+from .losses import mean_ignore_index, model_logits, params_finite
+from .model import course_seed
+from .quiet import quiet_libraries
+from .training import logged, make_sft_trainer
+from .viz import figure, what_if
 
 # ------------------------------------------------------------------------------------------------
 # Counting what truncation did, and choosing lengths from the data
@@ -37,34 +43,96 @@ from .losses import count_supervised, mean_ignore_index, model_logits, params_fi
 
 
 def has_targets(labels: Sequence[int]) -> bool:
-    """True when at least one label is not -100: the example carries loss (TRL's own test)."""
-    return any(int(label) != IGNORE_INDEX for label in labels)
+    """True when the example carries loss: at least one label after the one-token shift is not -100
+    (``data.graded``; TRL drops the examples where this is False as "fully masked")."""
+    if getattr(labels, "ndim", 1) != 1:
+        raise ValueError(f"labels has {labels.ndim} dimensions — has_targets reads one example's labels — "
+                         "pass example['labels'] (for a batch: n_graded(batch['labels']) or batch_signal).")
+    return n_graded(_ints("labels", labels, labels=True)) > 0
 
 
-def _check_examples(examples, name: str = "examples") -> Sequence[dict]:
-    if not isinstance(examples, Sequence) or not all(isinstance(e, dict) and "labels" in e
-                                                     and "input_ids" in e for e in examples):
-        raise ValueError(f"{name} must be a list of dicts with 'input_ids' and 'labels' — the helper reads "
-                         "both — pass tokenize_chat() outputs.")
-    return examples
+def _ints(name: str, values, *, labels: bool = False) -> list[int]:
+    """A list of token ids (or labels) as Python ints, refused with what/why/fix when it is not one."""
+    if hasattr(values, "tolist") and getattr(values, "ndim", 1) == 1:  # a 1-D tensor or array
+        values = values.tolist()
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"{name} must be a list of token ids, got {type(values).__name__} — the helper reads "
+                        "one id per position — pass a tokenize_chat() output's list.")
+    out = []
+    for v in values:
+        try:
+            if isinstance(v, bool):
+                raise TypeError
+            out.append(operator.index(v))
+        except TypeError:
+            raise TypeError(f"{name} holds {v!r} ({type(v).__name__}), not an integer — ids and labels index "
+                            "the vocabulary — pass the tokenizer's integer ids.") from None
+    bad = [v for v in out if v < 0 and not (labels and v == IGNORE_INDEX)]
+    if bad:
+        raise ValueError(f"{name} holds {bad[0]} — "
+                         + ("a label is a token id, or -100 where the loss ignores the position" if labels
+                            else "a token id indexes the embedding and cannot be negative")
+                         + " — pass the ids and labels tokenize_chat() returned.")
+    return out
+
+
+def _check_example(e, name: str) -> dict:
+    """One tokenized example, checked and copied as lists of ints (``input_ids`` and ``labels`` of one
+    length)."""
+    if not isinstance(e, dict) or "input_ids" not in e or "labels" not in e:
+        got = f"a list of {len(e)}" if isinstance(e, (list, tuple)) else type(e).__name__
+        raise ValueError(f"{name} must be a dict with 'input_ids' and 'labels', got {got} — the helper reads "
+                         "both — pass one tokenize_chat() output (e.g. examples[0]).")
+    ids = _ints(f"{name}['input_ids']", e["input_ids"])
+    labels = _ints(f"{name}['labels']", e["labels"], labels=True)
+    if len(ids) != len(labels):
+        raise ValueError(f"{name} has {len(ids)} input_ids but {len(labels)} labels — each label belongs to "
+                         "one token, so the counts would mix up positions — cut ids and labels with the same "
+                         "slice (or tokenize again).")
+    return {"input_ids": ids, "labels": labels}
+
+
+def _check_examples(examples, name: str = "examples") -> list[dict]:
+    """Tokenized examples checked and copied as lists of ints (``_check_example`` for each)."""
+    if isinstance(examples, dict):
+        raise TypeError(f"{name} is one dict, not a list of examples — the helper goes example by example — "
+                        f"pass a list of tokenize_chat() outputs ([example] for one).")
+    if isinstance(examples, (str, bytes)) or not isinstance(examples, Sequence):
+        raise TypeError(f"{name} must be a list of tokenize_chat() outputs, got "
+                        f"{type(examples).__name__} — the helper reads their input_ids and labels — pass "
+                        "e.g. [tokenize_chat(tok, m) for m in conversations].")
+    if not examples:
+        raise ValueError(f"{name} is empty — there is nothing to count or train on — pass at least one "
+                         "tokenize_chat() output.")
+    return [_check_example(e, f"{name}[{i}]") for i, e in enumerate(examples)]
 
 
 def answer_start(example: dict) -> int:
     """Position of the first label that is not -100: how many tokens of prompt come before the answer.
     Right truncation at ``max_length <= answer_start`` leaves the example with no target at all."""
+    return _answer_start(_check_example(example, "example"))
+
+
+def _answer_start(example: dict) -> int:
+    # a position in the row, not a shifted target: this is where the answer begins (it is never column 0)
     for i, label in enumerate(example["labels"]):
-        if int(label) != IGNORE_INDEX:
+        if label != IGNORE_INDEX:
             return i
     raise ValueError("answer_start: this example has no target at all — there is no answer to locate — "
                      "pass the untruncated tokenize_chat() output.")
 
 
 def percentile(values: Sequence[float], q: float) -> int:
-    """The ``q``-th percentile (0-100, nearest rank) of ``values``, as an int: lengths come from the data."""
+    """The ``q``-th percentile (0-100, nearest rank) of ``values``, as an int: lengths come from the data.
+    ``q=0.85`` is refused: it is a percentage, pass ``q=85``."""
     validate.non_empty("values", values, what="lengths", fix="pass e.g. [len(e['input_ids']) for e in ...].")
-    validate.number("q", q, minimum=0.0, why="it is a percentile")
-    if q > 100:
-        raise ValueError(f"q={q!r} must be at most 100 — it is a percentile — pass e.g. q=85.")
+    q = validate.percentage("q", q, why="it is a percentile, 0 to 100")
+    for v in values:
+        validate.number("values item", v, why="each is a length")
+    return _percentile(values, q)
+
+
+def _percentile(values: Sequence[float], q: float) -> int:
     ordered = sorted(values)
     return int(ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))])
 
@@ -75,9 +143,14 @@ def truncation_report(examples: Sequence[dict], max_length: int) -> dict:
     ``fully_masked``: examples with no target left; ``token_share_fully_masked``: their share of
     all tokens the model would process (they are exactly ``max_length`` long, the costliest rows).
     """
-    _check_examples(examples)
+    examples = _check_examples(examples)
     validate.positive_int("max_length", max_length, why="it is the truncation length")
-    masked = [e for e in examples if not has_targets(e["labels"])]
+    longest = max(len(e["input_ids"]) for e in examples)
+    if longest > max_length:
+        raise ValueError(f"an example has {longest} tokens, more than max_length={max_length} — the report "
+                         "counts examples already truncated at max_length — pass tokenize_chat(..., "
+                         "max_length=max_length) outputs (or truncated(e, max_length)).")
+    masked = [e for e in examples if n_graded(e["labels"]) == 0]
     total = sum(len(e["input_ids"]) for e in examples)
     return {
         "examples": len(examples),
@@ -87,26 +160,41 @@ def truncation_report(examples: Sequence[dict], max_length: int) -> dict:
     }
 
 
+MODES = ("keep_start", "keep_end")
+
+
+def _check_cut(max_length, mode) -> None:
+    validate.positive_int("max_length", max_length, why="it is the truncation length")
+    validate.choice("mode", mode, MODES, why="TRL knows these two truncation modes")
+
+
 def truncated(example: dict, max_length: int, mode: str = "keep_start") -> dict:
     """``example`` cut to ``max_length`` tokens: ``"keep_start"`` keeps the first ones (TRL's default,
     the answer goes first), ``"keep_end"`` the last ones (TRL's ``truncation_mode="keep_end"``)."""
-    validate.positive_int("max_length", max_length, why="it is the truncation length")
-    validate.choice("mode", mode, ("keep_start", "keep_end"), why="TRL knows these two truncation modes")
+    _check_cut(max_length, mode)
+    return _truncated(_check_example(example, "example"), max_length, mode)
+
+
+def _truncated(example: dict, max_length: int, mode: str) -> dict:
     cut = slice(None, max_length) if mode == "keep_start" else slice(-max_length, None)
     return {"input_ids": list(example["input_ids"])[cut], "labels": list(example["labels"])[cut]}
 
 
 def kept_by_policy(full_examples: Sequence[dict], max_length: int, mode: str = "keep_start") -> dict:
     """What a truncation policy keeps of untruncated examples, after TRL's drop of fully masked ones:
-    ``examples`` kept and ``graded_tokens`` (labels != -100) kept, and the totals before it."""
-    _check_examples(validate.non_empty("full_examples", full_examples, what="tokenized examples",
-                                       fix="pass tokenize_chat() outputs without max_length."))
-    cut = [truncated(e, max_length, mode) for e in full_examples]
-    kept = [e for e in cut if has_targets(e["labels"])]
-    graded = sum(sum(int(x) != IGNORE_INDEX for x in e["labels"]) for e in kept)
-    total = sum(sum(int(x) != IGNORE_INDEX for x in e["labels"]) for e in full_examples)
-    return {"examples": len(kept), "of_examples": len(full_examples), "graded_tokens": graded,
-            "of_graded_tokens": total, "longest_row": max((len(e["input_ids"]) for e in kept), default=0)}
+    ``examples`` kept and ``graded_tokens`` (targets, ``data.graded``) kept, and the totals before it."""
+    full_examples = _check_examples(full_examples, "full_examples")
+    _check_cut(max_length, mode)
+    return _kept_by_policy(full_examples, max_length, mode)
+
+
+def _kept_by_policy(full_examples: list[dict], max_length: int, mode: str) -> dict:
+    cut = [_truncated(e, max_length, mode) for e in full_examples]
+    kept = [e for e in cut if n_graded(e["labels"]) > 0]
+    return {"examples": len(kept), "of_examples": len(full_examples),
+            "graded_tokens": sum(n_graded(e["labels"]) for e in kept),
+            "of_graded_tokens": sum(n_graded(e["labels"]) for e in full_examples),
+            "longest_row": max((len(e["input_ids"]) for e in kept), default=0)}
 
 
 def batch_signal(batches: Sequence[dict]) -> list[dict]:
@@ -114,10 +202,21 @@ def batch_signal(batches: Sequence[dict]) -> list[dict]:
     validate.batches("batches", batches, need=("labels",))
     out = []
     for b in batches:
-        shifted = b["labels"][:, 1:] != IGNORE_INDEX  # the loss predicts labels[1:]
-        out.append({"rows": int(b["labels"].shape[0]), "rows_with_targets": int(shifted.any(1).sum()),
-                    "valid_tokens": int(shifted.sum())})
+        targets = graded(b["labels"])
+        out.append({"rows": int(b["labels"].shape[0]), "rows_with_targets": int(targets.any(1).sum()),
+                    "valid_tokens": int(targets.sum())})
     return out
+
+
+def _flag(value) -> bool:
+    """One masked flag: True/False (or 0/1, a numpy or 0-d torch bool); anything else is refused."""
+    if getattr(value, "ndim", 0) == 0 and hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"masked_flags holds {value!r} ({type(value).__name__}), not True/False — one flag per "
+                    "example says whether it is fully masked — pass e.g. [not has_targets(e['labels']) for e "
+                    "in examples].")
 
 
 def fully_masked_batch_rate(masked_flags: Sequence[bool], batch_size: int, *, shuffles: int = 200,
@@ -130,7 +229,8 @@ def fully_masked_batch_rate(masked_flags: Sequence[bool], batch_size: int, *, sh
     """
     validate.positive_int("batch_size", batch_size, why="it is the number of rows per micro-batch")
     validate.positive_int("shuffles", shuffles, why="it is the number of shuffled epochs measured")
-    flags = [bool(f) for f in validate.non_empty(
+    validate.seed("seed", seed)
+    flags = [_flag(f) for f in validate.non_empty(
         "masked_flags", masked_flags, what="flags",
         fix="pass one flag per example, e.g. [not has_targets(e['labels']) for e in examples].")]
     if batch_size > len(flags):
@@ -153,11 +253,16 @@ def fully_masked_batch_rate(masked_flags: Sequence[bool], batch_size: int, *, sh
 
 
 def targets_per_micro_batch(examples: Sequence[dict], batch_size: int) -> list[int]:
-    """Supervised tokens (``labels[1:] != -100``, the shifted targets) in each micro-batch of ``batch_size``
+    """Supervised tokens (``data.graded``: ``labels[1:] != -100``) in each micro-batch of ``batch_size``
     consecutive examples, in order; the last micro-batch may be short. A 0 is a micro-batch whose
     ``ignore_index`` mean is 0/0: its loss is logged as NaN."""
-    _check_examples(examples)
-    return [sum(sum(int(x) != IGNORE_INDEX for x in e["labels"][1:]) for e in examples[i: i + batch_size])
+    examples = _check_examples(examples)
+    validate.positive_int("batch_size", batch_size, why="it is the number of rows per micro-batch")
+    return _targets_per_micro_batch(examples, batch_size)
+
+
+def _targets_per_micro_batch(examples: list[dict], batch_size: int) -> list[int]:
+    return [sum(n_graded(e["labels"]) for e in examples[i: i + batch_size])
             for i in range(0, len(examples), batch_size)]
 
 
@@ -167,31 +272,37 @@ def truncation_frame(full_examples: Sequence[dict], max_length: int, mode: str, 
     ``batch_size`` rows at a time, as a plain loop (no TRL drop) would. Returns ``(text, figure)``: rows
     left without a target, supervised tokens kept, micro-batches whose loss is NaN, and the targets per
     micro-batch with the empty ones marked."""
-    from .viz import figure
+    full_examples = _check_examples(full_examples, "full_examples")
+    _check_cut(max_length, mode)
+    validate.positive_int("batch_size", batch_size, why="it is the number of rows per micro-batch")
+    if not isinstance(note, str):
+        raise TypeError(f"note={note!r} must be a string — it is printed after max_length — pass e.g. "
+                        "note=' (p85 of answer starts)'.")
+    return _truncation_frame(full_examples, max_length, mode, batch_size, note)
 
-    _check_examples(validate.non_empty("full_examples", full_examples, what="tokenized examples",
-                                       fix="pass tokenize_chat() outputs without max_length."))
-    cut = [truncated(e, max_length, mode) for e in full_examples]
-    policy = kept_by_policy(full_examples, max_length, mode)
-    per_batch = targets_per_micro_batch(cut, batch_size)
+
+def _truncation_frame(full_examples: list[dict], max_length: int, mode: str, batch_size: int, note: str):
+    cut = [_truncated(e, max_length, mode) for e in full_examples]
+    policy = _kept_by_policy(full_examples, max_length, mode)
+    per_batch = _targets_per_micro_batch(cut, batch_size)
     empty = [i for i, n in enumerate(per_batch, 1) if n == 0]
     masked = len(cut) - policy["examples"]
     p = masked / len(cut)
     prompt_cut = sum(len(e["input_ids"]) - len(c["input_ids"]) for e, c in zip(full_examples, cut))
-    graded = policy["graded_tokens"] / max(policy["of_graded_tokens"], 1)
+    share = policy["graded_tokens"] / max(policy["of_graded_tokens"], 1)
     shown = ", ".join(f"#{i}" for i in empty[:8]) + (" …" if len(empty) > 8 else "")
     side = "end (answers first)" if mode == "keep_start" else "start (the prompt's opening first)"
     text = "\n".join([
         f"max_length {max_length}{note}, {mode}, device batch size {batch_size}:",
         f"  rows left with no target: {masked} / {len(cut)} (p = {p:.3f})"
         + ("; TRL drops them, a plain loop spends a row on nothing" if masked else ""),
-        f"  supervised tokens kept: {policy['graded_tokens']} / {policy['of_graded_tokens']} ({graded:.0%}); "
+        f"  supervised tokens kept: {policy['graded_tokens']} / {policy['of_graded_tokens']} ({share:.0%}); "
         f"tokens cut from the {side}: {prompt_cut}",
         f"  micro-batches with no target (loss NaN): {len(empty)} of {len(per_batch)}"
         + (f" — {shown}" if empty else ""),
         f"  (rows in random order: expect p^b × {len(per_batch)} = {p ** batch_size * len(per_batch):.2f})",
     ])
-    untruncated = targets_per_micro_batch(full_examples, batch_size)
+    untruncated = _targets_per_micro_batch(full_examples, batch_size)
     mean_full = sum(untruncated) / len(untruncated)
     fig, ax = figure(7, 3)
     # one filled step line, not a bar per micro-batch: a frame stays light with hundreds of micro-batches
@@ -217,25 +328,30 @@ def truncation_explorer(full_examples: Sequence[dict], *, percentiles: Sequence[
     ``truncation_frame`` — list arithmetic on the labels, no model. ``start``: e.g.
     ``{"max_length": MAX_LENGTH, "mode": "keep_start", "batch_size": 1}``.
     """
-    from .viz import what_if
-
-    _check_examples(validate.non_empty("full_examples", full_examples, what="tokenized examples",
-                                       fix="pass tokenize_chat() outputs without max_length."))
-    validate.non_empty("percentiles", percentiles, what="percentiles", fix="pass e.g. (50, 85, 95).")
+    full_examples = _check_examples(full_examples, "full_examples")
+    percentiles = validate.non_empty("percentiles", percentiles, what="percentiles",
+                                     fix="pass e.g. (50, 85, 95).")
     for q in percentiles:
-        validate.number("percentiles", q, minimum=0.0, why="each is a percentile between 0 and 100")
+        validate.percentage("percentiles item", q, why="each is a percentile, 0 to 100")
     validate.non_empty("batch_sizes", batch_sizes, what="batch sizes", fix="pass e.g. (1, 4).")
     sizes = sorted({validate.positive_int("batch_sizes", b, why="each is rows per micro-batch")
                     for b in batch_sizes})
-    starts = [answer_start(e) for e in full_examples]
+    if start is not None:
+        if not isinstance(start, dict):
+            raise TypeError(f"start={start!r} must be a dict of starting values — one per control — pass "
+                            "e.g. {'max_length': MAX_LENGTH, 'mode': 'keep_start', 'batch_size': 1}.")
+        for name in start:
+            validate.key("start key", name, ("max_length", "mode", "batch_size"),
+                         where="the explorer's controls")
+    starts = [_answer_start(e) for e in full_examples]
     names = {}  # max_length -> where it comes from; a length two percentiles share keeps the first name
     for q in percentiles:
-        names.setdefault(percentile(starts, q), f" (p{q:g} of answer starts)")
+        names.setdefault(_percentile(starts, q), f" (p{q:g} of answer starts)")
     names.setdefault(max(len(e["input_ids"]) for e in full_examples), " (the longest example)")
     lengths = sorted(names)
-    return what_if(lambda max_length, mode, batch_size: truncation_frame(
-                       full_examples, max_length, mode, batch_size, note=names.get(max_length, "")),
-                   {"max_length": lengths, "mode": ["keep_start", "keep_end"], "batch_size": sizes},
+    return what_if(lambda max_length, mode, batch_size: _truncation_frame(
+                       full_examples, max_length, mode, batch_size, names.get(max_length, "")),
+                   {"max_length": lengths, "mode": list(MODES), "batch_size": sizes},
                    start=start, descriptions={"mode": "truncated side (keep)",
                                               "batch_size": "device batch size"})
 
@@ -245,16 +361,21 @@ def truncation_explorer(full_examples: Sequence[dict], *, percentiles: Sequence[
 # ------------------------------------------------------------------------------------------------
 
 
+def _check_model_batch(model, batch: dict) -> None:
+    """A course model and a collated batch of ids it can embed."""
+    validate.model("model", model)
+    validate.batch("batch", batch)
+    validate.ids_fit_model(model, batch["input_ids"])
+
+
 def one_step(model, batch: dict, loss_fn, lr: float = 1e-3) -> dict:
     """One forward/backward/AdamW step of ``loss_fn(logits, labels)`` on a *copy* of ``model``.
 
     Returns ``loss``, ``grad_norm``, ``grads_finite``, ``nan_grad_tensors`` (of ``n_tensors``),
     ``weights_finite`` after the step, and ``model`` (the stepped copy).
     """
-    if not callable(loss_fn):
-        raise ValueError(f"loss_fn={loss_fn!r} is not a function — the step calls loss_fn(logits, labels) — "
-                         "pass e.g. course_utils.losses.mean_ignore_index.")
-    validate.batch("batch", batch)
+    _check_model_batch(model, batch)
+    validate.function("loss_fn", loss_fn)
     validate.number("lr", lr, positive=True, why="it is the AdamW learning rate")
     model = copy.deepcopy(model).train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -269,8 +390,19 @@ def one_step(model, batch: dict, loss_fn, lr: float = 1e-3) -> dict:
     return record
 
 
+def _losses(name: str, values) -> list[float]:
+    """Logged losses: a non-empty list of real numbers (NaN and inf allowed: they are the point here)."""
+    validate.non_empty(name, values, what="losses", fix="pass e.g. [r['loss'] for r in run].")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
+            raise TypeError(f"{name} holds {v!r} ({type(v).__name__}), not a number — the helper averages "
+                            "losses — pass one float per step (NaN allowed).")
+    return [float(v) for v in values]
+
+
 def running_mean(values: Sequence[float]) -> list[float]:
     """The running average a logger shows: one NaN in the sum and every later value is NaN."""
+    values = _losses("values", values)
     out, total = [], 0.0
     for i, v in enumerate(values, 1):
         total += v
@@ -283,9 +415,13 @@ def nanochat_logged(last_micro_batch_losses: Sequence[float], beta: float = 0.9)
     micro-batch of each step (``train_loss = loss.detach()`` is overwritten every micro-step): an EMA,
     debiased with ``1 - beta**(step + 1)`` where ``step`` was already incremented — copied as written.
     One NaN enters the EMA and every later value is NaN."""
-    validate.number("beta", beta, minimum=0.0, why="it is the EMA decay")
+    validate.fraction("beta", beta, why="it is the EMA decay, a share of the old average")
+    if beta == 1:
+        raise ValueError("beta=1 — the average would never move and nanochat's debiasing divides by "
+                         "1 - beta**(step + 1) = 0 — pass beta < 1, e.g. 0.9 (nanochat's value).")
+    losses = _losses("last_micro_batch_losses", last_micro_batch_losses)
     smooth, out = 0.0, []
-    for step, loss in enumerate(last_micro_batch_losses, 1):
+    for step, loss in enumerate(losses, 1):
         smooth = beta * smooth + (1 - beta) * float(loss)
         out.append(smooth / (1 - beta ** (step + 1)))
     return out
@@ -300,7 +436,14 @@ def render(example: dict, render_cap: int) -> tuple[list[int], list[int]]:
     """A conversation as nanochat's packer receives it: ids and labels cut at ``render_cap`` tokens
     (``render_conversation(..., max_tokens=2048)``), which can be longer than a row."""
     validate.positive_int("render_cap", render_cap, why="it is the render length limit")
+    return _render(_check_example(example, "example"), render_cap)
+
+
+def _render(example: dict, render_cap: int) -> tuple[list[int], list[int]]:
     return list(example["input_ids"][:render_cap]), list(example["labels"][:render_cap])
+
+
+MAX_BUFFER = 100_000  # nanochat's buffer holds 100 conversations; a million would take minutes to fill
 
 
 def bestfit_rows(examples: Sequence[dict], *, row_capacity: int, n_rows: int, pad_id: int,
@@ -309,41 +452,49 @@ def bestfit_rows(examples: Sequence[dict], *, row_capacity: int, n_rows: int, pa
     """Rows of ``row_capacity`` tokens packed as nanochat's ``sft_data_generator_bos_bestfit`` packs
     them: keep ``buffer_size`` rendered conversations in a buffer (refilled to full before each pick),
     put the largest one that fits the room left in the row, and when none fits pad the rest of the row
-    — never crop. A conversation longer than a row therefore never leaves the buffer.
+    — never crop. A conversation longer than a row therefore never leaves the buffer. The
+    conversations are read in order and again from the start when they run out (epochs).
 
     Returns one dict per row: ``ids``, ``labels`` (-100 on padding), ``targets`` (supervised tokens
-    after the shift) and ``consumed`` (conversations taken out of the buffer so far; it drives nanochat's
-    progress, LR schedule and ``last_step``, and freezes when the buffer clogs).
+    after the shift, ``data.n_graded``) and ``consumed`` (conversations taken out of the buffer so far;
+    it drives nanochat's progress, LR schedule and ``last_step``, and freezes when the buffer clogs).
     ``crop=True`` cuts each conversation to the row as it enters the buffer (nanochat PR 811's idea):
     the buffer cannot clog, but a crop can keep only the prompt, a row without a target;
     ``drop_untrainable=True`` also skips conversations left with no target (what the crop still needs).
     """
-    _check_examples(examples)
-    validate.non_empty("examples", examples, what="tokenized conversations")
+    examples = _check_examples(examples)
+    empty = next((i for i, e in enumerate(examples) if not e["input_ids"]), None)
+    if empty is not None:
+        raise ValueError(f"examples[{empty}] has no tokens — it always fits the room left in a row and fills "
+                         "none of it, so the packer would pick it forever — drop empty conversations first "
+                         "(e.g. [e for e in examples if e['input_ids']]).")
     validate.integer("row_capacity", row_capacity, minimum=2, why="a row needs an input and a target")
-    for name, value in (("n_rows", n_rows), ("buffer_size", buffer_size)):
-        validate.positive_int(name, value, why="it is a count")
-    validate.integer("pad_id", pad_id, minimum=0, why="it is a token id")
-    cut = row_capacity if crop else render_cap
-    if drop_untrainable and not any(has_targets(e["labels"][:cut]) for e in examples):
-        raise ValueError("drop_untrainable=True but no conversation keeps a target after the cut — the "
-                         "buffer "
-                         "could never refill — raise row_capacity or check the labels.")
+    validate.positive_int("n_rows", n_rows, why="it is how many rows to pack")
+    validate.positive_int("buffer_size", buffer_size, why="it is how many conversations the buffer holds")
+    if buffer_size > MAX_BUFFER:
+        raise ValueError(f"buffer_size={buffer_size} is above {MAX_BUFFER} — the buffer is refilled to full "
+                         "before every pick, so a huge one takes minutes to fill and scan — pass nanochat's "
+                         "buffer_size=100 (or a few hundred).")
+    validate.integer("pad_id", pad_id, minimum=0, why="it is the token id that fills the end of a row")
+    validate.positive_int("render_cap", render_cap, why="it is the render length limit")
+    for name, flag in (("crop", crop), ("drop_untrainable", drop_untrainable)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name}={flag!r} must be True or False — it switches one step of the packer — "
+                            f"pass {name}=True or {name}=False.")
+    cut = min(row_capacity, render_cap) if crop else render_cap
+    pool = [(ids[:cut], labels[:cut]) for ids, labels in (_render(e, render_cap) for e in examples)]
+    if drop_untrainable:
+        pool = [(ids, labels) for ids, labels in pool if n_graded(labels) > 0]
+        if not pool:
+            raise ValueError("drop_untrainable=True but no conversation keeps a target after the cut — the "
+                             "buffer could never refill — raise row_capacity or check the labels.")
     buffer, cursor, consumed, rows = [], 0, 0, []
-
-    def refill():
-        nonlocal cursor
-        while len(buffer) < buffer_size:  # nanochat appends every conversation, even ones no row can hold
-            ids, labels = render(examples[cursor % len(examples)], render_cap)
-            cursor += 1
-            if drop_untrainable and not has_targets(labels[:cut]):
-                continue
-            buffer.append((ids[:cut], labels[:cut]))
-
     for _ in range(n_rows):
         ids, labels = [], []
-        while len(ids) < row_capacity:
-            refill()
+        for _ in range(row_capacity):  # each pick adds at least one token: a row takes at most this many
+            while len(buffer) < buffer_size:  # refill, as nanochat does, even with ones no row can hold
+                buffer.append(pool[cursor % len(pool)])
+                cursor += 1
             room = row_capacity - len(ids)
             fitting = [i for i, (c, _) in enumerate(buffer) if len(c) <= room]
             if not fitting:  # nothing fits: pad the rest of the row instead of cropping
@@ -351,17 +502,35 @@ def bestfit_rows(examples: Sequence[dict], *, row_capacity: int, n_rows: int, pa
             best = max(fitting, key=lambda i: len(buffer[i][0]))  # first of the largest, as nanochat's `>`
             c, lab = buffer.pop(best)
             ids, labels, consumed = ids + c, labels + lab, consumed + 1
+            if len(ids) == row_capacity:
+                break
         pad = row_capacity - len(ids)
         labels = labels + [IGNORE_INDEX] * pad
-        rows.append({"ids": ids + [pad_id] * pad, "labels": labels,
-                     "targets": sum(x != IGNORE_INDEX for x in labels[1:]), "consumed": consumed})
+        rows.append({"ids": ids + [pad_id] * pad, "labels": labels, "targets": n_graded(labels),
+                     "consumed": consumed})
+    return rows
+
+
+def _check_rows(rows, *, keys: tuple[str, ...] = ("ids", "labels", "targets")) -> Sequence[dict]:
+    if isinstance(rows, dict):
+        raise TypeError("rows is one dict — the helper takes the list bestfit_rows() returns — pass the "
+                        "list (or [row] for one).")
+    validate.non_empty("rows", rows, what="packed rows", fix="pass rows from bestfit_rows().")
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict) or any(k not in r for k in keys):
+            raise ValueError(f"rows[{i}] is not a row of bestfit_rows() (a dict with {list(keys)}) — the "
+                             "helper reads those keys — pass bestfit_rows(...)'s result.")
     return rows
 
 
 def stack_rows(rows: Sequence[dict]) -> dict:
     """Rows of ``bestfit_rows`` as one micro-batch (``input_ids``, ``labels``, ``attention_mask``).
     Rows are plain concatenations, as nanochat's are (no per-document attention)."""
-    validate.non_empty("rows", rows, what="packed rows", fix="pass rows from bestfit_rows().")
+    _check_rows(rows)
+    widths = {len(r["ids"]) for r in rows} | {len(r["labels"]) for r in rows}
+    if len(widths) != 1:
+        raise ValueError(f"rows have different lengths {sorted(widths)} — a micro-batch is one rectangle of "
+                         "tokens — stack rows packed with the same row_capacity.")
     ids = torch.tensor([r["ids"] for r in rows])
     return {"input_ids": ids, "labels": torch.tensor([r["labels"] for r in rows]),
             "attention_mask": torch.ones_like(ids)}
@@ -369,6 +538,10 @@ def stack_rows(rows: Sequence[dict]) -> dict:
 
 def first_empty_row(rows: Sequence[dict]) -> int:
     """1-based index of the first row without a target; raises if every row carries one."""
+    return _first_empty_row(_check_rows(rows, keys=("targets",)))
+
+
+def _first_empty_row(rows: Sequence[dict]) -> int:
     for i, r in enumerate(rows, 1):
         if r["targets"] == 0:
             return i
@@ -385,6 +558,7 @@ def clog_by_batch_size(rows: Sequence[dict], *, device_batch_size: int, rows_per
     ``first_empty_micro_batch``, ``first_nan_step`` (first step whose *logged* micro-batch is empty;
     raises if none) and ``hidden_empty_micro_batches`` (empty micro-batches before it that the log never
     showed)."""
+    _check_rows(rows, keys=("targets",))
     validate.positive_int("device_batch_size", device_batch_size, why="it is rows per micro-batch")
     validate.positive_int("rows_per_step", rows_per_step, why="it is rows per optimizer step")
     if rows_per_step % device_batch_size:
@@ -398,7 +572,7 @@ def clog_by_batch_size(rows: Sequence[dict], *, device_batch_size: int, rows_per
         raise ValueError("clog_by_batch_size: no step logs an empty micro-batch in these rows — the stream "
                          "is "
                          "too short or never clogs — pack more rows (at least a few steps past the clog).")
-    return {"first_empty_row": first_empty_row(rows),
+    return {"first_empty_row": _first_empty_row(rows),
             "first_empty_micro_batch": empty.index(True) + 1, "first_nan_step": first_nan_step,
             "hidden_empty_micro_batches": sum(e for m, e in enumerate(empty[:first_nan_step * accum])
                                               if m % accum != accum - 1)}
@@ -418,7 +592,14 @@ class NormalisedMomentum(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.95):
         validate.number("lr", lr, positive=True, why="it sets the size of every update")
-        validate.number("momentum", momentum, minimum=0.0, why="it is a decay factor")
+        validate.fraction("momentum", momentum, why="it is the share of the old direction kept each step")
+        if isinstance(params, torch.Tensor):
+            raise TypeError("params is one tensor — an optimiser takes an iterable of parameters — pass "
+                            "model.parameters() (or [tensor]).")
+        params = list(params)
+        if not params:
+            raise ValueError("params is empty — the optimiser would have nothing to update — pass "
+                             "model.parameters() of a model with trainable weights.")
         super().__init__(params, {"lr": lr, "momentum": momentum})
 
     @torch.no_grad()
@@ -442,10 +623,17 @@ def drift_on_zero_grads(model, warm_batches: Sequence[dict], empty_batch: dict, 
     ``optimizer``: ``"sgd"`` (no momentum), ``"adamw"`` or ``"normalised"`` (``NormalisedMomentum``).
     Returns ``moves``: the L2 distance the weights moved at each zero-gradient step, and
     ``grad_norms`` of those steps (all 0.0)."""
+    validate.model("model", model)
     validate.choice("optimizer", optimizer, ("sgd", "adamw", "normalised"), why="the lesson compares these")
     validate.batches("warm_batches", warm_batches)
     validate.batch("empty_batch", empty_batch)
-    if count_supervised(empty_batch["labels"]) != 0:
+    for i, b in enumerate(warm_batches):
+        validate.ids_fit_model(model, b["input_ids"], name=f"warm_batches[{i}]['input_ids']")
+    validate.ids_fit_model(model, empty_batch["input_ids"], name="empty_batch['input_ids']")
+    validate.number("lr", lr, positive=True, why="it is the optimiser's learning rate")
+    validate.integer("warm_steps", warm_steps, minimum=0, why="it counts steps on batches with targets")
+    validate.positive_int("zero_steps", zero_steps, why="it counts the zero-gradient steps measured")
+    if n_graded(empty_batch["labels"]) != 0:
         raise ValueError("empty_batch has supervised tokens — the point is a micro-batch without any — pass "
                          "a batch whose labels are all -100 (e.g. a stack of all-padding rows).")
     model = copy.deepcopy(model).train()
@@ -471,6 +659,21 @@ def drift_on_zero_grads(model, warm_batches: Sequence[dict], empty_batch: dict, 
 # ------------------------------------------------------------------------------------------------
 
 
+def _check_model_examples(model, tokenizer, examples) -> list[dict]:
+    """A model/tokenizer pair that fits, and tokenized examples whose ids the model can embed."""
+    validate.model_and_tokenizer(model, tokenizer)
+    examples = _check_examples(examples)
+    validate.ids_fit_model(model, torch.tensor([t for e in examples for t in e["input_ids"]]),
+                           name="examples' input_ids")
+    return examples
+
+
+def _check_flag(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}={value!r} must be True or False — it switches one Trainer setting — pass "
+                        f"{name}=True or {name}=False.")
+
+
 def trl_kept_examples(model, tokenizer, dataset, max_length: int,
                       truncation_mode: str = "keep_start") -> list[dict]:
     """The training rows TRL's ``SFTTrainer`` keeps with ``assistant_only_loss=True``, ``max_length``
@@ -478,19 +681,25 @@ def trl_kept_examples(model, tokenizer, dataset, max_length: int,
 
     The trainer gets a copy: TRL 1.16 replaces ``model.forward`` with a fused-loss forward.
     """
-    from .training import make_sft_trainer
-
+    validate.model_and_tokenizer(model, tokenizer)
+    if not hasattr(dataset, "column_names") or len(dataset) == 0:
+        raise ValueError(f"dataset must be a non-empty datasets.Dataset of conversations, got "
+                         f"{type(dataset).__name__}{' (empty)' if hasattr(dataset, '__len__') else ''} — "
+                         "SFTTrainer tokenizes, truncates and filters it — pass e.g. make_chat_dataset(...).")
     validate.positive_int("max_length", max_length, why="it is the truncation length")
+    validate.choice("truncation_mode", truncation_mode, MODES, why="TRL knows these two truncation modes")
     trainer = make_sft_trainer(copy.deepcopy(model), tokenizer, dataset, max_length=max_length,
                                assistant_only_loss=True, truncation_mode=truncation_mode, progress=False)
     return [{"input_ids": r["input_ids"], "labels": r["labels"]} for r in trainer.train_dataset]
 
 
-def _rows_dataset(examples: Sequence[dict]):
+def _rows_dataset(examples: list[dict]):
+    # Deferred: `datasets` takes ~0.6 s to import on top of torch (measured with python -X importtime),
+    # and only the two Trainer runs below need it.
     from datasets import Dataset
 
     return Dataset.from_list([{"input_ids": list(e["input_ids"]), "labels": list(e["labels"])}
-                              for e in _check_examples(examples)])
+                              for e in examples])
 
 
 def trl_logged_on_pretokenised(model, tokenizer, examples: Sequence[dict], *, nan_inf_filter: bool = True,
@@ -501,16 +710,17 @@ def trl_logged_on_pretokenised(model, tokenizer, examples: Sequence[dict], *, na
 
     One row per step, in order (no shuffle). Returns ``logged`` (loss per step), ``grad_norms``,
     ``targets`` (supervised tokens per step) and ``weights_finite``."""
-    from .training import logged, make_sft_trainer
-
-    validate.non_empty("examples", examples, what="tokenized examples")
+    examples = _check_model_examples(model, tokenizer, examples)
+    _check_flag("nan_inf_filter", nan_inf_filter)
+    validate.number("lr", lr, positive=True, why="it is the learning rate")
     trainer = make_sft_trainer(copy.deepcopy(model), tokenizer, _rows_dataset(examples), max_length=None,
                                per_device_train_batch_size=1, max_steps=len(examples), learning_rate=lr,
                                logging_nan_inf_filter=nan_inf_filter, progress=False)
-    trainer._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(trainer.train_dataset)
+    # library-private: the Trainer's sampler hook; a SequentialSampler keeps one row per step, in order
+    internals.feed_in_order(trainer)
     trainer.train()
     return {"logged": logged(trainer), "grad_norms": logged(trainer, "grad_norm"),
-            "targets": [count_supervised(torch.tensor([e["labels"]])) for e in examples],
+            "targets": [n_graded(e["labels"]) for e in examples],
             "weights_finite": params_finite(trainer.model)}
 
 
@@ -519,13 +729,17 @@ def trainer_logged_losses(model, tokenizer, examples: Sequence[dict], *, nan_inf
     """Train a copy of ``model`` with the plain transformers ``Trainer`` on hand-made rows (TRL would
     drop the fully masked ones) and return what it logged: ``logged`` (loss per step),
     ``train_loss``, ``grad_norms`` and ``weights_finite``."""
+    # Deferred: transformers' Trainer takes ~4.4 s to import on top of torch (measured with python -X
+    # importtime); the rest of the lesson's helpers do not need it.
     from transformers import Trainer, TrainingArguments
 
-    from .model import course_seed
-    from .quiet import quiet_libraries
-
+    examples = _check_model_examples(model, tokenizer, examples)
+    _check_flag("nan_inf_filter", nan_inf_filter)
     validate.positive_int("steps", steps, why="it counts optimizer steps")
     validate.positive_int("batch_size", batch_size, why="it is rows per step")
+    validate.number("lr", lr, positive=True, why="it is the learning rate")
+    pad = validate.integer("tokenizer.pad_token_id", tokenizer.pad_token_id, minimum=0,
+                           why="the collate pads rows with it (set tok.pad_token if it is None)")
     model = copy.deepcopy(model)
     rows = _rows_dataset(examples)
     args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="sft-lab-"), max_steps=steps,
@@ -536,175 +750,8 @@ def trainer_logged_losses(model, tokenizer, examples: Sequence[dict], *, nan_inf
                              logging_nan_inf_filter=nan_inf_filter)
     with quiet_libraries(capture_output=True):
         trainer = Trainer(model=model, args=args, train_dataset=rows,
-                          data_collator=lambda f: collate_right(f, tokenizer.pad_token_id))
+                          data_collator=lambda f: collate_right(f, pad))
         result = trainer.train()
     history = [h for h in trainer.state.log_history if "loss" in h]
     return {"logged": [h["loss"] for h in history], "grad_norms": [h["grad_norm"] for h in history],
             "train_loss": result.training_loss, "weights_finite": params_finite(model)}
-
-
-# ------------------------------------------------------------------------------------------------
-# Exercise 1 (diagnosis): which mechanism broke this training log?
-# ------------------------------------------------------------------------------------------------
-
-CAUSES = ("clogged_packer", "truncated_examples", "mask_multiplication", "learning_rate")
-"""The causes of a broken log: the best-fit buffer clogged; right truncation left random micro-batches
-without a target; a hand-written ``(nll * mask).sum() / mask.sum()`` turned one empty micro-batch into NaN
-weights; and lesson 06's look-alike, a learning rate so high the run diverges with every batch full."""
-
-
-def broken_log(seed: int) -> tuple[list[dict], Diagnosis]:
-    """A training log you have not seen (one record per step: ``step``, ``loss``, ``grad_norm``,
-    ``targets`` in the step, ``consumed`` conversations) and its truth: ``Diagnosis(cause, evidence)``
-    with ``evidence`` the first step whose logged loss is not finite."""
-    rng = random.Random(seed)
-    cause = CAUSES[seed % len(CAUSES)]
-    steps, first = rng.randint(14, 22), rng.randint(3, 9)
-    log, consumed, loss = [], 0, rng.uniform(2.5, 4.0)
-    empties = set()
-    if cause == "truncated_examples":  # isolated empty steps, data keeps flowing
-        empties = {first} | set(rng.sample(range(first + 2, steps + 1), 2))
-    for step in range(1, steps + 1):
-        targets, norm = rng.randint(40, 90), rng.uniform(0.8, 2.5)
-        loss = max(0.3, loss * rng.uniform(0.9, 0.99))
-        value = loss
-        if cause == "clogged_packer" and step >= first:
-            targets, norm, value = 0, 0.0, float("nan")
-        elif cause == "truncated_examples" and step in empties:
-            targets, norm, value = 0, 0.0, float("nan")
-        elif cause == "mask_multiplication" and step == first:
-            targets, norm, value = 0, float("nan"), float("nan")
-        elif cause == "mask_multiplication" and step > first:
-            norm, value = float("nan"), float("nan")  # NaN weights: data is fine, the model is gone
-        elif cause == "learning_rate":
-            if step >= first:
-                norm, value = norm * 10 ** (step - first + 1), loss * 2 ** (step - first + 1)
-            if step >= first + 3:
-                norm, value = float("inf"), float("nan")
-        consumed += 0 if targets == 0 and cause == "clogged_packer" else rng.randint(3, 6)
-        log.append({"step": step, "loss": value, "grad_norm": norm, "targets": targets, "consumed": consumed})
-    bad = next(r["step"] for r in log if not math.isfinite(r["loss"]))
-    return log, Diagnosis(cause, bad)
-
-
-def check_diagnose_log(fn) -> object:
-    """Checker: ``fn(log) -> Diagnosis(cause, evidence)`` on fresh logs from ``broken_log``; ``cause`` is
-    one of ``CAUSES``, ``evidence`` the first step whose logged loss is not finite."""
-    from .model import course_seed
-
-    base = 1000 + 8 * course_seed()
-    return check_diagnosis(
-        "diagnose_log", fn, broken_log, seeds=range(base, base + 8),
-        misconceptions={
-            ("truncated_examples", "clogged_packer"): "isolated empty steps come back; here the targets "
-            "never "
-            "return and `consumed` stops moving: the buffer is clogged.",
-            ("clogged_packer", "truncated_examples"): "a clogged buffer never recovers; here later steps "
-            "carry "
-            "targets again and `consumed` keeps growing.",
-            ("clogged_packer", "mask_multiplication"): "look at `targets` after the first NaN: the data is "
-            "full again, yet the loss stays NaN — the weights are NaN, not the batches empty.",
-            ("learning_rate", "mask_multiplication"): "the first NaN step had no target at all and the norm "
-            "was NaN at once, with no climb before it: 0/0 in the loss, not a divergence.",
-            ("mask_multiplication", "learning_rate"): "every step had targets; the norm grew by orders of "
-            "magnitude before the NaN: a divergence (lesson 06).",
-            ("truncated_examples", "mask_multiplication"): "after the empty step the targets are back but "
-            "the "
-            "loss never is: the weights were poisoned (NaN gradients), not just one batch empty.",
-        },
-        hint=Hints(question="After the first non-finite step, do the steps have targets again, does "
-                            "`consumed` still move, and did the gradient norm climb before it?",
-                   pointer="Compare section 4's clogged-packer table (targets 0 for good, consumed frozen), "
-                           "section 2's multiplication-masked mean (NaN weights) and lesson 06's divergence "
-                           "(norm climbs).",
-                   answer="empty forever + frozen consumed -> clogged_packer; empty now and then -> "
-                          "truncated_examples; one empty step, then NaN with targets -> mask_multiplication; "
-                          "targets everywhere, norm climbing -> learning_rate. Evidence: first non-finite "
-                          "step."))
-
-
-# ------------------------------------------------------------------------------------------------
-# Exercise 2 (fix): prepare conversations so a best-fit packer can neither clog nor pack empty rows
-# ------------------------------------------------------------------------------------------------
-
-
-def _ex(n_prompt: int, n_answer: int, tag: str, rng: random.Random) -> dict:
-    ids = [rng.randrange(3, 5000) for _ in range(n_prompt + n_answer)]  # distinct: outputs are traceable
-    return {"input_ids": ids, "labels": [IGNORE_INDEX] * n_prompt + ids[n_prompt:], "tag": tag}
-
-
-def _packer_cases() -> list[Case]:
-    rng = random.Random(7)
-    cases = []
-    for i, cap in enumerate((16, 24, 33)):
-        pool = [_ex(rng.randint(2, cap // 2), rng.randint(1, cap // 3), "fits", rng) for _ in range(5)]
-        pool += [_ex(cap + rng.randint(1, 9), rng.randint(1, 5), "prompt longer than a row", rng)]
-        pool += [_ex(cap // 2, cap, "answer crosses the row end", rng)]
-        pool += [_ex(cap - 1, 2, "prompt fills the row but one", rng)]
-        pool += [_ex(rng.randint(1, 4), 0, "no answer at all", rng)]
-        rng.shuffle(pool)
-        cases.append(Case((pool, cap), (pool, cap), label=f"row of {cap} tokens, {len(pool)} conversations",
-                          tag=str(i)))
-    cases.append(Case(([], 8), ([], 8), label="no conversations", tag="empty"))
-    return cases
-
-
-def _compare_packer(got, case_args) -> str | None:
-    examples, cap = case_args
-    if not isinstance(got, list) or not all(isinstance(e, dict) and "input_ids" in e and "labels" in e
-                                            for e in got):
-        return f"expected a list of dicts with 'input_ids' and 'labels', got {type(got).__name__}"
-    if any(len(e["input_ids"]) > cap or len(e["labels"]) != len(e["input_ids"]) for e in got):
-        return f"a conversation longer than the row ({cap} tokens) is left: it would never leave the buffer"
-    if not all(has_targets(e["labels"][1:]) for e in got):
-        return "a conversation without a target is left: packed alone it makes a row with loss 0/0"
-    j = 0  # each output must be a prefix of a distinct input, in order
-    for e in got:
-        ids = list(e["input_ids"])
-        while j < len(examples) and list(examples[j]["input_ids"][:len(ids)]) != ids:
-            j += 1
-        if j == len(examples) or list(examples[j]["labels"][:len(e["labels"])]) != list(e["labels"]):
-            return "an output is not a (cropped) copy of an input, in the input order"
-        j += 1
-    fits = [e for e in examples if len(e["input_ids"]) <= cap and has_targets(e["labels"][1:])]
-    kept = [list(e["input_ids"]) for e in got]
-    if any(list(e["input_ids"]) not in kept for e in fits):
-        return "a conversation that fits a row and has a target was dropped or cut: it is training data"
-    return None
-
-
-def _diagnose_packer(got, case: Case) -> str | None:
-    examples, cap = case.args
-    if not isinstance(got, list):
-        return None
-    if any(len(e.get("input_ids", ())) > cap for e in got if isinstance(e, dict)):
-        return ("the oversized conversations are still there: a best-fit buffer never pops them, so it "
-                "clogs. "
-                "Crop or drop what is longer than the row.")
-    if any(isinstance(e, dict) and not has_targets(e.get("labels", [])[1:]) for e in got):
-        return ("cropping alone is not the fix: a crop that ends before the answer keeps only the prompt, "
-                "a row "
-                "with no target. Check the labels after the crop.")
-    if len(got) < len(examples) - 3:
-        return "you dropped conversations that fit a row and still have a target: they are training data."
-    return None
-
-
-def check_prepare_for_packer(fn) -> object:
-    """Checker: ``fn(examples, row_capacity) -> list`` leaves, in order, only conversations that fit a row
-    (``len <= row_capacity``) and keep a target after the shift; a conversation that fits and has a
-    target is kept unchanged. Cropping the oversized ones or dropping them are both correct."""
-    cases = [Case(c.args, c.args, label=c.label, tag=c.tag) for c in _packer_cases()]
-    return run_check("prepare_for_packer", fn, cases, compare=_compare_packer, diagnose=_diagnose_packer,
-                     hint=Hints(question="Which conversations can a best-fit buffer never pop, and which "
-                                         "rows "
-                                         "would have a loss of 0/0 even after they fit?",
-                                pointer="Section 6 packs with crop=True and shows batches without targets; "
-                                        "has_targets() tells whether labels still carry loss.",
-                                answer="for each example: cut ids and labels to row_capacity (or skip it if "
-                                       "longer), then keep it only if has_targets(labels[1:])."))
-
-
-# Every public function above checks its arguments by their conventional names (model, tokenizer,
-# batch, steps, ...) before it runs: one what/why/fix message for the slips learners make most.
-validate.check_module_arguments(globals())

@@ -18,11 +18,20 @@ trains, the three things this course showed go wrong silently:
   ``stop_on_nonfinite=True`` the watch sets ``control.should_training_stop``, drops the non-finite
   gradients before the optimizer step (so the weights stay finite), and ``report()`` says where.
 
-Usage::
+Usage (a Trainer takes callbacks with ``add_callback``, or ``callbacks=[watch]`` when you build a
+``transformers.Trainer`` yourself; ``make_sft_trainer`` takes SFTConfig fields only)::
 
+    from course_utils import load_course_model, make_chat_dataset, make_sft_trainer
+    from course_utils.watch import SFTWatch
+
+    model, tokenizer = load_course_model()
+    trainer = make_sft_trainer(model, tokenizer, make_chat_dataset(n=48), max_steps=5)
     watch = SFTWatch()
-    trainer = make_sft_trainer(model, tok, ds, callbacks=...)   # or trainer.add_callback(watch)
-    trainer.add_callback(watch); trainer.train(); print(watch.report())
+    trainer.add_callback(watch)
+    trainer.train()
+    print(watch.report())
+
+One watch per run: it refuses a second ``train()``, whose numbers would mix with the first one's.
 """
 
 from __future__ import annotations
@@ -32,7 +41,8 @@ import math
 import torch
 from transformers import TrainerCallback
 
-from .data import IGNORE_INDEX
+from . import validate
+from .data import n_graded
 
 CLIP_TOLERANCE = 1e-4  # relative: clip_grad_norm_ leaves the norm at max_norm * (1 - ~1e-6/norm)
 
@@ -58,7 +68,16 @@ class SFTWatch(TrainerCallback):
     appeared (they cost one ``isfinite`` per module output and per gradient).
     """
 
-    def __init__(self, *, stop_on_nonfinite: bool = True, stop_on_empty: bool = False, locate: bool = True):
+    SWITCHES = ("stop_on_nonfinite", "stop_on_empty", "locate")
+
+    def __init__(self, *positional, stop_on_nonfinite: bool = True, stop_on_empty: bool = False,
+                 locate: bool = True, **unknown):
+        if positional:  # SFTWatch(True): which of the three switches would that be?
+            raise TypeError(f"SFTWatch takes its switches by name, got {len(positional)} positional "
+                            f"argument(s) {positional!r:.60} — a bare value could mean any of "
+                            f"{list(self.SWITCHES)} — pass e.g. SFTWatch(stop_on_empty=True).")
+        for name in unknown:
+            validate.choice("SFTWatch argument", name, self.SWITCHES, why="the watch has these switches")
         for name, value in (("stop_on_nonfinite", stop_on_nonfinite), ("stop_on_empty", stop_on_empty),
                             ("locate", locate)):
             if not isinstance(value, bool):
@@ -80,8 +99,7 @@ class SFTWatch(TrainerCallback):
         labels = kwargs.get("labels")
         if labels is None:
             return
-        # the loss at position t predicts labels[t + 1]: the first label of a row is never graded
-        self.micro_batches.append(int((labels[..., 1:] != IGNORE_INDEX).sum()))
+        self.micro_batches.append(n_graded(labels))  # the course's rule: shifted by one, not -100
 
     def _record_nonfinite(self, kind: str, where: str):
         if self.nonfinite is None:
@@ -112,6 +130,10 @@ class SFTWatch(TrainerCallback):
             raise ValueError("SFTWatch got no model from the Trainer — it hooks the model to see "
                              "micro-batches — add it with trainer.add_callback(watch) on a transformers "
                              "Trainer.")
+        if self.steps or self.micro_batches or self._handles:
+            raise ValueError(f"this SFTWatch already watched a run ({len(self.steps)} optimizer step(s)) — a "
+                             "second train() would mix its numbers with the first run's — give each run its "
+                             "own watch: trainer.add_callback(SFTWatch()).")
         self._max_grad_norm = args.max_grad_norm
         self._handles.append(model.register_forward_pre_hook(self._count_graded, with_kwargs=True))
         if self.locate:

@@ -1,10 +1,10 @@
-"""Lesson 01's helpers, and its checkers' graded hints (the checkers' answers: test_checkers.py)."""
+"""Lesson 01's learner tools (course_utils.accumulation). The exercises' checkers and their generator are
+tested in test_exercises_lesson01.py."""
 
 import copy
 
 import pytest
 import torch
-from conftest import stub
 
 from course_utils import accumulation as acc
 from course_utils import make_messages
@@ -16,24 +16,6 @@ def split(course):
     chats = make_messages("mixed", n=16, seed=3)
     by_k = {k: acc.split_micro_batches(tok, chats, group_size=8, k=k) for k in (1, 2, 4)}
     return copy.deepcopy(model), by_k
-
-
-# ---- exercise 2 (fix): one optimizer step ---------------------------------------------------------
-
-def test_accumulation_step_first_hint_holds_no_code_and_the_last_level_does(capsys):
-    result = acc.check_accumulation_step(stub)
-    levels = [result.hint() for _ in range(3)]
-    assert "zero_grad" not in levels[0] and "summed /" not in levels[0]
-    assert "zero_grad" in levels[2]
-
-
-# ---- exercise 1 (diagnosis): broken runs ----------------------------------------------------------
-
-def test_broken_run_covers_every_cause_and_is_deterministic():
-    causes = {acc.broken_run_case(seed)[1].cause for seed in range(8)}
-    assert causes == set(acc.CAUSES)
-    assert acc.broken_run(5) == acc.broken_run(5)
-    assert acc.broken_run(5) != acc.broken_run(9)
 
 
 # ---- the lesson's measurements --------------------------------------------------------------------
@@ -118,11 +100,111 @@ def test_custom_loss_trainer_and_sft_run_log_reject_bad_arguments(course):
         acc.sft_run_log(course[0], course[1], None, accum_steps=0, batch_size=2)
 
 
-def test_broken_run_rejects_a_negative_seed():
-    with pytest.raises(ValueError, match="seed=-1"):
-        acc.broken_run(-1)
-
-
-def test_plot_clip_setting_rejects_a_missing_grid_point():
-    with pytest.raises(ValueError, match="not in the grid"):
+def test_plot_clip_setting_rejects_an_empty_grid():
+    with pytest.raises(TypeError, match="non-empty dict clip_grid"):
         acc.plot_clip_setting({}, 4, 1.0)
+
+
+# ---- bad input, second pass (issue 36): no silent result, what / why / fix --------------------------
+
+RECORDS = [{"step": 1, "grad_norm": 2.0, "clipped": True, "loss": 1.0}]
+FULL_GRID = {(k, t, d): RECORDS for k in (1, 2) for t in (1.0, None) for d in (True, False)}
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    (dict(step=3), ValueError, "did you mean 'steps'"),                 # a typo'd setting of train()
+    (dict(accum_steps=2), ValueError, "needs steps="),
+    (dict(steps=1, seed=-1), ValueError, "seed=-1"),
+    (dict(steps=1, accum_steps=0), ValueError, "accum_steps=0"),        # gradient_accumulation_steps=0
+    (dict(steps=1, lr=-1e-3), ValueError, "lr=-0.001"),                 # a negative learning rate
+])
+def test_run_from_refuses_bad_settings(split, kwargs, error, words):
+    model, by_k = split
+    with pytest.raises(error, match=words) as info:
+        acc.run_from(model, copy.deepcopy(model.state_dict()), by_k[1], **kwargs)
+    assert " — " in str(info.value)
+
+
+def test_run_from_refuses_a_start_state_that_is_not_this_models(split):
+    model, by_k = split
+    with pytest.raises(TypeError, match="state dict"):
+        acc.run_from(model, list(model.state_dict().values()), by_k[1], steps=1)
+    with pytest.raises(ValueError, match="lacks"):
+        acc.run_from(model, {"lm_head.weight": torch.zeros(1)}, by_k[1], steps=1)
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda: acc.flat_params(None), TypeError, "must be a torch model"),
+    (lambda: acc.relative_difference(torch.ones(3), torch.tensor([1.0, float("nan"), 1.0]), torch.ones(3)),
+     ValueError, "NaN or inf"),
+    (lambda: acc.median_norm([], 0), ValueError, "non-empty list"),
+    (lambda: acc.median_norm([{"step": 1, "loss": 2.0}]), TypeError, "grad_norm"),
+    (lambda: acc.median_norm(RECORDS, -1), ValueError, "skip=-1"),
+    (lambda: acc.threshold_between([1.0, "2"], [5.0, 6.0]), ValueError, "each of low_norms"),
+    (lambda: acc.threshold_between([1.0, float("nan")], [5.0, 6.0]), ValueError, "finite"),
+    (lambda: acc.clip_title(2, 0), ValueError, "threshold=0"),
+    (lambda: acc.clip_frame(FULL_GRID, 3, 1.0), ValueError, "not in the grid"),
+    (lambda: acc.clip_explorer(FULL_GRID, start_threshold=17.3), ValueError, "not a threshold of the grid"),
+    (lambda: acc.clip_explorer({k: v for k, v in FULL_GRID.items() if k != (2, None, False)}), ValueError,
+     "not in the grid"),
+    (lambda: acc.clip_explorer({1: RECORDS}), ValueError, "is not .K, max_grad_norm, divided."),
+    (lambda: acc.custom_loss_trainer("micro_mean", loss_is_scaled_for_ga="False"), TypeError,
+     "True or False"),
+    (lambda: acc.custom_loss_trainer("micro-mean"), ValueError, "did you mean 'micro_mean'"),
+])
+def test_bad_input_is_refused_with_what_why_fix(call, error, words):
+    with pytest.raises(error, match=words) as info:
+        call()
+    assert " — " in str(info.value), "the message should say what, why and how to fix"
+
+
+def test_clip_explorer_opens_off_on_request():
+    box = acc.clip_explorer(FULL_GRID, start_threshold="off")
+    assert box.children[1].value == "off"
+
+
+def test_split_norms_refuses_a_string_for_a_switch_and_a_typo_in_normalise(split):
+    model, by_k = split
+    start = copy.deepcopy(model.state_dict())
+    with pytest.raises(TypeError, match="divide_by_accum='no'"):
+        acc.split_norms(model, start, by_k, divide_by_accum="no")  # "no" is truthy: it would have divided
+    with pytest.raises(ValueError, match="did you mean 'token'"):
+        acc.split_norms(model, start, by_k, normalise="tokens")
+    with pytest.raises(ValueError, match="a key K"):
+        acc.split_norms(model, start, {0: by_k[1]})
+
+
+def test_clip_grid_refuses_bad_thresholds_steps_and_learning_rates(split):
+    model, by_k = split
+    start = copy.deepcopy(model.state_dict())
+    for kwargs, words in ((dict(thresholds=[]), "non-empty list"), (dict(thresholds=[0.0]), "thresholds"),
+                          (dict(thresholds=[None], steps=0), "steps=0"),
+                          (dict(thresholds=[None], lr=-1.0), "lr=-1.0")):
+        kwargs = {"steps": 1, "lr": 1e-3, **kwargs}
+        with pytest.raises(ValueError, match=words):
+            acc.clip_grid(model, start, {1: by_k[1]}, **kwargs)
+
+
+def test_sft_run_log_refuses_an_empty_or_too_small_dataset_and_a_negative_clip(course):
+    from course_utils import make_chat_dataset
+
+    model, tok = course
+    with pytest.raises(ValueError, match="has 0 rows"):
+        acc.sft_run_log(model, tok, make_chat_dataset("add", n=4).select([]), accum_steps=2, batch_size=2)
+    with pytest.raises(ValueError, match="has 4 rows but one optimizer step needs"):
+        acc.sft_run_log(model, tok, make_chat_dataset("add", n=4), accum_steps=4, batch_size=2)
+    with pytest.raises(ValueError, match="max_grad_norm=-1"):
+        acc.sft_run_log(model, tok, make_chat_dataset("add", n=4), accum_steps=1, batch_size=2,
+                        max_grad_norm=-1)
+    with pytest.raises(TypeError, match="datasets.Dataset"):
+        acc.sft_run_log(model, tok, [{"messages": []}], accum_steps=1, batch_size=1)
+
+
+def test_sft_run_log_refuses_a_tokenizer_from_another_model(course):
+    from course_utils import make_chat_dataset
+
+    model, tok = course
+    bigger = copy.deepcopy(tok)
+    bigger.add_tokens([f"<extra_{i}>" for i in range(model.get_input_embeddings().num_embeddings)])
+    with pytest.raises(ValueError, match="different checkpoints"):
+        acc.sft_run_log(model, bigger, make_chat_dataset("add", n=4), accum_steps=1, batch_size=2)

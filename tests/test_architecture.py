@@ -141,11 +141,12 @@ def _reachable_from_exercise_copies() -> dict[str, object]:
                 if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("course_utils"):
                     module = importlib.import_module(node.module)
                     for alias in node.names:
-                        value = getattr(module, alias.name)
-                        if inspect.ismodule(value):
-                            module, value = value, None
-                        if value is None or inspect.isfunction(value):
-                            found.update(_public(module) if value is None else {alias.name: value})
+                        try:  # `from course_utils import accumulation`: a submodule, loaded on import
+                            found.update(_public(importlib.import_module(f"{node.module}.{alias.name}")))
+                        except ModuleNotFoundError:
+                            value = getattr(module, alias.name)
+                            if inspect.isfunction(value):
+                                found[f"{node.module}.{alias.name}"] = value
                 elif isinstance(node, ast.Import):
                     for alias in node.names:
                         if alias.name.startswith("course_utils."):

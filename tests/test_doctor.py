@@ -69,10 +69,14 @@ def test_course_defaults_have_no_error(course):
     assert report.exit_code == 0 and "learning-rate" in report.checks("warning")
 
 
-def test_unknown_config_keys_are_reported_not_fatal(course):
-    report = run(course, rows(), {**GOOD, "max_lenght": 64})
-    assert "config-keys" in report.checks("warning") and "max_lenght" in str(report)
-    assert report.exit_code == 0
+def test_unknown_config_keys_are_bad_input_naming_the_field(course):
+    """A misspelt key used to be a warning while the doctor measured with the default max_length (1024):
+    a report computed from a config it had to guess at. Now it is bad input, with the closest field."""
+    with pytest.raises(DoctorInputError, match=r"'max_lenght' is not an SFTConfig field \(did you mean "
+                                               r"'max_length'\?\) — .+ — .+"):
+        run(course, rows(), {**GOOD, "max_lenght": 64})
+    lora = run(course, rows(), {**GOOD, "use_peft": True, "lora_r": 8})  # TRL's ModelConfig fields: known
+    assert lora.exit_code == 0
 
 
 def test_fully_truncated_rows(course):
@@ -99,6 +103,9 @@ def test_max_length_below_most_prompts(course):
 def test_empty_batch_probability_is_hypergeometric():
     assert empty_batch_probability(10, 5, 2) == pytest.approx(5 / 10 * 4 / 9)
     assert empty_batch_probability(10, 0, 1) == 0 and empty_batch_probability(10, 10, 4) == 1
+    for bad in ((10, 5, 0), (0, 0, 1), (10, 11, 2), (10, -1, 2), (10.0, 5, 2)):
+        with pytest.raises(ValueError, match=".+ — .+ — .+"):  # batch_size 0 used to give p = 1
+            empty_batch_probability(*bad)
 
 
 def test_template_trl_cannot_patch(course):
@@ -267,8 +274,75 @@ def test_malformed_jsonl_row_exits_2_with_its_line_number(tmp_path, course, caps
     assert "line 3" in capsys.readouterr().err
 
 
+BAD_CONFIGS = {  # config -> what the message names (SFTConfig accepts every one of them without a word)
+    "max_length -5": ({"max_length": -5}, "max_length=-5 is below 1"),
+    "max_length 0": ({"max_length": 0}, "max_length=0 is below 1"),
+    "max_length as text": ({"max_length": "64"}, "max_length='64' has type str"),
+    "max_length as a float": ({"max_length": 64.0}, "max_length=64.0 has type float"),
+    "batch size 0": ({"per_device_train_batch_size": 0}, "per_device_train_batch_size=0 is below 1"),
+    "gradient_accumulation_steps 0": ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps=0"),
+    "negative learning rate": ({"learning_rate": -1e-5}, "learning_rate=-1e-05 is not a positive number"),
+    "learning rate as text": ({"learning_rate": "2e-5"}, "learning_rate='2e-5' has type str"),
+    "flag as text": ({"packing": "yes"}, "packing='yes' has type str"),
+    "flag as a number": ({"fp16": 1}, "fp16=1 has type int"),
+    "unknown packing strategy": ({"packing_strategy": "wrapd"}, "(did you mean 'wrapped'?)"),
+    "unknown truncation mode": ({"truncation_mode": "keep_middle"}, "not one of ['keep_end', 'keep_start']"),
+    "misspelt key": ({"learning_rte": 2e-5}, "(did you mean 'learning_rate'?)"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_CONFIGS))
+def test_config_values_sftconfig_accepts_but_training_cannot_are_bad_input(name, course):
+    config, named = BAD_CONFIGS[name]
+    with pytest.raises(DoctorInputError, match=".+ — .+ — .+") as caught:
+        run(course, rows(8), {**GOOD, **config})
+    assert named in str(caught.value)
+
+
+@pytest.mark.parametrize("max_length", [-5, 0, True, 1.5, "64"])
+def test_diagnose_refuses_a_max_length_that_is_not_one(max_length, course):
+    """Issue 36: max_length=-5 gave a report ("below most prompts (median 0 tokens)", exit 1)."""
+    with pytest.raises(DoctorInputError, match="max_length=.* must be a whole number of tokens >= 1 — .+ — "):
+        run(course, rows(8), GOOD, max_length=max_length)
+
+
+GUESSES = {  # name -> (model, data) from (course, tmp_path): what the doctor would have to guess at
+    "no model": lambda course, tmp: (None, rows(8)),  # it would check the course's default model
+    "a number for a model": lambda course, tmp: (5, rows(8)),
+    "a swapped pair": lambda course, tmp: (course[::-1], rows(8)),
+    "no data": lambda course, tmp: (course, None),
+    "one row, not a list": lambda course, tmp: (course, rows(1)[0]),
+    "empty rows": lambda course, tmp: (course, []),
+    "mixed forms": lambda course, tmp: (course, rows(2) + [{"prompt": "a", "completion": "b"}]),
+    "a directory for data": lambda course, tmp: (course, tmp),
+    "a missing file": lambda course, tmp: (course, tmp / "nope.jsonl"),
+}
+
+
+@pytest.mark.parametrize("name", list(GUESSES))
+def test_diagnose_refuses_arguments_it_would_have_to_guess_at(name, course, tmp_path):
+    model, data = GUESSES[name](course, tmp_path)
+    with pytest.raises(DoctorInputError, match=".+ — .+ — .+"):
+        run(model, data, GOOD)
+
+
+def test_diagnose_refuses_a_flag_that_is_not_one_and_a_directory_for_a_config(course, tmp_path):
+    with pytest.raises(DoctorInputError, match="forward='no' must be True or False"):
+        run(course, rows(8), GOOD, forward="no")
+    with pytest.raises(DoctorInputError, match="is a directory"):
+        run(course, rows(8), tmp_path)
+
+
+def test_report_checks_refuses_an_unknown_severity(course):
+    report = run(course, rows(8), GOOD)
+    with pytest.raises(ValueError, match="did you mean 'error'"):
+        report.checks("errors")  # a typo used to give an empty set: "no errors"
+
+
 @pytest.mark.parametrize("case", ["missing data", "missing model", "config not an object",
-                                  "row not TRL form"])
+                                  "row not TRL form", "max-length -5", "max-length 0", "misspelt config key",
+                                  "negative learning rate", "data is a directory", "mixed row forms",
+                                  "config is a directory"])
 def test_bad_input_exits_2_with_what_why_fix(case, tmp_path, course, capsys):
     argv = _setup(tmp_path, course)
     if case == "missing data":
@@ -277,12 +351,25 @@ def test_bad_input_exits_2_with_what_why_fix(case, tmp_path, course, capsys):
         argv[1] = "no-such-org/no-such-model"
     elif case == "config not an object":
         Path(argv[5]).write_text("[1, 2]")
-    else:
+    elif case == "row not TRL form":
         Path(argv[3]).write_text(json.dumps({"question": "q", "answer": "a"}) + "\n")
+    elif case.startswith("max-length"):
+        argv += ["--max-length", case.split()[-1]]
+    elif case == "misspelt config key":
+        Path(argv[5]).write_text(json.dumps({**GOOD, "max_lenght": 64}))
+    elif case == "negative learning rate":
+        Path(argv[5]).write_text(json.dumps({**GOOD, "learning_rate": -2e-5}))
+    elif case == "data is a directory":
+        argv[3] = str(tmp_path)
+    elif case == "mixed row forms":
+        with Path(argv[3]).open("a") as handle:
+            handle.write(json.dumps({"prompt": "a", "completion": "b"}) + "\n")
+    else:
+        argv[5] = str(tmp_path)
     assert main(argv) == 2
     err = capsys.readouterr().err
     message = err.strip().splitlines()[-1]  # above it: save_pretrained's progress bar from _setup
-    assert message.startswith("doctor: bad input:") and " — " in message and "Traceback" not in err
+    assert message.startswith("doctor: bad input:") and message.count(" — ") >= 2 and "Traceback" not in err
 
 
 def test_read_config_rejects_non_objects():

@@ -1,26 +1,25 @@
-"""Tests for course_utils.eos (lesson 02): the stop helpers, the masks, a checker's graded hints
-(the checkers' answers: test_checkers.py)."""
+"""Tests for course_utils.eos (lesson 02): the stop helpers, the masks, and the bad input each public
+function refuses (issue 36). The exercises' checkers and generator: test_exercises_lesson02.py."""
 
 import copy
 
 import pytest
 import torch
-from conftest import stub
 
 from course_utils.eos import (
-    CAUSES,
     StopCriterion,
     answer_accuracy,
-    broken_generation_run,
-    check_stop_token_ids,
+    chat_prompts,
     generate_greedy,
     graded_span_has_stop,
-    graded_text,
+    graded_span_text,
     plain_text_batches,
+    plain_text_example,
     reply,
     stop_criterion_callback,
     stop_probability,
     stop_rate,
+    stop_token_ids,
     train_until_stops,
     untrained_stop_template,
 )
@@ -39,14 +38,6 @@ def test_stop_token_ids_reference(tok):
     assert answers.stop_token_ids(tok) == [tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")]
 
 
-def test_stop_token_ids_hints_are_graded(tok):
-    result = check_stop_token_ids(stub, tok)
-    first = result.hint()
-    assert "question" in first and "get_added_vocab" not in first
-    result.hint()
-    assert "answer" in result.hint()
-
-
 def test_end_of_turn_token_bad_input(tok):
     no_template = copy.deepcopy(tok)
     no_template.chat_template = None
@@ -56,18 +47,6 @@ def test_end_of_turn_token_bad_input(tok):
     plain.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     with pytest.raises(ValueError, match="plain text"):
         answers.end_of_turn_token(plain)
-
-
-# --- exercise 2: diagnosis ------------------------------------------------------------------------
-
-def test_broken_generation_run_draws_every_cause_and_varies():
-    causes = {broken_generation_run(seed)[1].cause for seed in range(len(CAUSES))}
-    assert causes == set(CAUSES)
-    a, b = broken_generation_run(100), broken_generation_run(101)
-    assert a[0] != b[0]
-    assert broken_generation_run(7) == broken_generation_run(7), "seeded: the same seed, the same case"
-    with pytest.raises(ValueError, match="seed"):
-        broken_generation_run(-1)
 
 
 # --- helpers --------------------------------------------------------------------------------------
@@ -96,7 +75,7 @@ def test_pad_id_collator_masks_every_eos(tok):
     fixed = plain_text_batches(tok, convs, 6, TRLCollator(pad_token_id=tok.pad_token_id))[0]
     assert graded_span_has_stop(trap, tok.eos_token_id) == [False] * 6
     assert graded_span_has_stop(fixed, tok.eos_token_id) == [True] * 6
-    assert graded_text(tok, fixed["input_ids"][0], fixed["labels"][0]).endswith("<|endoftext|>")
+    assert graded_span_text(tok, fixed["input_ids"][0], fixed["labels"][0]).endswith("<|endoftext|>")
     with pytest.raises(ValueError, match="batch_size"):
         plain_text_batches(tok, convs, 0, TRLCollator(pad_token_id=tok.pad_token_id))
 
@@ -152,7 +131,7 @@ def test_train_until_stops_respects_cap_and_criterion(course):
     model, tok = load_course_model()
     eot = tok.convert_tokens_to_ids("<|im_end|>")
     batches = make_batches(tok, make_messages("mixed", 8, seed=1), 4)
-    fit = train_until_stops(model, batches, StopCriterion(batches[0], eot, level=1.01), lr=1e-3, chunk=2,
+    fit = train_until_stops(model, batches, StopCriterion(batches[0], eot, level=1.0), lr=1e-3, chunk=2,
                             max_steps=3)
     assert fit["steps"] == 3 and not fit["reached"], "an unreachable level stops at the cap"
     assert [r["step"] for r in fit["records"]] == [1, 2, 3]
@@ -173,7 +152,6 @@ def test_train_until_stops_respects_cap_and_criterion(course):
 def test_stop_criterion_also_needs_the_models_own_replies_to_stop(course):
     """With prompts, a high teacher-forced P(stop) is not enough: the greedy replies must stop too."""
     from course_utils import make_batches, make_messages
-    from course_utils.eos import chat_prompts
 
     model, tok = course
     eot = tok.convert_tokens_to_ids("<|im_end|>")
@@ -189,7 +167,7 @@ def test_stop_criterion_also_needs_the_models_own_replies_to_stop(course):
     assert measured["stop_rate"] == stop_rate(replies), "the stop rate with the eos list"
     assert crit.met(dict(measured, stop_rate=0.0)) is False, "both measurements must reach the level"
     assert crit.met(dict(measured, stop_rate=1.0)) is True
-    unreachable = StopCriterion(probe, eot, level=1.01, tokenizer=tok, prompts=chat_prompts(tok, convs),
+    unreachable = StopCriterion(probe, eot, level=1.0, tokenizer=tok, prompts=chat_prompts(tok, convs),
                                 max_new_tokens=3)
     assert unreachable.measure(model, lazy=True)["stop_rate"] is None, "lazy: no generations below the level"
     assert unreachable.measure(model)["stop_rate"] == measured["stop_rate"], "in full: the same generations"
@@ -201,7 +179,7 @@ def test_stop_criterion_also_needs_the_models_own_replies_to_stop(course):
 # ---- the "what if" control: another eos list for generate() ---------------------------------------
 
 def test_stop_explorer_generates_each_setting_and_prints_its_start(course):
-    from course_utils.eos import chat_prompts, stop_explorer
+    from course_utils.eos import stop_explorer
 
     model, tokenizer = course
     prompts = chat_prompts(tokenizer, [[{"role": "user", "content": "What is 2 + 2?"}]])
@@ -220,3 +198,157 @@ def test_stop_explorer_rejects_empty_or_non_dict_choices(course, models, eos_cho
 
     with pytest.raises(ValueError, match="non-empty dict"):
         stop_explorer(models, course[1], ["hi"], eos_choices)
+
+
+# ---- bad input (issue 36): refused with what — why — fix, never a silently wrong result -----------------
+
+WHAT_WHY_FIX = r"(?s).+ — .+ — .+"
+
+
+def _refused(error, phrase, fn, *args, **kwargs):
+    with pytest.raises(error, match=phrase) as info:
+        fn(*args, **kwargs)
+    assert __import__("re").match(WHAT_WHY_FIX, str(info.value)), str(info.value)
+    return str(info.value)
+
+
+def test_stop_token_ids_refuses_what_is_not_a_tokenizer():
+    _refused(TypeError, "transformers tokenizer", stop_token_ids, None)
+
+
+def test_reply_refuses_one_string_for_the_stop_strings():
+    """A single string was iterated character by character: "<|im_end|>" cut at the first '<', '|', 'i'…"""
+    record = {"text": "time is 5<|im_end|>", "stopped": True}
+    message = _refused(TypeError, "one string, not a list", reply, record, stop_strings="<|im_end|>")
+    assert "['<|im_end|>']" in message, "the fix names the list to pass"
+    assert reply(record, stop_strings=("<|im_end|>",)) == "time is 5"
+    _refused(ValueError, "empty string", reply, record, stop_strings=("",))
+    _refused(TypeError, "pass one of them", reply, [record])
+
+
+def test_stop_criterion_refuses_a_percentage_level(course):
+    from course_utils import make_batches, make_messages
+
+    model, tok = course
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    probe = make_batches(tok, make_messages("mixed", 2, seed=1), 2)[0]
+    message = _refused(ValueError, "looks like a percentage", StopCriterion, probe, eot, level=80)
+    assert "pass level=0.8" in message
+    _refused(ValueError, "level=0 ", StopCriterion, probe, eot, level=0)
+    _refused(ValueError, "fraction between 0 and 1", StopCriterion, probe, eot, level=1.5)
+    _refused(TypeError, "token string", StopCriterion, probe, "<|im_end|>")
+    _refused(ValueError, "contain no token", StopCriterion, probe, 7)  # no row holds token 7
+    _refused(TypeError, "one string", StopCriterion, probe, eot, tokenizer=tok, prompts="hi")
+    _refused(ValueError, "beyond the 523 token ids of the tokenizer", StopCriterion, probe, 10_000,
+             tokenizer=tok, prompts=["hi"])
+    criterion = StopCriterion(probe, eot)
+    _refused(TypeError, "torch model", criterion.measure, tok)
+    _refused(TypeError, "measure\\(model\\) returns", criterion.met, 0.9)
+
+
+def test_generation_refuses_ids_beyond_the_embedding_and_other_slips(course):
+    model, tok = course
+    prompts = chat_prompts(tok, [[{"role": "user", "content": "What is 2 + 2?"}]])
+    _refused(ValueError, "beyond the 523 token ids", generate_greedy, model, tok, prompts,
+             eos_token_id=[0, 523])
+    _refused(TypeError, "token string", generate_greedy, model, tok, prompts, eos_token_id="<|im_end|>")
+    _refused(ValueError, "lists no stop id", generate_greedy, model, tok, prompts, eos_token_id=[])
+    _refused(TypeError, "one string", generate_greedy, model, tok, prompts[0])
+    _refused(TypeError, "one string", generate_greedy, model, tok, prompts, turn_markers="<|im_start|>")
+    _refused(TypeError, "sets \\['do_sample'\\] itself", generate_greedy, model, tok, prompts, do_sample=True)
+    _refused(TypeError, "torch model", generate_greedy, tok, model, prompts)
+    bigger = copy.deepcopy(tok)
+    bigger.add_tokens([f"<new_{i}>" for i in range(8)])
+    _refused(ValueError, "different checkpoints", generate_greedy, model, bigger, prompts)
+    no_pad = copy.deepcopy(tok)
+    no_pad.pad_token = None
+    _refused(ValueError, "no pad token", generate_greedy, model, no_pad, prompts * 2)
+
+
+def test_stop_probability_refuses_ids_the_model_cannot_read_or_write(course):
+    from course_utils import make_batches, make_messages
+
+    model, tok = course
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    batch = make_batches(tok, make_messages("mixed", 2, seed=5), 2)[0]
+    _refused(ValueError, "beyond the 523 token ids", stop_probability, model, batch, 523)
+    _refused(TypeError, "token string", stop_probability, model, batch, "<|im_end|>")
+    foreign = dict(batch, input_ids=batch["input_ids"].clone())
+    foreign["input_ids"][0, 1] = 600
+    _refused(ValueError, "has only 523 embeddings", stop_probability, model, foreign, eot)
+    first_only = dict(batch, input_ids=torch.where(batch["input_ids"] == eot, 5, batch["input_ids"]))
+    first_only["input_ids"][:, 0] = eot
+    _refused(ValueError, "only at position 0", stop_probability, model, first_only, eot)
+
+
+def test_train_until_stops_refuses_a_bad_run_before_training(course):
+    from course_utils import make_batches, make_messages
+
+    model, tok = course
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    batches = make_batches(tok, make_messages("mixed", 4, seed=1), 2)
+    criterion = StopCriterion(batches[0], eot)
+    _refused(ValueError, "lr=-0.001", train_until_stops, model, batches, criterion, lr=-1e-3)
+    _refused(ValueError, "non-empty list", train_until_stops, model, [], criterion, lr=1e-3)
+    foreign = [dict(b, input_ids=b["input_ids"] + 600) for b in batches]
+    _refused(ValueError, "has only 523 embeddings", train_until_stops, model, foreign, criterion, lr=1e-3)
+    _refused(ValueError, "chunk=0", train_until_stops, model, batches, criterion, lr=1e-3, chunk=0)
+
+
+def test_records_and_conversations_are_checked(tok):
+    _refused(TypeError, "not a generation record", stop_rate, ["42<|im_end|>"])
+    _refused(ValueError, "non-empty list", stop_rate, {"text": "42", "stopped": True})
+    records = [{"text": "42<|im_end|>", "stopped": True}]
+    no_answer = [[{"role": "user", "content": "q"}]]
+    _refused(ValueError, "no 'assistant' message", answer_accuracy, records, no_answer)
+    conversation = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "42"}]
+    _refused(TypeError, "wrap it: \\[conversation\\]", chat_prompts, tok, conversation)
+    _refused(TypeError, "wrap it", answer_accuracy, records, conversation[:1])
+    assert answer_accuracy(records, [conversation]) == 1.0
+    no_template = copy.deepcopy(tok)
+    no_template.chat_template = None
+    _refused(ValueError, "no chat_template", chat_prompts, no_template, [conversation])
+
+
+def test_graded_span_text_reads_one_row_with_the_shift(tok):
+    ids = tok("### Answer: 42", add_special_tokens=False)["input_ids"]
+    labels = list(ids)  # every label set: column 0 is still no target (nothing predicts it)
+    assert graded_span_text(tok, ids, labels) == tok.decode(ids[1:])
+    masked = torch.tensor([-100, -100] + ids[2:])
+    assert graded_span_text(tok, torch.tensor(ids), masked) == tok.decode(ids[2:])
+    _refused(ValueError, "must be one row", graded_span_text, tok, torch.tensor([ids]),
+             torch.tensor([labels]))
+    _refused(ValueError, "one label per token", graded_span_text, tok, ids, labels[:-1])
+    _refused(ValueError, "another tokenizer", graded_span_text, tok, ids + [9999], labels + [9999])
+    _refused(TypeError, "integer token ids", graded_span_text, tok, "### Answer", labels)
+
+
+def test_graded_span_has_stop_counts_graded_labels_only(tok):
+    eos = tok.eos_token_id
+    rows = torch.tensor([[eos, 5, 6], [5, 6, eos]])
+    batch = {"input_ids": rows, "labels": rows.clone()}
+    assert graded_span_has_stop(batch, eos) == [False, True], "column 0 is never a target"
+    _refused(TypeError, "token string", graded_span_has_stop, batch, "<|endoftext|>")
+    _refused(ValueError, "has no \\['labels'\\]", graded_span_has_stop, {"input_ids": rows}, eos)
+
+
+def test_plain_text_helpers_refuse_a_tokenizer_without_eos_and_a_bad_collator(tok):
+    conversation = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "42"}]
+    no_eos = copy.deepcopy(tok)
+    no_eos.eos_token = None
+    _refused(ValueError, "no eos_token", plain_text_example, no_eos, conversation)
+    _refused(ValueError, "no 'assistant' message", plain_text_example, tok, conversation[:1])
+    _refused(TypeError, "must be a function", plain_text_batches, tok, [conversation], 1, "collator")
+    _refused(ValueError, "without input_ids, attention_mask and labels", plain_text_batches, tok,
+             [conversation], 1, lambda rows: {"input_ids": rows})
+    _refused(TypeError, "wrap it", plain_text_batches, tok, conversation, 1, lambda rows: rows)
+    _refused(TypeError, "chat template string", untrained_stop_template, None)
+
+
+def test_stop_explorer_refuses_an_eos_choice_beyond_the_embedding(course):
+    from course_utils.eos import stop_explorer
+
+    model, tok = course
+    _refused(ValueError, "eos_choices\\['far'\\]\\[0\\]=600 is beyond", stop_explorer, {"m": model}, tok,
+             ["hi"], {"far": [600]})
+    _refused(TypeError, "one string", stop_explorer, {"m": model}, tok, "hi", {"default": None})

@@ -1,5 +1,7 @@
-"""Unit tests for lesson 06's module (course_utils.nan_detective): generator, guard callback, tools, input
-errors (the checkers' answers: test_checkers.py)."""
+"""Unit tests for lesson 06's module (course_utils.nan_detective): the guard callback, the tools, and bad
+input (the exercises' generator and checkers: test_exercises_lesson06.py)."""
+
+import math
 
 import pytest
 import torch
@@ -7,26 +9,9 @@ import torch
 import course_utils.nan_detective as nd
 from course_utils.exercises.answers import lesson06 as ref
 
-# ---- exercise 1: the diagnosis of a generated run ----------------------------------------------
+WHAT_WHY_FIX = r".+ — .+ — .+"
 
-def test_generator_covers_every_cause_and_is_seeded():
-    causes = {nd.broken_run(s)[1].cause for s in range(8)}
-    assert causes == set(nd.CAUSES)
-    assert repr(nd.broken_run(5)) == repr(nd.broken_run(5))  # NaN != NaN: compare the text
-    assert nd.broken_run(5)[0]["log"] != nd.broken_run(9)[0]["log"]
-    for seed in range(200):  # the reference diagnoses every generated case
-        run, truth = nd.broken_run(seed)
-        assert ref.diagnose_run(run) == truth, seed
-
-
-def test_show_run_prints_and_rejects_wrong_input(capsys):
-    nd.show_run(nd.broken_run(3)[0])
-    assert "grad_norm" in capsys.readouterr().out
-    with pytest.raises(TypeError, match="broken_run"):
-        nd.show_run([1, 2])
-
-
-# ---- exercise 2: the guard ---------------------------------------------------------------------
+# ---- the guard callback (exercise 2 writes its guard) ------------------------------------------
 
 def test_guard_callback_records_step_and_culprit():
     callback = nd.GuardCallback(ref.guard)
@@ -89,7 +74,7 @@ def test_lr_explorer_browses_the_search_runs():
     assert "finite for all 3 steps" in w.text and "largest: 1.2" in w.text
     with pytest.raises(ValueError, match="lr_runs"):
         nd.lr_explorer({}, healthy, 0.01)
-    with pytest.raises(ValueError, match="not one of the runs"):
+    with pytest.raises(ValueError, match="not one of .* a frame only shows runs already made"):
         nd.lr_frame(runs, 0.5, healthy, 0.01)
 
 
@@ -127,11 +112,6 @@ def test_anomaly_report_raises_when_backward_is_finite():
         nd.anomaly_report(lambda: (w * 2).sum())
 
 
-def test_all_masked():
-    batch = {"input_ids": torch.ones(2, 4, dtype=torch.long), "labels": torch.ones(2, 4, dtype=torch.long)}
-    assert bool((nd.all_masked(batch)["labels"] == -100).all())
-
-
 def test_qlora_model_any_architecture_and_overflow_search(tmp_path):
     model, tok = nd.qlora_model()
     n_lora = sum(name.endswith("lora_A") for name, _ in model.named_modules())
@@ -158,8 +138,103 @@ def test_bad_input_raises_with_fix():
         nd.plant_large_update(torch.nn.Linear(2, 2), -1)
     with pytest.raises(ValueError, match="no LoRA adapter inside an MLP"):
         nd.plant_large_update(torch.nn.Linear(2, 2), 2.0)
+
+
+def test_records_must_be_training_records():
+    for bad in ([{"loss": 1.0}], [3.0], "records", [], None):
+        with pytest.raises((TypeError, ValueError), match=WHAT_WHY_FIX):
+            nd.nonfinite_steps(bad)
+    with pytest.raises(ValueError, match="'step', 'loss' and 'grad_norm'"):
+        nd.first_nonfinite_step([{"step": 1, "loss": 1.0}])
+
+
+def test_lowest_diverging_lr_refuses_a_bad_grid_before_any_run():
+    calls = []
+
+    def fake(lr):
+        calls.append(lr)
+        return _records([1.0, 1.0], [1.0, 1.0])
+
+    for lrs in ([0.1, -1.0], [0.1, float("nan")], [], "0.1", [0.1, None]):
+        with pytest.raises(ValueError, match=WHAT_WHY_FIX):
+            nd.lowest_diverging_lr(fake, lrs)
+    assert calls == [], "nothing ran: the grid is checked first"
+    with pytest.raises(TypeError, match="must be a function"):
+        nd.lowest_diverging_lr("run", [0.1])
+    with pytest.raises(ValueError, match=r"run\(0.1\)"):
+        nd.lowest_diverging_lr(lambda lr: [{"lr": lr}], [0.1])  # a run that returns no records
+
+
+def test_explorer_refuses_an_unhealthy_reference_and_an_unknown_start():
+    runs = {0.1: _records([5.0, 4.0], [2.0, 3.0]), 3.0: _records([5.0, float("nan")], [2.0, float("inf")])}
+    healthy = _records([5.0, 4.2], [2.0, 2.5])
+    with pytest.raises(ValueError, match="not a healthy run"):
+        nd.lr_explorer(runs, _records([5.0, float("nan")], [2.0, float("nan")]), 0.01)
+    with pytest.raises(ValueError, match="not a healthy run"):
+        nd.lr_frame(runs, 0.1, _records([5.0, 4.0], [0.0, 0.0]), 0.01)  # no gradient to divide by
+    with pytest.raises(ValueError, match="not one of"):
+        nd.lr_explorer(runs, healthy, 0.01, start=0.5)
+    with pytest.raises(ValueError, match="finite number > 0"):
+        nd.lr_explorer(runs, healthy, -0.01)
+    with pytest.raises(ValueError, match="lr_runs"):
+        nd.lr_explorer({0.1: []}, healthy, 0.01)
+
+
+def test_forward_tools_refuse_what_cannot_run(course):
+    model, _ = course
+    vocab = model.get_input_embeddings().num_embeddings
+    beyond = {"input_ids": torch.tensor([[1, vocab + 5]])}
+    for tool in (nd.forward_watch, nd.first_nonfinite_module, nd.debug_underflow_overflow):
+        with pytest.raises(ValueError, match="embeddings"):  # a tokenizer of another model: not an IndexError
+            tool(model, beyond)
+        with pytest.raises(TypeError, match="torch model"):
+            tool("model", {"input_ids": torch.ones(1, 2, dtype=torch.long)})
+        with pytest.raises(TypeError, match="not a tensor|torch.Tensor"):
+            tool(model, {"input_ids": [[1, 2]]})
+    with pytest.raises(TypeError, match="torch model"):
+        nd.watch_activations("model")
+    with pytest.raises(ValueError, match="embeddings"):
+        nd.overflow_scale(model, beyond)
+    with pytest.raises(ValueError, match="no LoRA adapter"):  # refused before the first forward
+        nd.overflow_scale(model, {"input_ids": torch.ones(1, 2, dtype=torch.long)})
+    with pytest.raises(TypeError, match="torch model"):
+        nd.first_norm("model")
+    with pytest.raises(TypeError, match="batches"):
+        nd.batch_at_step({"input_ids": torch.ones(1, 2, dtype=torch.long)}, 1)
+
+
+def test_norm_on_inf_refuses_a_position_or_width_that_does_not_fit():
+    with pytest.raises(ValueError, match="outside a hidden vector of 8"):
+        nd.norm_on_inf(torch.nn.LayerNorm(8), 8, position=8)
+    with pytest.raises(ValueError, match="the layer's width"):
+        nd.norm_on_inf(torch.nn.LayerNorm(8), 4)
+    with pytest.raises(TypeError, match="normalisation layer"):
+        nd.norm_on_inf("norm", 8)
+
+
+def test_anomaly_report_needs_a_scalar_loss_with_a_gradient():
+    w = torch.ones(2, requires_grad=True)
+    for not_a_loss in (lambda: 1.0, lambda: (w * 2).sum().item(), lambda: w * 2, lambda: torch.ones(())):
+        with pytest.raises(TypeError, match="not a scalar loss with a gradient"):
+            nd.anomaly_report(not_a_loss)
+    with pytest.raises(TypeError, match="no arguments"):
+        nd.anomaly_report(math.nan)
+
+
+def test_qlora_model_and_sft_run_refuse_bad_arguments_before_loading(course):
     with pytest.raises(ValueError, match="seed"):
-        nd.broken_run(-1)
+        nd.qlora_model(seed=-1)
+    with pytest.raises(ValueError, match="seed"):
+        nd.qlora_model(seed=True)
+    with pytest.raises(ValueError, match="LoRA rank"):
+        nd.qlora_model(r=0)
+    model, tok = course
+    with pytest.raises(TypeError, match="TrainerCallback"):
+        nd.sft_run(model, tok, None, callback=ref.guard)  # the guard itself, not GuardCallback(guard)
+    with pytest.raises(TypeError, match="tokenizer"):
+        nd.sft_run(model, "tok", None)
+    with pytest.raises(TypeError, match="matplotlib Axes"):
+        nd.plot_checklist(ax="left")
 
 
 def test_largest_finite_ignores_inf_and_nan():

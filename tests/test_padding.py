@@ -1,4 +1,5 @@
-"""Lesson 03 (padding, attention masks, packing): collates, leak measurements, the incident generator."""
+"""Lesson 03 (padding, attention masks, packing): collates, leak measurements, the explorer, and what each
+public function refuses (issue 36). The exercises' graders: test_exercises_lesson03.py."""
 
 import pytest
 import torch
@@ -6,6 +7,7 @@ import torch
 from course_utils import load_course_model, make_messages, tokenize_chat
 from course_utils.padding import (
     allowed_attention,
+    alone_logits,
     attention_categories,
     block_causal_mask,
     collate_left,
@@ -19,7 +21,6 @@ from course_utils.padding import (
     padded_drift,
     padding_explorer,
     padding_frame,
-    padding_incident,
 )
 from course_utils.quiet import captured_log
 
@@ -69,7 +70,6 @@ def test_collate_packed_matches_trl(course):
     lambda: packed_segments(torch.tensor([0, 1, 2])),
     lambda: packed_segments(torch.tensor([[1, 2, 0]])),
     lambda: greedy_continuations(None, [[1, 2]], 0, layout="middle"),
-    lambda: padding_incident(-1),
 ])
 def test_bad_input_raises_what_why_fix(bad_call):
     with pytest.raises((ValueError, TypeError), match="—"):
@@ -187,16 +187,76 @@ def test_padding_frame_rejects_bad_settings(course, kwargs, phrase):
         padding_frame(model, examples, tok.pad_token_id, **kwargs)
 
 
-# ---- exercises (the checkers' answers: test_checkers.py) ---------------------------------------------
-
-def test_incidents_cover_every_cause_and_differ_by_seed():
-    causes = {padding_incident(s)[1].cause for s in range(14)}
-    assert len(causes) == 7
-    a, b = padding_incident(0)[0], padding_incident(7)[0]
-    assert not torch.equal(a["batch"]["input_ids"], b["batch"]["input_ids"])
-
-
 def test_differing_tokens():
     assert differing_tokens([[1, 2, 3], [4]], [[1, 9, 3], [4, 5, 6]]) == 3
     with pytest.raises(ValueError, match="—"):
         differing_tokens([[1]], [])
+
+
+# ---- bad input (issue 36): refused with what/why/fix, never a result from it ------------------------
+
+EX = [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8, 9], "labels": [-100, 9]}]
+
+
+@pytest.mark.parametrize("bad_call, phrase", [
+    # a collate of input that is already collated (or one example), or of mismatched ids and labels
+    (lambda: collate_padded(collate_padded(EX, 0), 0), "not a list of examples"),
+    (lambda: collate_packed(EX[0]), "not a list of examples"),
+    (lambda: collate_padded([{"input_ids": [1, 2, 3], "labels": [1, 2]}], 0), "3 input_ids but 2 labels"),
+    (lambda: collate_padded([{"input_ids": torch.ones(2, 3, dtype=torch.long), "labels": [1, 2]}], 0), "2-D"),
+    (lambda: collate_padded([{"input_ids": [-100, 5], "labels": [-100, 5]}], 0), "cannot be negative"),
+    (lambda: collate_padded([{"input_ids": [1.5, 2], "labels": [1, 2]}], 0), "not an integer"),
+    (lambda: collate_padded([{"input_ids": "hello", "labels": "hello"}], 0), "tokenize text first"),
+    (lambda: collate_padded(EX, None), "pad_token_id=None"),
+    (lambda: collate_padded(EX, 0, side="rigth"), "did you mean 'right'"),
+    (lambda: collate_left([1, 2, 3], 0), "one prompt"),
+    (lambda: collate_left(["hello", "hi"], 0), "tokenize text first"),
+    (lambda: collate_left([[1, 2], []], 0), "is empty"),
+    (lambda: block_causal_mask([2.5, 3]), "integer"),
+    (lambda: block_causal_mask(3), "non-empty list"),
+    (lambda: packed_segments([[0, 1, 0]]), "torch.Tensor"),
+    (lambda: attention_categories(torch.ones(3, 3, dtype=torch.bool), torch.zeros(4, dtype=torch.long)),
+     "names 4 tokens"),
+    (lambda: attention_categories(torch.ones(3, 3), torch.zeros(3, dtype=torch.long)), "booleans"),
+    (lambda: leak_counts(torch.full((2, 2), 9)), "outside"),
+    (lambda: differing_tokens([1, 2], [1, 3]), "one continuation"),
+    (lambda: differing_tokens([], []), "non-empty"),
+])
+def test_bad_input_is_refused_before_any_result(bad_call, phrase):
+    with pytest.raises((ValueError, TypeError), match=phrase) as error:
+        bad_call()
+    assert " — " in str(error.value), "what — why — fix"
+
+
+def test_plot_needs_panels():
+    from course_utils.padding import plot_attention_layouts
+
+    with pytest.raises(TypeError, match="non-empty dict"):
+        plot_attention_layouts({})
+
+
+@pytest.mark.parametrize("call, phrase", [
+    # token ids beyond the embedding: torch's IndexError deep in the forward, restated at the boundary
+    (lambda m, tok, ex: alone_logits(m, [len(tok) + 5]), "embeddings"),
+    (lambda m, tok, ex: padding_frame(m, [{"input_ids": [10 ** 6], "labels": [1]}], tok.pad_token_id),
+     "embeddings"),
+    (lambda m, tok, ex: greedy_continuations(m, [[10 ** 6]], tok.pad_token_id), "embeddings"),
+    (lambda m, tok, ex: greedy_continuations(m, [[1, 2]], tok.pad_token_id, stop_ids=5), "(id,)"),
+    (lambda m, tok, ex: alone_logits(m, []), "is empty"),
+    (lambda m, tok, ex: allowed_attention(m, torch.ones(0, 3, dtype=torch.long)), "no token"),
+    (lambda m, tok, ex: padded_drift(m, ex, m(input_ids=ex["input_ids"]).logits),
+     "no \\['attention_mask'\\]"),
+    (lambda m, tok, ex: padded_drift(m, {**ex, "attention_mask": torch.zeros_like(ex["input_ids"])},
+                                     m(input_ids=ex["input_ids"]).logits), "a real token in every row"),
+    (lambda m, tok, ex: packed_drift(
+        m, {**collate_padded([EX[0]], 0), "position_ids": torch.tensor([[1, 2, 3]])},
+        m(input_ids=torch.tensor([[5, 6, 7]])).logits), "start at 0"),
+    (lambda m, tok, ex: padded_drift(m, EX, None), "not a collated batch"),
+])
+def test_bad_input_on_the_model_is_refused(course, call, phrase):
+    model, tok, examples = course
+    batch = collate_packed(examples[:1])
+    batch = {"input_ids": batch["input_ids"], "labels": batch["labels"]}
+    with torch.no_grad(), pytest.raises((ValueError, TypeError), match=phrase) as error:
+        call(model, tok, batch)
+    assert " — " in str(error.value), "what — why — fix"

@@ -1,7 +1,10 @@
-"""Unit tests for course_utils.templates (lesson 04): template surgery, probes, the diagnosis generator (the
-checkers' answers: test_checkers.py)."""
+"""Unit tests for course_utils.templates (lesson 04): template surgery, probes, the "what if" control, and
+the bad input each public function refuses (issue 36). The exercises: test_exercises_lesson04.py."""
+
+import re
 
 import pytest
+import torch
 from trl.chat_template_utils import get_training_chat_template, has_generation_markers, qwen2_5_chat_template
 
 from course_utils import templates
@@ -72,17 +75,6 @@ def test_other_family_tokenizer_leaves_the_shared_one_alone(tokenizer, tmp_path)
     assert len(tokenizer) == n and tokenizer.chat_template == qwen2_5_chat_template
 
 
-# ------------------------------------------------------------------------------------------------
-# Exercise 2 checker (diagnosis)
-# ------------------------------------------------------------------------------------------------
-
-def test_template_diagnosis_generator_covers_every_cause(tokenizer):
-    causes = {templates._template_case(tokenizer, seed)[1].cause for seed in range(3000, 3010)}
-    assert causes == set(templates.TEMPLATE_CAUSES)
-    with pytest.raises(ValueError, match="seed"):
-        templates.unseen_setup(tokenizer, -3)
-
-
 # ---- lesson 04's "what if": an edit to TRL's template x its markers -> what SFTTrainer does --------------
 
 def test_template_explorer_follows_the_exact_match_and_the_markers(tokenizer):
@@ -110,3 +102,61 @@ def test_template_variant_rejects_an_unknown_edit():
         templates.template_variant("renamed role")
     with pytest.raises(ValueError, match="not one of"):
         templates.template_variant("none", markers="everywhere")
+
+
+# ---- bad input (issue 36): refused with what — why — fix, never a silently wrong result -----------------
+
+WHAT_WHY_FIX = r"(?s).+ — .+ — .+"
+
+
+def _refused(error, phrase, fn, *args, **kwargs):
+    with pytest.raises(error, match=phrase) as info:
+        fn(*args, **kwargs)
+    assert re.match(WHAT_WHY_FIX, str(info.value)), str(info.value)
+
+
+@pytest.mark.parametrize("fn", [base_variant, add_generation_markers])
+def test_template_surgery_refuses_what_is_not_a_template(fn):
+    _refused(TypeError, "chat template string", fn, None)
+    _refused(ValueError, "empty template", fn, "  ")
+
+
+def test_template_diff_and_with_template_refuse_bad_arguments(tokenizer):
+    _refused(TypeError, "chat template string", templates.template_diff, qwen2_5_chat_template, None)
+    _refused(TypeError, "labels one side of the diff", templates.template_diff, "a", "b", name_a=1)
+    _refused(TypeError, "chat template string", templates.with_template, tokenizer, ["{{ x }}"])
+    _refused(TypeError, "transformers tokenizer", templates.with_template, "Qwen/Qwen2.5",
+             qwen2_5_chat_template)
+
+
+def test_assistant_mask_refuses_a_bad_conversation_or_no_template(tokenizer):
+    _refused(ValueError, "non-empty list", assistant_mask, tokenizer, [])
+    _refused(ValueError, "non-empty list", assistant_mask, tokenizer, CONVERSATION[0])
+    _refused(ValueError, "has no 'role'", assistant_mask, tokenizer, [{"content": "hi"}])
+    bare = templates.with_template(tokenizer, "{{ 'x' }}")
+    bare.chat_template = None
+    _refused(ValueError, "no chat_template and none was passed", assistant_mask, bare, CONVERSATION)
+
+
+def test_masked_tokens_refuses_labels_a_batch_and_foreign_ids(tokenizer):
+    out = assistant_mask(tokenizer, CONVERSATION, chat_template=add_generation_markers(
+        base_variant(qwen2_5_chat_template)))
+    ids, mask = out["input_ids"], out["assistant_masks"]
+    assert masked_tokens(tokenizer, torch.tensor(ids), torch.tensor(mask)) == ["\n", "5", "<|im_end|>", "\n"]
+    _refused(ValueError, "values other than 0 and 1", masked_tokens, tokenizer, ids, [-100] * len(ids))
+    _refused(ValueError, "same length", masked_tokens, tokenizer, ids, mask[:-1])
+    _refused(TypeError, "one row of integers", masked_tokens, tokenizer, torch.tensor([ids]), mask)
+    _refused(ValueError, "another tokenizer", masked_tokens, tokenizer, ids[:-1] + [10_000], mask)
+
+
+def test_the_what_if_frame_refuses_a_typo_with_the_closest_name(tokenizer):
+    _refused(ValueError, "did you mean 'base system prompt'", templates.template_frame, tokenizer,
+             CONVERSATION, edit="base system promt")
+    _refused(ValueError, "non-empty list", templates.template_explorer, tokenizer, [])
+    _refused(TypeError, "transformers tokenizer", templates.template_explorer, None, CONVERSATION)
+
+
+def test_save_other_family_tokenizer_refuses_a_file(tokenizer, tmp_path):
+    path = tmp_path / "a_file"
+    path.write_text("x")
+    _refused(ValueError, "must be a folder path", templates.save_other_family_tokenizer, tokenizer, str(path))

@@ -1,4 +1,5 @@
-"""Lesson 07: the gradient oracle, the schemes, the trace generator and the torchrun worker."""
+"""Lesson 07's learner tools (course_utils.token_weighting, course_utils.ddp_grad): the gradient oracle, the
+schemes, the torchrun worker and its launcher. The exercises are tested in test_exercises_lesson07.py."""
 
 import os
 
@@ -62,7 +63,6 @@ def test_token_weights_sum_to_one():
     (lambda: tw.relative_error(torch.ones(3), torch.zeros(3)), "non-zero reference"),
     (lambda: tw.run_ddp_grad(batch_size=0), "batch_size"),
     (lambda: tw.run_ddp_grad(seed=-1), "seed"),
-    (lambda: tw.accumulation_trace(-1), "seed"),
     (lambda: tw.accumulated_grad(None, [], "token"), "must be a torch model"),
     (lambda: tw.merge_micro_batches([{"input_ids": torch.ones(1, 2, dtype=torch.long),
                                       "labels": torch.ones(1, 2, dtype=torch.long),
@@ -100,12 +100,6 @@ def test_merge_handles_left_padded_micro_batches(model_tok):
     merged_left = tw.merge_micro_batches(left, tok.pad_token_id)
     merged_right = tw.merge_micro_batches(right, tok.pad_token_id)
     assert all(torch.equal(merged_left[k], merged_right[k]) for k in merged_right)
-
-
-# ---- exercises (the checkers' answers: test_checkers.py) ------------------------------------------
-
-def test_traces_cover_every_cause():
-    assert {tw.accumulation_trace(s)[1].cause for s in range(10)} == set(tw.TRACE_CAUSES)
 
 
 # ---- two processes --------------------------------------------------------------------------------
@@ -163,3 +157,159 @@ def test_prediction_kl_is_zero_for_one_model_and_grows_with_training(model_tok):
     assert tw.prediction_kl(model, trained, batch) > 1e-6, "two training steps change what it predicts"
     with pytest.raises(ValueError, match="no supervised token"):
         tw.prediction_kl(model, trained, {**batch, "labels": torch.full_like(batch["labels"], -100)})
+
+
+# ---- bad input, second pass (issue 36): no silent result, what / why / fix --------------------------
+
+def _no_targets(batches):
+    return [{**b, "labels": torch.full_like(b["labels"], -100)} for b in batches]
+
+
+def test_a_step_without_a_supervised_token_is_refused_not_a_zero_gradient(model_tok):
+    model, tok = model_tok
+    empty = _no_targets(tw.uneven_micro_batches(tok, k=2, batch_size=1))
+    for call in (lambda: tw.full_batch_grad(model, empty, tok.pad_token_id),
+                 lambda: tw.accumulated_grad(model, empty, "token"),
+                 lambda: tw.accumulated_grad(model, empty, "mean")):
+        with pytest.raises(ValueError, match=r"no micro-batch has a supervised token .* — "):
+            call()
+
+
+def test_token_ids_beyond_the_embedding_are_refused(model_tok):
+    model, tok = model_tok
+    mbs = tw.uneven_micro_batches(tok, k=2, batch_size=1)
+    mbs[1] = {**mbs[1], "input_ids": mbs[1]["input_ids"] + 10_000}
+    with pytest.raises(ValueError, match="embeddings"):
+        tw.accumulated_grad(model, mbs, "token")
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda: tw.relative_error(torch.tensor([1.0, float("nan")]), torch.ones(2)), ValueError, "NaN or inf"),
+    (lambda: tw.multi_turn_conversations(4, seed=None), ValueError, "seed=None"),
+    (lambda: tw.plot_token_weights([]), ValueError, "non-empty list"),
+    (lambda: tw.plot_token_weights([3, 4], ax="left"), TypeError, "matplotlib Axes"),
+    (lambda: tw.token_weights("12", "mean"), ValueError, "non-empty list"),
+    (lambda: tw.flat_grad(None), TypeError, "torch model"),
+    (lambda: tw.param_distance(torch.nn.Linear(2, 2), torch.nn.Linear(3, 2)), ValueError,
+     "parameters differ"),
+    (lambda: tw.cite_source("Trainer.training_step", "loss"), TypeError, "function or class"),
+    (lambda: tw.cite_source(tw.cite_source), ValueError, "needles is empty"),
+    (lambda: tw.run_ddp_grad(nproc=64), ValueError, "nproc=64"),
+    (lambda: tw.run_ddp_grad(seed=None), ValueError, "seed=None"),
+    (lambda: tw.run_ddp_grad(timeout=0), ValueError, "timeout=0"),
+])
+def test_more_bad_input_is_refused_with_what_why_fix(call, error, words):
+    with pytest.raises(error, match=words) as info:
+        call()
+    assert " — " in str(info.value), "the message should say what, why and how to fix"
+
+
+def test_split_helpers_refuse_bad_counts_and_seeds(model_tok):
+    _, tok = model_tok
+    with pytest.raises(ValueError, match="k=0"):
+        tw.uneven_micro_batches(tok, k=0)
+    with pytest.raises(ValueError, match="batch_size=0"):
+        tw.equal_count_micro_batches(tok, batch_size=0)
+    with pytest.raises(TypeError, match="tokenizer"):
+        tw.uneven_micro_batches(None)
+
+
+def test_train_and_track_refuses_a_typo_a_missing_steps_and_an_empty_eval_batch(model_tok):
+    import copy
+
+    from course_utils import make_batches
+
+    model, tok = model_tok
+    batches = make_batches(tok, tw.multi_turn_conversations(2, seed=3), batch_size=2)
+    work = copy.deepcopy(model)
+    with pytest.raises(ValueError, match="did you mean 'steps'"):
+        tw.train_and_track(work, batches, batches[0], step=1)
+    with pytest.raises(ValueError, match="needs steps="):
+        tw.train_and_track(work, batches, batches[0], accum_steps=1)
+    with pytest.raises(ValueError, match="no supervised token"):
+        tw.train_and_track(work, batches, _no_targets(batches)[0], steps=1)
+    with pytest.raises(ValueError, match="accum_steps=0"):  # gradient_accumulation_steps=0: train's check
+        tw.train_and_track(work, batches, batches[0], steps=1, accum_steps=0)
+    with pytest.raises(ValueError, match="lr=-0.001"):
+        tw.train_and_track(work, batches, batches[0], steps=1, lr=-1e-3)
+
+
+def test_trainer_step_grad_refuses_bad_settings_before_building_a_trainer():
+    from datasets import Dataset
+
+    data = Dataset.from_dict({"messages": tw.multi_turn_conversations(4, seed=1)})
+    with pytest.raises(ValueError, match="gradient_accumulation_steps=0"):
+        tw.trainer_step_grad(data, per_device_train_batch_size=2, gradient_accumulation_steps=0)
+    with pytest.raises(ValueError, match="has 4 rows but one optimizer step of 2 × 4 needs 8"):
+        tw.trainer_step_grad(data, per_device_train_batch_size=2, gradient_accumulation_steps=4)
+    with pytest.raises(ValueError, match="no 'messages'"):
+        tw.trainer_step_grad(Dataset.from_dict({"text": ["a", "b"]}), per_device_train_batch_size=1,
+                             gradient_accumulation_steps=1)
+    with pytest.raises(TypeError, match="count_items='no'"):
+        tw.trainer_step_grad(data, per_device_train_batch_size=1, gradient_accumulation_steps=1,
+                             count_items="no")
+    with pytest.raises(TypeError, match="datasets.Dataset"):
+        tw.trainer_step_grad([{"messages": []}], per_device_train_batch_size=1, gradient_accumulation_steps=1)
+
+
+@pytest.mark.parametrize("argv, words", [(["--out", "x.pt", "--seed", "-1"], "--seed"),
+                                         (["--out", "x.pt", "--batch-size", "0"], "--batch-size")])
+def test_worker_refuses_bad_arguments(argv, words, capsys):
+    from course_utils import ddp_grad
+
+    with pytest.raises(SystemExit):
+        ddp_grad.main(argv)
+    err = capsys.readouterr().err
+    assert words in err and " — " in err
+
+
+def test_worker_refuses_an_output_folder_that_does_not_exist(monkeypatch, tmp_path):
+    from course_utils import ddp_grad
+
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit, match="does not exist"):
+        ddp_grad.main(["--out", str(tmp_path / "missing" / "grads.pt")])
+
+
+# ---- the launcher: a module run from a temporary folder, not from the checkout -----------------------
+
+def test_run_ddp_grad_launches_the_module_outside_the_checkout(monkeypatch):
+    """The workers import course_utils through PYTHONPATH (this copy of it), not through the working
+    directory: the same launch works from a checkout and from a wheel installed anywhere."""
+    import subprocess
+    from pathlib import Path
+
+    import course_utils
+
+    seen = {}
+
+    def fake_run(cmd, **kwargs):
+        seen.update(cmd=cmd, **kwargs)
+        torch.save({"rank_mean": torch.zeros(1)}, Path(cmd[cmd.index("--out") + 1]))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(tw.subprocess, "run", fake_run)
+    assert "rank_mean" in tw.run_ddp_grad(nproc=2)
+    root = Path(course_utils.__file__).resolve().parent.parent
+    assert seen["cmd"][seen["cmd"].index("-m", 3):][:2] == ["-m", "course_utils.ddp_grad"]
+    assert Path(seen["cwd"]).resolve() != root and not (Path(seen["cwd"]) / "course_utils").exists()
+    assert str(root) in seen["env"]["PYTHONPATH"].split(os.pathsep), "the workers import this course_utils"
+
+
+@pytest.mark.slow  # two torchrun ranks, each loading the course model (~15 s on 2 cores)
+def test_run_ddp_grad_works_from_another_working_directory(monkeypatch, tmp_path, model_tok):
+    monkeypatch.chdir(tmp_path)
+    result = tw.run_ddp_grad(nproc=2, seed=0, batch_size=1)
+    model, tok = model_tok
+    ref = tw.full_batch_grad(model, tw.uneven_micro_batches(tok, k=2, batch_size=1, seed=0), tok.pad_token_id)
+    assert result["world_size"] == 2 and tw.relative_error(result["global_count"], ref) < 1e-5
+
+
+def test_accumulation_explorer_refuses_a_tokenizer_from_another_model(model_tok):
+    import copy
+
+    model, tok = model_tok
+    bigger = copy.deepcopy(tok)
+    bigger.add_tokens([f"<extra_{i}>" for i in range(model.get_input_embeddings().num_embeddings)])
+    with pytest.raises(ValueError, match="different checkpoints"):
+        tw.accumulation_explorer(model, bigger)

@@ -1,25 +1,18 @@
-"""Lesson 00 (course_utils.tour): the diagnosis generator, the environment check. The checkers' answers
-(reference, stub, second correct, each wrong one) are in test_checkers.py."""
+"""Lesson 00's learner tools (course_utils.tour): the environment report, the loss modes. The exercises'
+checkers and their generator are tested in test_exercises_lesson00.py."""
 
 import pytest
 
 from course_utils import tour
 
 
-def test_diagnosis_generator_covers_every_cause(tokenizer):
-    causes = {tour._labelled_case(tokenizer, seed)[1].cause for seed in range(1000, 1010)}
-    assert causes == set(tour.LABEL_CAUSES)
-    with pytest.raises(ValueError, match="seed"):
-        tour.unseen_labelled_example(tokenizer, -1)
-
-
-def test_environment_check_needs_no_offline_variable(monkeypatch, capsys):
+def test_environment_report_needs_no_offline_variable(monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.delenv("COURSE_MODEL", raising=False)
-    rows = dict((name, ok) for name, ok, _ in tour.check_environment(load_model=False))
+    rows = dict((name, ok) for name, ok, _ in tour.environment_report(load_model=False))
     assert rows["nothing downloads at run time"], "the shipped model needs no network, whatever the variable"
     monkeypatch.setenv("COURSE_MODEL", "Qwen/Qwen2.5-0.5B")
-    rows = dict((name, ok) for name, ok, _ in tour.check_environment(load_model=False))
+    rows = dict((name, ok) for name, ok, _ in tour.environment_report(load_model=False))
     assert not rows["nothing downloads at run time"], "a hub id with the hub on would download"
 
 
@@ -97,3 +90,43 @@ def test_graded_labels_rejects_an_unknown_mode_and_a_completion_without_an_answe
         tour.graded_labels(tokenizer, chat, "prompt only")
     with pytest.raises(ValueError, match="ends with an assistant turn"):
         tour.graded_labels(tokenizer, chat[:1], "completion only")
+
+
+# ---- bad input: what / why / fix (issue 36) -------------------------------------------------------
+
+def test_environment_report_refuses_a_string_for_its_switch():
+    with pytest.raises(TypeError, match="True or False — "):
+        tour.environment_report(load_model="no")  # a non-empty string would have loaded the model
+
+
+def test_example_chats_refuses_a_negative_seed():
+    with pytest.raises(ValueError, match="seed=-1"):
+        tour.example_chats(seed=-1)
+
+
+def test_graded_labels_refuses_a_message_without_content(tokenizer):
+    with pytest.raises(ValueError, match="no 'role' and 'content' strings — "):
+        tour.graded_labels(tokenizer, [{"role": "user", "text": "hi"}], "full sequence")
+
+
+def test_loss_mode_frame_refuses_a_typo_in_the_mode(tokenizer):
+    chat = tour.example_chats(seed=0)["one exchange"]
+    with pytest.raises(ValueError, match="did you mean 'assistant only'"):
+        tour.loss_mode_frame(tokenizer, chat, "assistant-only")
+
+
+def test_loss_mode_explorer_refuses_a_chat_it_could_not_show_in_every_mode(tokenizer):
+    """A chat that ends on a user turn has no completion: refused when the control is built, not when
+    the learner later moves the dropdown to "completion only"."""
+    chats = {"no answer": [{"role": "user", "content": "hi"}]}
+    with pytest.raises(ValueError, match="ends with an assistant turn"):
+        tour.loss_mode_explorer(tokenizer, chats)
+    with pytest.raises(ValueError, match="non-empty dict"):
+        tour.loss_mode_explorer(tokenizer, {})
+
+
+def test_graded_text_refuses_mismatched_lengths_and_a_zero_width(tokenizer):
+    with pytest.raises(ValueError, match="one label per token"):
+        tour.graded_text(tokenizer, [1, 2, 3], [1, 2])
+    with pytest.raises(ValueError, match="width=0"):
+        tour.graded_text(tokenizer, [1, 2], [1, 2], width=0)

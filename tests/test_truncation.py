@@ -1,15 +1,16 @@
 """Lesson 05: the packer (nanochat's best fit), nanochat's log, the normalised-update drift, the
-truncation counts, the broken-log generator and a checker's graded hints (the two exercise checkers'
-answers, two correct and each typical wrong one: test_checkers.py)."""
+truncation counts, and what each public function refuses (issue 36). The exercises' graders:
+test_exercises_lesson05.py."""
 
 import math
+import signal
 
 import pytest
 import torch
-from conftest import stub
 
 from course_utils import truncation as T
 from course_utils.data import IGNORE_INDEX
+from course_utils.losses import mean_ignore_index
 
 M = IGNORE_INDEX
 
@@ -42,7 +43,8 @@ def test_truncation_report_and_policies():
     start = T.kept_by_policy(full, 5, "keep_start")
     end = T.kept_by_policy(full, 5, "keep_end")
     assert (start["examples"], start["graded_tokens"]) == (2, 2 + 3)   # conv(8,2) dropped, conv(2,6) cut to 3
-    assert (end["examples"], end["graded_tokens"]) == (3, 2 + 2 + 5)  # every answer end survives
+    # every answer end survives; conv(2,6) keeps 5 answer tokens, the first at column 0 (never a target)
+    assert (end["examples"], end["graded_tokens"]) == (3, 2 + 2 + 4)
     assert T.kept_by_policy(full, 10)["graded_tokens"] == start["of_graded_tokens"] == 10
     with pytest.raises(ValueError, match="truncation modes"):
         T.truncated(full[0], 5, "middle")
@@ -150,7 +152,7 @@ def test_search_helpers_raise_when_nothing_is_found():
 def test_packer_rejects_bad_input():
     with pytest.raises(ValueError, match="row_capacity"):
         T.bestfit_rows([conv(2, 2)], row_capacity=1, n_rows=1, pad_id=0, render_cap=8)
-    with pytest.raises(ValueError, match="non-empty"):
+    with pytest.raises(ValueError, match="is empty"):
         T.bestfit_rows([], row_capacity=8, n_rows=1, pad_id=0, render_cap=8)
     with pytest.raises(ValueError, match="never refill"):
         T.bestfit_rows([conv(20, 2)], row_capacity=8, n_rows=1, pad_id=0, render_cap=64, crop=True,
@@ -189,18 +191,142 @@ def test_drift_rejects_a_batch_with_targets(course):
         T.drift_on_zero_grads(model, [batch], batch, optimizer="sgd", lr=0.1, warm_steps=1, zero_steps=1)
 
 
-# ---------------------------------------------------------------------------- exercise 1: diagnosis
+# ---------------------------------------------------------------------------- bad input (issue 36)
 
 
-def test_broken_log_covers_every_cause():
-    causes = {T.broken_log(seed)[1].cause for seed in range(8)}
-    assert causes == set(T.CAUSES)
+def _alarm(*_):
+    raise TimeoutError("bestfit_rows did not return: an unbounded loop")
 
 
-# ---------------------------------------------------------------------------- exercise 2: fix
+@pytest.fixture
+def within_5_seconds():
+    """A hang fails the test in seconds instead of blocking the run."""
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(5)
+    yield
+    signal.alarm(0)
 
 
-def test_packer_hints_are_graded():
-    result = T.check_prepare_for_packer(stub)
-    first, second, third = (result.hint() for _ in range(3))
-    assert "has_targets(labels[1:])" not in first and "has_targets(labels[1:])" in third
+def test_percentile_refuses_a_fraction_for_a_percentage():
+    """issue 36: q=0.85 (meaning the 85th) used to return the 1st percentile's value."""
+    with pytest.raises(ValueError, match="pass q=85") as error:
+        T.percentile([5, 1, 3, 2, 4], 0.85)
+    assert " — " in str(error.value)
+    with pytest.raises(ValueError, match="fraction"):
+        T.truncation_explorer([conv(3, 2)], percentiles=(0.5, 0.85))
+
+
+@pytest.mark.parametrize("examples", [
+    [{"input_ids": [], "labels": []}],                       # spun forever before issue 36
+    [conv(3, 3), {"input_ids": [], "labels": []}],           # returned rows with a phantom pick
+])
+def test_packer_refuses_an_empty_conversation_instead_of_spinning(examples, within_5_seconds):
+    """issue 36: an example whose input_ids is empty always fits and fills nothing: the row never filled."""
+    with pytest.raises(ValueError, match="no tokens") as error:
+        T.bestfit_rows(examples, row_capacity=16, n_rows=2, pad_id=0, render_cap=64, buffer_size=2)
+    assert " — " in str(error.value)
+
+
+def test_packer_refuses_a_render_cap_that_leaves_nothing_to_train_on(within_5_seconds):
+    """The answer lies past render_cap but within the row: the buffer's refill once skipped every
+    conversation forever (its check cut at row_capacity, the refill at render_cap)."""
+    with pytest.raises(ValueError, match="never refill"):
+        T.bestfit_rows([conv(5, 3)], row_capacity=16, n_rows=2, pad_id=0, render_cap=4, crop=True,
+                       drop_untrainable=True)
+
+
+@pytest.mark.parametrize("kwargs, phrase", [
+    (dict(buffer_size=10 ** 9), "above"),
+    (dict(crop="yes"), "True or False"),
+    (dict(pad_id=None), "pad_id=None"),
+    (dict(render_cap=0), "render_cap"),
+    (dict(n_rows=0), "n_rows"),
+])
+def test_packer_refuses_settings_that_would_spin_or_mislead(kwargs, phrase, within_5_seconds):
+    with pytest.raises((ValueError, TypeError), match=phrase):
+        T.bestfit_rows([conv(3, 3)], **{"row_capacity": 16, "n_rows": 2, "pad_id": 0, "render_cap": 64,
+                                        **kwargs})
+
+
+def test_has_targets_is_the_shifted_rule():
+    """One rule for "carries loss" (data.graded): a label in column 0 is never a target."""
+    assert T.has_targets([M, 5]) and not T.has_targets([5, M]) and not T.has_targets([M, M])
+    assert T.has_targets(torch.tensor([M, M, 7]))
+    with pytest.raises(ValueError, match="one example's labels"):
+        T.has_targets(torch.tensor([[M, 7]]))
+    with pytest.raises(TypeError, match="not an integer"):
+        T.has_targets([[M, 7]])
+
+
+@pytest.mark.parametrize("bad_call, phrase", [
+    (lambda: T.truncation_report([conv(8, 2)], 5), "more than max_length"),
+    (lambda: T.truncated({"input_ids": [1, 2, 3], "labels": [M, 2]}, 2), "3 input_ids but 2 labels"),
+    (lambda: T.answer_start([conv(3, 2)]), "must be a dict"),
+    (lambda: T.kept_by_policy(conv(3, 2), 4), "one dict"),
+    (lambda: T.kept_by_policy([conv(3, 2)], 4, "keep_middle"), "truncation modes"),
+    (lambda: T.targets_per_micro_batch([conv(3, 2)], -1), "batch_size"),
+    (lambda: T.targets_per_micro_batch([conv(3, 2)], 0), "batch_size"),
+    (lambda: T.fully_masked_batch_rate([conv(3, 2), conv(3, 2)], 1), "not True/False"),
+    (lambda: T.fully_masked_batch_rate([True, False], 1, seed=None), "deterministic"),
+    (lambda: T.truncation_frame([conv(3, 2)], 4, "keep_start", 1, note=5), "string"),
+    (lambda: T.truncation_explorer([conv(3, 2)], start={"max_len": 4}), "did you mean 'max_length'"),
+    (lambda: T.nanochat_logged([1.0], beta=1), "beta < 1"),
+    (lambda: T.nanochat_logged([1.0], beta=90), "percentage"),
+    (lambda: T.nanochat_logged([], beta=0.9), "non-empty"),
+    (lambda: T.running_mean(None), "non-empty"),
+    (lambda: T.running_mean(["2.0"]), "not a number"),
+    (lambda: T.render({"input_ids": [1], "labels": [M]}, 0), "render_cap"),
+    (lambda: T.stack_rows([{"ids": [1, 2], "labels": [M, 2], "targets": 1},
+                           {"ids": [1], "labels": [M], "targets": 0}]), "different lengths"),
+    (lambda: T.stack_rows({"ids": [1], "labels": [M], "targets": 0}), "one dict"),
+    (lambda: T.first_empty_row([]), "non-empty"),
+    (lambda: T.clog_by_batch_size([{"ids": [1]}], device_batch_size=1, rows_per_step=1), "not a row"),
+    (lambda: T.NormalisedMomentum([torch.nn.Parameter(torch.ones(2))], momentum=95), "percentage"),
+    (lambda: T.NormalisedMomentum([], lr=0.1), "params is empty"),
+])
+def test_bad_input_is_refused_before_any_result(bad_call, phrase):
+    with pytest.raises((ValueError, TypeError), match=phrase) as error:
+        bad_call()
+    assert " — " in str(error.value), "what — why — fix"
+
+
+def test_running_mean_keeps_nan_it_is_the_point():
+    out = T.running_mean([1.0, float("nan"), 3.0])
+    assert out[0] == 1.0 and all(math.isnan(v) for v in out[1:])
+
+
+@pytest.mark.parametrize("call, phrase", [
+    # ids beyond the embedding (torch's IndexError inside the forward), restated at the boundary
+    (lambda m, tok, b: T.one_step(m, {**b, "input_ids": b["input_ids"] + 10 ** 6}, mean_ignore_index),
+     "embeddings"),
+    (lambda m, tok, b: T.one_step(m, b, "mean"), "must be a function"),
+    (lambda m, tok, b: T.one_step(m, b, mean_ignore_index, lr=-1e-3), "lr"),
+    (lambda m, tok, b: T.drift_on_zero_grads(m, [b], b, optimizer="sgd", lr=-0.1, warm_steps=1, zero_steps=1),
+     "lr"),
+    (lambda m, tok, b: T.drift_on_zero_grads(m, [b], b, optimizer="adam", lr=0.1, warm_steps=1, zero_steps=1),
+     "did you mean 'adamw'"),
+    (lambda m, tok, b: T.trl_logged_on_pretokenised(m, tok, [{"input_ids": [10 ** 6], "labels": [M]}]),
+     "embeddings"),
+    (lambda m, tok, b: T.trl_logged_on_pretokenised(m, tok, []), "is empty"),
+    (lambda m, tok, b: T.trl_logged_on_pretokenised(m, tok, [conv(2, 2)], lr=-1.0), "lr"),
+    (lambda m, tok, b: T.trainer_logged_losses(m, tok, [conv(2, 2)], nan_inf_filter="no", steps=1),
+     "True or False"),
+    (lambda m, tok, b: T.trainer_logged_losses(m, tok, [conv(2, 2)], nan_inf_filter=True, steps=0), "steps"),
+    (lambda m, tok, b: T.trainer_logged_losses(tok, m, [conv(2, 2)], nan_inf_filter=True, steps=1),
+     "model, tokenizer"),
+    (lambda m, tok, b: T.trl_kept_examples(m, tok, [], max_length=8), "non-empty datasets.Dataset"),
+    (lambda m, tok, b: T.trl_kept_examples(m, tok, _dataset(), max_length=8, truncation_mode="keep_begin"),
+     "truncation modes"),
+])
+def test_bad_input_on_the_model_is_refused(course, call, phrase):
+    model, tok = course
+    batch = {"input_ids": torch.tensor([[1, 2, 3]]), "labels": torch.tensor([[M, 2, 3]])}
+    with pytest.raises((ValueError, TypeError), match=phrase) as error:
+        call(model, tok, batch)
+    assert " — " in str(error.value), "what — why — fix"
+
+
+def _dataset():
+    from course_utils import make_chat_dataset
+
+    return make_chat_dataset("add", 2, seed=0)

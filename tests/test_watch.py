@@ -1,6 +1,10 @@
-"""Tests for course_utils.watch.SFTWatch on real tiny SFTTrainer runs of the course model."""
+"""Tests for course_utils.watch.SFTWatch on real tiny SFTTrainer runs of the course model (slow), and its
+arguments (fast)."""
 
+import contextlib
+import io
 import math
+import re
 
 import pytest
 import torch
@@ -8,11 +12,47 @@ from datasets import Dataset
 from trl import SFTTrainer
 
 from course_utils import load_course_model, make_chat_dataset, make_sft_trainer
+from course_utils import watch as watch_module
 from course_utils.data import IGNORE_INDEX
 from course_utils.training import logged
 from course_utils.watch import SFTWatch
 
-pytestmark = pytest.mark.slow  # real SFTTrainer runs: `make test-slow` (and CI) run them
+slow = pytest.mark.slow  # real SFTTrainer runs: `make test-slow` (and CI) run them
+WHAT_WHY_FIX = r".+ — .+ — .+"
+
+
+# ---- arguments (fast) ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [(True,), (False, True), ("stop",)])
+def test_switches_are_by_name_only(args):
+    """Issue 36: SFTWatch(True) raised Python's bare 'takes 1 positional argument'."""
+    with pytest.raises(TypeError, match="takes its switches by name.*could mean any of") as caught:
+        SFTWatch(*args)
+    assert re.match(WHAT_WHY_FIX, str(caught.value))
+
+
+def test_a_misspelt_switch_is_named():
+    with pytest.raises(ValueError, match="did you mean 'stop_on_nonfinite'"):
+        SFTWatch(stop_on_nonfinit=True)
+    for name in SFTWatch.SWITCHES:
+        with pytest.raises(ValueError, match="True or False"):
+            SFTWatch(**{name: "yes"})
+        assert getattr(SFTWatch(**{name: False}), name) is False
+
+
+def _docstring_example() -> str:
+    block = watch_module.__doc__.split("::", 1)[1].split("\nOne watch per run")[0]
+    return "\n".join(line[4:] for line in block.strip("\n").splitlines())
+
+
+def test_the_docstring_example_builds_no_trainer_with_callbacks():
+    """make_sft_trainer refuses callbacks= (not an SFTConfig field): the example must not pass it."""
+    example = _docstring_example()
+    compile(example, "<watch docstring>", "exec")
+    assert "callbacks=" not in example and "trainer.add_callback(watch)" in example
+
+
+# ---- real runs (slow) ---------------------------------------------------------------------------
 
 
 def watched(dataset, model=None, trainer_cls=None, watch=None, **config):
@@ -34,6 +74,7 @@ def pretokenized(flags, tok):
                               for masked in flags])
 
 
+@slow
 @pytest.mark.parametrize("max_grad_norm", [1e-3, 1e6])
 def test_clip_rate_matches_the_logged_pre_clip_norms(max_grad_norm):
     watch, trainer = watched(make_chat_dataset(n=48), max_steps=5, max_grad_norm=max_grad_norm)
@@ -43,6 +84,7 @@ def test_clip_rate_matches_the_logged_pre_clip_norms(max_grad_norm):
     assert [s["pre_clip_norm"] for s in watch.steps] == norms
 
 
+@slow
 def test_counts_micro_batches_without_graded_tokens_and_their_silent_zero_loss():
     tok = load_course_model()[1]
     flags = [True, False, False, True, False, True]
@@ -57,6 +99,7 @@ def test_counts_micro_batches_without_graded_tokens_and_their_silent_zero_loss()
     assert "micro-batches with no graded token: 3" in watch.report()
 
 
+@slow
 def test_no_empty_micro_batches_on_a_clean_run_and_accumulation_is_counted_per_micro_batch():
     watch, _ = watched(make_chat_dataset(n=48), max_steps=3, per_device_train_batch_size=4,
                        gradient_accumulation_steps=2, assistant_only_loss=True)
@@ -65,6 +108,7 @@ def test_no_empty_micro_batches_on_a_clean_run_and_accumulation_is_counted_per_m
     assert all(s["graded_tokens"] > 0 for s in watch.steps)
 
 
+@slow
 def test_stop_on_empty_micro_batch():
     tok = load_course_model()[1]
     watch, trainer = watched(pretokenized([False, True, False, False], tok),
@@ -73,6 +117,7 @@ def test_stop_on_empty_micro_batch():
     assert trainer.state.global_step == 2 and "no graded token" in watch.stopped_because
 
 
+@slow
 def test_first_nonfinite_activation_names_the_module_and_stops():
     model, _ = load_course_model()
     with torch.no_grad():
@@ -97,6 +142,7 @@ class HandwrittenMeanTrainer(SFTTrainer):
         return -(logp * mask).sum() / mask.sum()
 
 
+@slow
 def test_a_handwritten_masked_mean_on_an_empty_micro_batch_is_caught_at_its_loss():
     tok = load_course_model()[1]
     watch, trainer = watched(pretokenized([True, False, False], tok), trainer_cls=HandwrittenMeanTrainer,
@@ -108,6 +154,7 @@ def test_a_handwritten_masked_mean_on_an_empty_micro_batch_is_caught_at_its_loss
     assert math.isnan(watch.steps[0]["post_clip_norm"])  # and the hand-written mean's gradients are NaN
 
 
+@slow
 def test_first_nonfinite_gradient_with_finite_activations_names_the_parameter():
     model, _ = load_course_model()
     poisoned = model.model.layers[1].mlp.down_proj.weight
@@ -119,6 +166,7 @@ def test_first_nonfinite_gradient_with_finite_activations_names_the_parameter():
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters()), "the NaN step was not applied"
 
 
+@slow
 def test_bad_arguments_and_hooks_removed_after_training():
     with pytest.raises(ValueError, match="True or False"):
         SFTWatch(stop_on_empty="yes")
@@ -127,6 +175,7 @@ def test_bad_arguments_and_hooks_removed_after_training():
     assert not watch._handles and not model._forward_pre_hooks and not model.model.layers[0]._forward_hooks
 
 
+@slow
 def test_works_with_a_plain_transformers_trainer():
     """Not only SFTTrainer: the model computes its own loss from `labels`, and the watch sees them."""
     import tempfile
@@ -146,3 +195,20 @@ def test_works_with_a_plain_transformers_trainer():
     assert watch.micro_batches[1] == 0 and watch.empty_micro_batches == 1
     # transformers' own mean of an all-masked batch is 0/0: the watch names it and stops after that step
     assert watch.nonfinite["kind"] == "loss" and trainer.state.global_step == 2
+
+
+@slow
+def test_the_docstring_example_runs_and_reports():
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(_docstring_example(), "<watch docstring>", "exec"), {})
+    assert printed.getvalue().startswith("SFTWatch: 5 optimizer steps, 5 micro-batches"), printed.getvalue()
+
+
+@slow
+def test_one_watch_per_run():
+    watch, trainer = watched(make_chat_dataset(n=16), max_steps=1)
+    with pytest.raises(ValueError, match=r"already watched a run .* would mix .*\(SFTWatch\(\)\)"):
+        trainer.train()  # the same trainer, the same watch: a second run
+    assert len(watch.steps) == 1
+

@@ -12,8 +12,9 @@ taught.
     python -m tools.claims                 # the current COURSE_MODEL; rewrites CLAIMS.md/.json
     python -m tools.claims --models tiny-qwen tiny-llama
 
-Only the core helpers are used (losses, train, data, model, quiet), so a lesson's rewrite cannot
-move a verdict; the lesson named in each row is where the mechanism is taught.
+The core helpers are used (losses, training, data, model, quiet), and lesson 05's packer
+(``truncation.bestfit_rows``) for the packing claim, so the table measures the packer the lesson
+teaches; the lesson named in each row is where the mechanism is taught.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from course_utils.losses import (
 from course_utils.model import DEFAULT_MODEL, course_model_name, course_seed, load_course_model
 from course_utils.quiet import captured_log, quiet_libraries
 from course_utils.training import logged, make_sft_trainer, set_seed, train
+from course_utils.truncation import bestfit_rows
 from tools import ROOT
 
 VERDICTS = ("true", "false", "depends")
@@ -252,27 +254,6 @@ def _nan_for_good(ctx):
     )
 
 
-def _bestfit_rows(examples, row_capacity: int, n_rows: int, buffer_size: int = 8):
-    """nanochat-style best-fit packing, reduced to what the claim needs: the stream of rows it emits
-    and how many conversations it had consumed. Nothing is cropped, so a conversation longer than a
-    row never fits and stays in the buffer; once the buffer holds only such ones, it is clogged."""
-    buffer, cursor, rows = [], 0, []
-    for _ in range(n_rows):
-        while len(buffer) < buffer_size:  # refills only when something left: a clogged buffer never does
-            buffer.append(examples[cursor % len(examples)])
-            cursor += 1
-        used, targets = 0, 0
-        while True:
-            fitting = [i for i, e in enumerate(buffer) if len(e["input_ids"]) <= row_capacity - used]
-            if not fitting:
-                break
-            e = buffer.pop(max(fitting, key=lambda i: len(buffer[i]["input_ids"])))
-            used += len(e["input_ids"])
-            targets += sum(label != IGNORE_INDEX for label in e["labels"][1:])
-        rows.append((targets, cursor - len(buffer)))
-    return rows
-
-
 @claim(
     3,
     "packed_nan_small_batch",
@@ -288,7 +269,10 @@ def _packed_nan(ctx):
         "row capacity": row_capacity,
         "longer than a row %": 100 * sum(n > row_capacity for n in lengths) / len(lengths),
     }
-    rows = _bestfit_rows(examples, row_capacity, n_rows=64)
+    # lesson 05's packer (nanochat's best fit, no cropping), a buffer of 8 so that it clogs within 64 rows
+    packed = bestfit_rows(examples, row_capacity=row_capacity, n_rows=64, pad_id=ctx.tokenizer().pad_token_id,
+                          render_cap=max(lengths), buffer_size=8)
+    rows = [(row["targets"], row["consumed"]) for row in packed]
     clog_row = next(
         (i for i, (t, _) in enumerate(rows) if t == 0 and all(t2 == 0 for t2, _ in rows[i:])), None
     )

@@ -1,4 +1,4 @@
-"""Reference answers for lesson 00 (tour). The checkers in ``course_utils.tour`` use them."""
+"""Reference answers for lesson 00 (tour); ``course_utils.exercises.lesson00`` holds the checkers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Reference answers of lesson 01's exercises (checkers import this lazily; notebooks never do)."""
+"""Reference answers of lesson 01's exercises (``course_utils.exercises.lesson01``'s checkers import this;
+notebooks never do)."""
 
 from __future__ import annotations
 

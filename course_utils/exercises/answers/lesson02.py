@@ -1,4 +1,5 @@
-"""Reference answers of lesson 02's exercises (checkers import this lazily; notebooks never do)."""
+"""Reference answers of lesson 02's exercises (``exercises/lesson02.py``'s checkers import them; notebooks
+never do)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reference answers for lesson 04 (chat templates). The checkers in ``course_utils.templates`` use them."""
+"""Reference answers for lesson 04 (chat templates); the checkers in ``exercises/lesson04.py`` use them."""
 
 from __future__ import annotations
 

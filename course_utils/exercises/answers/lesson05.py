@@ -1,4 +1,4 @@
-"""Reference answers of lesson 05's exercises (the checkers in ``course_utils.truncation`` import them).
+"""Reference answers of lesson 05's exercises (the checkers in ``course_utils.exercises.lesson05``).
 
 Two correct answers are accepted by each checker; these are one of each.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from ...checks import Diagnosis
-from ...data import IGNORE_INDEX
+from ...data import n_graded
 
 
 def diagnose_log(log: list[dict]) -> Diagnosis:
@@ -31,6 +31,6 @@ def prepare_for_packer(examples: list[dict], row_capacity: int) -> list[dict]:
     out = []
     for e in examples:
         ids, labels = list(e["input_ids"][:row_capacity]), list(e["labels"][:row_capacity])
-        if any(label != IGNORE_INDEX for label in labels[1:]):
+        if n_graded(labels) > 0:  # a target after the one-token shift
             out.append({"input_ids": ids, "labels": labels})
     return out

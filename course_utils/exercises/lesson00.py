@@ -1,0 +1,183 @@
+"""Lesson 00's exercises: which tokens carry loss in a labelled example (diagnosis), and labelling one
+yourself, assistant tokens only (fix).
+
+- ``LABEL_CAUSES``: what can be wrong with a labelled example (the learner picks one);
+- ``unseen_labelled_example(tokenizer, seed)``: an example labelled by a pipeline you have not seen, the
+  artefact only; ``check_label_diagnosis``: grades a diagnosis function on fresh ones;
+- ``check_assistant_only_labels``: grades a labelling function on conversations the notebook never shows.
+
+The examples are generated together with their cause (``_labelled_case``); only the checker reads it.
+"""
+
+from __future__ import annotations
+
+import random
+
+from .. import validate
+from ..checks import Case, Diagnosis, Hints, check_diagnosis, fresh_seeds, run_check
+from ..data import IGNORE_INDEX, end_of_turn_id, make_messages, tokenize_chat
+
+# ------------------------------------------------------------------------------------------------
+# Exercise 1 (diagnosis): which tokens carry loss in a labelled example you have not seen?
+# ------------------------------------------------------------------------------------------------
+
+LABEL_CAUSES = ("correct", "whole_sequence", "stop_token_not_graded", "nothing_graded", "shifted_labels")
+_LABEL_MISCONCEPTIONS = {
+    ("correct", "stop_token_not_graded"): "every assistant word is graded, but is <|im_end|>? Without it "
+                                          "the model never learns to stop (lesson 02).",
+    ("correct", "shifted_labels"): "a label must be the token at its own position; compare labels with "
+                                   "input_ids where both are set (the model shifts internally).",
+    ("whole_sequence", "shifted_labels"): "many tokens carry a label, but do the labels equal the tokens "
+                                          "at their positions?",
+    ("correct", "whole_sequence"): "look at the system and user turns: do they carry labels?",
+    ("stop_token_not_graded", "correct"): "find <|im_end|> right after the answer: it is graded here.",
+    ("nothing_graded", "correct"): "count again: labels that are not -100 exist here.",
+}
+
+
+def _messages_for(seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    task = rng.choice(("add", "reverse"))
+    conversation = make_messages(task, 1, seed=seed)[0]
+    if rng.random() < 0.5:  # some examples carry their own system prompt
+        conversation = [{"role": "system", "content": "You answer briefly."}] + conversation
+    return conversation
+
+
+def _labelled_case(tokenizer, seed: int) -> tuple[dict, Diagnosis]:
+    """A labelled example broken in one of ``LABEL_CAUSES`` ways, and its true ``Diagnosis``."""
+    cause = LABEL_CAUSES[seed % len(LABEL_CAUSES)]
+    messages = _messages_for(seed)
+    example = tokenize_chat(tokenizer, messages, train_on_eos=cause != "stop_token_not_graded")
+    ids, labels = list(example["input_ids"]), list(example["labels"])
+    if cause == "whole_sequence":
+        labels = list(ids)
+    elif cause == "nothing_graded":
+        labels = [IGNORE_INDEX] * len(ids)
+    elif cause == "shifted_labels":  # "I shift the labels myself": each label is the *next* token
+        labels = [ids[i + 1] if i + 1 < len(ids) and lab != IGNORE_INDEX else IGNORE_INDEX
+                  for i, lab in enumerate(labels)]
+    artefact = {"input_ids": ids, "labels": labels, "tokens": tokenizer.convert_ids_to_tokens(ids)}
+    # the evidence counts the labels that are set, position by position, as the learner reads them in the
+    # token viewer (unshifted: a whole-sequence example grades position 0 too)
+    graded = sum(label != IGNORE_INDEX for label in labels)
+    return artefact, Diagnosis(cause, graded)
+
+
+def unseen_labelled_example(tokenizer, seed: int) -> dict:
+    """An example labelled by a data pipeline you have not seen — possibly broken (exercise 1).
+
+    Returns ``input_ids``, ``labels`` and ``tokens`` (the token strings). The checker grades your
+    diagnosis on other seeds, so look at the labels, not at this function.
+    """
+    validate.tokenizer("tokenizer", tokenizer)
+    return _labelled_case(tokenizer, validate.seed("seed", seed))[0]
+
+
+def check_label_diagnosis(fn, tokenizer, seeds=None):
+    """Checker for exercise 1: ``fn(example) -> Diagnosis(cause, evidence)`` with ``cause`` one of
+    ``LABEL_CAUSES`` and ``evidence`` the number of tokens that carry loss. ``seeds``: the cases to
+    grade on (default: ten fresh ones, two per cause)."""
+    validate.function("fn", fn)  # not an answer yet: a value the checker cannot call
+    validate.tokenizer("tokenizer", tokenizer)
+    seeds = fresh_seeds(2 * len(LABEL_CAUSES)) if seeds is None else validate.seeds("seeds", seeds)
+    return check_diagnosis(
+        "diagnose_labels", fn, lambda seed: _labelled_case(tokenizer, seed), seeds=seeds,
+        misconceptions=_LABEL_MISCONCEPTIONS,
+        hint=Hints("Which positions have a label that is not -100, and is each label the token at its own "
+                   "position? Is <|im_end|> among them?",
+                   "Compare example['labels'] with example['input_ids'] position by position; the token "
+                   "viewer of §2 shows what a correct example looks like.",
+                   "graded = [i for i, l in enumerate(labels) if l != -100]; no graded -> nothing_graded; "
+                   "a graded label != input_ids[i] -> shifted_labels; a graded <|im_start|> -> "
+                   "whole_sequence; <|im_end|> after the answer not graded -> stop_token_not_graded; "
+                   "else correct. Evidence: len(graded)."))
+
+
+# ------------------------------------------------------------------------------------------------
+# Exercise 2 (fix): label an example yourself, assistant tokens only
+# ------------------------------------------------------------------------------------------------
+
+def _whitespace(tokenizer, token_id: int) -> bool:
+    return tokenizer.decode([token_id]).strip() == ""
+
+
+def _label_cases(tokenizer) -> list[Case]:
+    cases = []
+    for seed, extra_turn in ((2001, False), (2002, True), (2003, False), (2004, True)):
+        messages = _messages_for(seed)
+        if extra_turn:  # a second exchange: every assistant turn carries loss
+            messages = messages + make_messages("add", 1, seed=seed + 7)[0]
+        example = tokenize_chat(tokenizer, messages)
+        tag = "multi_turn" if extra_turn else "single_turn"
+        ids = list(example["input_ids"])
+        label = f"{'two exchanges' if extra_turn else 'one exchange'}, seed {seed}"
+        cases.append(Case((tokenizer, ids), (ids, list(example["labels"])), label=label, tag=tag))
+    return cases
+
+
+# The exercise writes a label array position by position (TRL's convention, unshifted), so the checks
+# below compare labels at their own positions rather than through data.graded (which drops column 0).
+
+def _compare_labels(tokenizer):
+    """Accept every correct variant: the graded set must hold each answer token and its <|im_end|>,
+    may add or leave out the whitespace around them, and nothing else; labels equal the tokens."""
+    def compare(got, expected) -> str | None:
+        ids, expected = expected
+        if not isinstance(got, (list, tuple)) or len(got) != len(expected):
+            return f"expected a list of {len(expected)} labels (one per token), got {got!r:.120}"
+        graded = {i for i, label in enumerate(got) if label != IGNORE_INDEX}
+        reference = {i for i, label in enumerate(expected) if label != IGNORE_INDEX}
+        core = {i for i in reference if not _whitespace(tokenizer, ids[i])}
+        wrong = [i for i in graded if int(got[i]) != ids[i]]
+        if wrong:
+            return f"position {wrong[0]}: label {got[wrong[0]]} but the token there is {ids[wrong[0]]}"
+        if not core <= graded:
+            missing = tokenizer.decode([ids[min(core - graded)]])
+            return f"{len(core - graded)} assistant token(s) carry no loss, e.g. {missing!r}"
+        if graded - reference:
+            extra = tokenizer.decode([ids[min(graded - reference)]])
+            n_extra = len(graded - reference)
+            return f"{n_extra} token(s) outside the assistant's answers carry loss, e.g. {extra!r}"
+        return None
+    return compare
+
+
+def _diagnose_labels(tokenizer):
+    eot = end_of_turn_id(tokenizer)
+
+    def diagnose(got, case) -> str | None:
+        ids = case.args[1]
+        if not isinstance(got, (list, tuple)) or len(got) != len(ids):
+            return None
+        graded = [i for i, label in enumerate(got) if label != IGNORE_INDEX]
+        if graded and all(int(got[i]) == ids[i + 1] for i in graded if i + 1 < len(ids)) and \
+                any(int(got[i]) != ids[i] for i in graded):
+            return ("your labels are shifted by one: don't shift them, the model does "
+                    "(logit t predicts label t+1).")
+        if len(graded) == len(ids):
+            return "you graded the whole sequence: system and user tokens would carry loss too."
+        if all(ids[i] != eot for i in graded):
+            return ("<|im_end|> after each answer carries no loss: the model would never learn to stop "
+                    "(lesson 02).")
+        if case.tag == "multi_turn" and any(
+                int(e) != IGNORE_INDEX and int(g) == IGNORE_INDEX for g, e in zip(got, case.expected[1])):
+            return "only part of the conversation's answers is graded: every assistant turn carries loss."
+        return None
+    return diagnose
+
+
+def check_assistant_only_labels(fn, tokenizer):
+    """Checker for exercise 2: ``fn(tokenizer, input_ids) -> labels`` grades exactly the assistant's
+    answers and their ``<|im_end|>`` (whitespace around them either way), -100 elsewhere."""
+    validate.function("fn", fn)  # not an answer yet: a value the checker cannot call
+    validate.tokenizer("tokenizer", tokenizer)
+    return run_check(
+        "assistant_only_labels", lambda tok, ids: fn(tok, list(ids)), _label_cases(tokenizer),
+        compare=_compare_labels(tokenizer), diagnose=_diagnose_labels(tokenizer),
+        hint=Hints("Which token opens an assistant turn, and which one closes it? What should a label be at "
+                   "a position that carries loss?",
+                   "Print tokenizer.convert_ids_to_tokens(input_ids) for one example, find '<|im_start|>' "
+                   "followed by 'assistant', and the next '<|im_end|>'.",
+                   "walk the tokens; after <|im_start|> + assistant (+ newline) set labels[i] = input_ids[i] "
+                   "up to and including the next <|im_end|>; -100 everywhere else."))

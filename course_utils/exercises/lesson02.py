@@ -1,0 +1,359 @@
+"""Lesson 02's exercises: their checkers, and the broken runs of the diagnosis exercise.
+
+1. ``check_stop_token_ids(fn, tokenizer)``: ``fn(tokenizer)``, the stop ids for ``generate()``, on
+   tokenizers of four chat families the notebook never shows.
+2. ``broken_generation_run(seed)`` (the artefact a learner reads) + ``check_diagnosis_exercise(fn)``:
+   ``fn(artefact) -> Diagnosis(cause, evidence)``, one of ``CAUSES``, graded on fresh runs.
+3. ``check_collate_keep_eos(fn)``: ``fn(examples, pad_token_id)``, a collator that keeps the row's own
+   eos label when pad == eos, checked by properties.
+
+The generator that knows a run's cause (``_broken_generation_run``) is private: the notebook shows
+the artefact only. Reference answers: ``answers/lesson02.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Sequence
+
+import torch
+from trl.chat_template_utils import gemma_chat_template, llama3_chat_template, phi3_chat_template
+
+from .. import validate
+from ..checks import Case, Diagnosis, Hints, check_diagnosis, run_check
+from ..data import IGNORE_INDEX
+from ..model import course_seed
+from .answers import lesson02 as answers
+
+# ------------------------------------------------------------------------------------------------
+# Exercise 1: the stop ids for generate()
+# ------------------------------------------------------------------------------------------------
+
+def _variant(tokenizer, template: str, extra: list[str], eos: str | None = None):
+    """A copy of ``tokenizer`` with another family's chat template and its special tokens."""
+    variant = copy.deepcopy(tokenizer)
+    variant.add_special_tokens({"additional_special_tokens": extra})
+    variant.chat_template = template
+    if eos is not None:
+        variant.eos_token = eos
+    return variant
+
+
+def _stop_cases(tokenizer) -> list[Case]:
+    llama = _variant(tokenizer, llama3_chat_template, ["<|start_header_id|>", "<|end_header_id|>",
+                                                       "<|eot_id|>", "<|begin_of_text|>"])
+    llama.bos_token = "<|begin_of_text|>"
+    gemma = _variant(tokenizer, gemma_chat_template, ["<start_of_turn>", "<end_of_turn>", "<bos>"])
+    gemma.bos_token = "<bos>"
+    phi = _variant(tokenizer, phi3_chat_template, ["<|user|>", "<|assistant|>", "<|end|>"])
+    eos_is_eot = _variant(tokenizer, tokenizer.chat_template, [], eos="<|im_end|>")
+    cases = []
+    for label, tag, tok in (("course tokenizer (Qwen2.5 template)", "qwen", tokenizer),
+                            ("Llama 3 template", "llama3", llama), ("Gemma template", "gemma", gemma),
+                            ("Phi-3 template", "phi3", phi), ("eos already set to <|im_end|>", "eos_is_eot",
+                                                              eos_is_eot)):
+        cases.append(Case((tok,), answers.stop_token_ids(tok), label=label, tag=tag))
+    return cases
+
+
+def _compare_stop_ids(got, expected) -> str | None:
+    if not isinstance(got, (list, tuple)) or not all(isinstance(g, int) and not isinstance(g, bool)
+                                                      for g in got):
+        return f"expected a list of int token ids, got {got!r:.120}"
+    if len(set(got)) != len(got):
+        return f"{list(got)} lists an id twice"
+    return None if sorted(got) == sorted(expected) else f"expected the ids {expected}, got {list(got)}"
+
+
+def _diagnose_stop_ids(got, case: Case) -> str | None:
+    tok = case.args[0]
+    if not isinstance(got, (list, tuple)):
+        return "return a list of ids: generate(eos_token_id=[...]) stops on any of them."
+    got = list(got)
+    eos = tok.eos_token_id
+    eot = [i for i in case.expected if i != eos]
+    if got == [eos] and eot:
+        return ("you returned only the tokenizer's eos: that is the default that never stops a chat turn; "
+                "add the token the template writes after an assistant message.")
+    if eot and eot[0] in got and eos not in got:
+        return "keep the tokenizer's eos in the list too: plain-text generations still end with it."
+    if len(set(got)) != len(got):
+        return "when the eos already IS the end-of-turn token, list it once."
+    course_eot = tok.convert_tokens_to_ids("<|im_end|>")
+    if course_eot in got and course_eot not in case.expected:
+        return ("you hard-coded <|im_end|>; other families close turns with other tokens — "
+                "read the token off the rendered chat template.")
+    extra = [t for t in got if t not in case.expected]
+    if extra:
+        return (f"{tok.convert_ids_to_tokens(extra)} is not what follows the assistant's text — that is "
+                "probably a turn *opener*; the stop token comes right after the assistant's content.")
+    return None
+
+
+STOP_IDS_HINTS = Hints(
+    question="Which token does the chat template write right after the assistant's text — and is it a "
+             "token generate() already stops on?",
+    pointer="Render [user, assistant, user] with tokenizer.apply_chat_template(..., tokenize=False), "
+            "tokenize what follows the assistant's text, and look for the first id in "
+            "tokenizer.get_added_vocab().values().",
+    answer="ids = [tokenizer.eos_token_id]; eot = first added-vocab id after the answer; "
+           "return ids if eot in ids else ids + [eot]")
+
+
+def check_stop_token_ids(fn, tokenizer):
+    """Checker for exercise 1: ``fn(tokenizer) -> list[int]``, the stop ids to pass to ``generate()``.
+
+    ``tokenizer``: a chat tokenizer (the course's); the cases are copies of it with the templates and
+    turn tokens of Llama 3, Gemma and Phi-3, and one whose eos already is the end-of-turn token.
+    """
+    validate.tokenizer("tokenizer", tokenizer)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the tokenizer has no chat_template — the first case is this tokenizer's own chat "
+                         "format — pass the course tokenizer (load_course_model()[1]).")
+    return run_check("stop_token_ids", fn, _stop_cases(tokenizer), compare=_compare_stop_ids,
+                     diagnose=_diagnose_stop_ids, hint=STOP_IDS_HINTS)
+
+
+# ------------------------------------------------------------------------------------------------
+# Exercise 2 (diagnosis): why does this fine-tune not stop?
+# ------------------------------------------------------------------------------------------------
+
+CAUSES = ("wrong_stop_ids", "stop_token_not_graded", "pad_equals_eos", "max_new_tokens_too_small",
+          "left_padding_without_mask")
+# Chat families the generator draws from: (end-of-turn token, turn opener, eos) as their templates write them.
+_FAMILIES = (("<|im_end|>", "<|im_start|>", "<|endoftext|>"), ("<|eot_id|>", "<|start_header_id|>",
+             "<|end_of_text|>"), ("<end_of_turn>", "<start_of_turn>", "<eos>"), ("<|end|>", "<|user|>",
+                                                                                  "<|endoftext|>"))
+_WORDS = ("red", "cat", "moon", "road", "big", "box", "green", "cold", "bag", "cow", "sun", "tree")
+
+
+def _qa(rng: random.Random) -> tuple[list[str], list[str]]:
+    """A question and answer as token strings (reverse-the-words: the answer length varies)."""
+    words = rng.sample(_WORDS, rng.randint(3, 6))
+    return ["Reverse", ":"] + words, list(reversed(words))
+
+
+def broken_generation_run(seed: int) -> dict:
+    """A fine-tune that does not stop as it should, as a learner would meet it: exercise 2's artefact.
+
+    ``generations`` (token strings per prompt, ``stopped``), ``generate_config``, ``graded_span`` (the
+    tokens that carried loss in three training rows), ``format``, the template's ``end_of_turn_token``,
+    ``eos_token``, ``pad_token`` and the ``collator``. Its cause is one of ``CAUSES``: finding it is the
+    exercise (the checker grades on other seeds).
+    """
+    validate.seed("seed", seed)
+    return _broken_generation_run(seed)[0]
+
+
+def _broken_generation_run(seed: int) -> tuple[dict, Diagnosis]:
+    """``broken_generation_run``'s artefact and its truth, ``Diagnosis(cause, evidence)``.
+
+    ``generate_config`` holds ``eos_tokens``, ``max_new_tokens``, ``padding_side`` and
+    ``attention_mask_passed``; ``format`` is "chat" or "plain". Five causes, drawn by ``seed``: three
+    from this lesson and two look-alikes (a ``max_new_tokens`` too small for the answers; left padding
+    without an attention mask, lesson 03).
+    """
+    rng = random.Random(seed)
+    cause = CAUSES[seed % len(CAUSES)] if seed < len(CAUSES) else rng.choice(CAUSES)
+    eot, opener, eos = rng.choice(_FAMILIES)
+    fmt = "plain" if cause == "pad_equals_eos" else "chat"
+    stop = eos if fmt == "plain" else eot
+    pad = eos if (fmt == "plain" or rng.random() < 0.5) else "<pad>"
+    budget = rng.choice((32, 40, 64))
+    cfg = {"eos_tokens": [eos, eot], "max_new_tokens": budget, "padding_side": "left",
+           "attention_mask_passed": True}
+    if cause == "wrong_stop_ids":
+        cfg["eos_tokens"] = [eos]
+    if cause == "left_padding_without_mask":
+        cfg["attention_mask_passed"] = False
+    qas = [_qa(rng) for _ in range(rng.randint(4, 6))]
+    if cause == "max_new_tokens_too_small":
+        cfg["max_new_tokens"] = budget = rng.randint(2, min(len(a) for _, a in qas) - 1)
+    longest = max(len(q) for q, _ in qas)
+    generations = []
+    for q, a in qas:
+        gen = _broken_reply(rng, cause, a, stop, opener, len(q) < longest)[:budget]
+        stopped = bool(gen) and gen[-1] in cfg["eos_tokens"]
+        generations.append({"prompt_tokens": q, "tokens": gen, "stopped": stopped, "reference": a})
+    graded = []
+    for _, a in qas[:3]:
+        span = (["###", "Answer", ":"] if fmt == "plain" else ["\n"]) + a
+        closing = [stop] if fmt == "plain" else [stop, "\n"]
+        graded.append(span if cause in ("stop_token_not_graded", "pad_equals_eos") else span + closing)
+    artefact = {"generations": generations, "generate_config": cfg, "graded_span": graded, "format": fmt,
+                "end_of_turn_token": eot, "eos_token": eos, "pad_token": pad,
+                "collator": ("transformers DataCollatorForLanguageModeling" if cause == "pad_equals_eos" else
+                             rng.choice(("TRL DataCollatorForLanguageModeling", "course collate_right")))}
+    if cause == "pad_equals_eos":
+        evidence = eos
+    elif cause in ("wrong_stop_ids", "stop_token_not_graded"):
+        evidence = eot
+    elif cause == "max_new_tokens_too_small":
+        evidence = budget
+    else:
+        evidence = tuple(i for i, (q, _) in enumerate(qas) if len(q) < longest)
+    return artefact, Diagnosis(cause, evidence)
+
+
+def _broken_reply(rng: random.Random, cause: str, answer: list[str], stop: str, opener: str,
+                  padded: bool) -> list[str]:
+    """What the model generates for one prompt under ``cause`` (tokens; cut to the budget later)."""
+    ramble = [rng.choice(_WORDS) for _ in range(80)]
+    if cause == "wrong_stop_ids":  # writes the end-of-turn token, nobody watches it: invents turns
+        return answer + [stop, "\n", opener, "assistant", "\n"] + ramble
+    if cause in ("stop_token_not_graded", "pad_equals_eos"):  # never learned the stop: rambles on
+        return answer + (["\n", "###", "Question", ":"] if cause == "pad_equals_eos" else ["\n"]) + ramble
+    if cause == "left_padding_without_mask" and padded:  # attends to pad columns: garbled from token 1
+        return [rng.choice(("##", "ss", "w", "0", "nsw")) for _ in range(80)]
+    return answer + [stop]  # stops correctly (the budget may still cut it)
+
+
+def _evidence_ok(got, truth) -> bool:
+    if truth.cause == "left_padding_without_mask":  # any garbled (padded) row, or all of them
+        return got in truth.evidence or (isinstance(got, (list, tuple)) and set(got) == set(truth.evidence))
+    return got == truth.evidence
+
+
+DIAGNOSIS_MISCONCEPTIONS = {
+    ("stop_token_not_graded", "wrong_stop_ids"):
+        "the model DOES write the end-of-turn token and keeps going: training taught it to stop; "
+        "generate() is not watching that token — compare eos_tokens with what the replies contain",
+    ("wrong_stop_ids", "stop_token_not_graded"):
+        "no reply contains the end-of-turn token, so no eos list can stop it; look at the graded span",
+    ("stop_token_not_graded", "pad_equals_eos"):
+        "the stop token here is the eos and pad is the same token: which collator built the labels?",
+    ("wrong_stop_ids", "max_new_tokens_too_small"):
+        "these replies do not ramble — they are cut mid-answer; compare their length with max_new_tokens",
+    ("stop_token_not_graded", "max_new_tokens_too_small"):
+        "the graded span has the stop token; the replies are cut before the answer is complete",
+    ("stop_token_not_graded", "left_padding_without_mask"):
+        "the longest prompt's reply is fine and stops: only padded rows are garbled (lesson 03)",
+    ("wrong_stop_ids", "left_padding_without_mask"):
+        "the longest prompt's reply is fine and stops: only padded rows are garbled (lesson 03)",
+}
+
+DIAGNOSIS_HINTS = Hints(
+    question="Do the replies contain the end-of-turn token at all? If yes, who should have stopped on it; "
+             "if no, was it ever in the graded span? And are all rows broken, or only some?",
+    pointer="Read artefact['generations'][i]['tokens'] beside artefact['generate_config'] and "
+            "artefact['graded_span'] — sections 3 (config), 5c (graded span) and 5d (pad == eos).",
+    answer="garbled only on padded rows with no mask -> left_padding_without_mask (evidence: a padded row); "
+           "writes eot but eot not in eos_tokens -> wrong_stop_ids (eot); never writes it and it is not "
+           "graded -> stop_token_not_graded (eot), or pad_equals_eos if the stop is the eos and pad == eos "
+           "(eos); else the replies are cut -> max_new_tokens_too_small (max_new_tokens).")
+
+
+def check_diagnosis_exercise(fn, seeds: Sequence[int] | None = None):
+    """Checker for exercise 2: ``fn(artefact) -> Diagnosis`` on fresh broken runs.
+
+    By default every cause once, then 12 draws offset by the course seed; ``seeds`` (a non-empty list)
+    grades on those runs instead.
+    """
+    validate.function("fn", fn)  # check_diagnosis wraps fn, so run_check's own test would not see it
+    if seeds is None:
+        fresh = [1000 + 7 * course_seed() + i for i in range(12)]
+        seeds = list(range(len(CAUSES))) + fresh  # every cause at least once, then fresh draws
+    seeds = validate.seeds("seeds", seeds)
+    return check_diagnosis("diagnose_generations", fn, _broken_generation_run, seeds=seeds,
+                           evidence_ok=_evidence_ok, misconceptions=DIAGNOSIS_MISCONCEPTIONS,
+                           hint=DIAGNOSIS_HINTS)
+
+
+# ------------------------------------------------------------------------------------------------
+# Exercise 3 (fix): a collator that keeps the row's own eos when pad == eos
+# ------------------------------------------------------------------------------------------------
+
+def _collate_cases(n_cases: int = 6) -> list[Case]:
+    """Batches the notebook never shows: random ids ending in eos, pad == eos (and one pad != eos)."""
+    rng = random.Random(4242)
+    cases = []
+    for k in range(n_cases):
+        eos = rng.randint(0, 9)
+        pad = eos if k < n_cases - 1 else eos + 10  # the last case: a distinct pad token
+        examples = []
+        for _ in range(rng.randint(2, 5)):
+            body = [rng.randint(20, 400) for _ in range(rng.randint(3, 12))]
+            ex = {"input_ids": body + [eos]}
+            if k % 2:  # a prompt mask, as a chat or prompt-completion example carries
+                n_prompt = rng.randint(1, len(body) - 1)
+                ex["labels"] = [IGNORE_INDEX] * n_prompt + ex["input_ids"][n_prompt:]
+            examples.append(ex)
+        expected = {"reference": answers.collate_keep_eos(examples, pad), "examples": examples}
+        cases.append(Case((examples, pad), expected,
+                          label=f"{len(examples)} rows, {'with' if k % 2 else 'no'} prompt mask, "
+                                f"pad {'==' if pad == eos else '!='} eos",
+                          tag="prompt_mask" if k % 2 else "plain"))
+    return cases
+
+
+def _rows(batch: dict, examples: list[dict]):
+    """Per example: (its ids, its labels, the batch row's real ids, real labels, pad labels)."""
+    for i, e in enumerate(examples):
+        real = batch["attention_mask"][i] == 1
+        yield (list(e["input_ids"]), list(e.get("labels", e["input_ids"])),
+               batch["input_ids"][i][real].tolist(), batch["labels"][i][real].tolist(),
+               batch["labels"][i][~real].tolist())
+
+
+def _compare_collate(got, expected: dict) -> str | None:
+    examples, reference = expected["examples"], expected["reference"]
+    if not isinstance(got, dict) or not all(isinstance(got.get(k), torch.Tensor)
+                                            for k in ("input_ids", "attention_mask", "labels")):
+        return "expected a dict with tensors 'input_ids', 'attention_mask' and 'labels'"
+    shapes = {tuple(got[k].shape) for k in ("input_ids", "attention_mask", "labels")}
+    if shapes != {tuple(reference["input_ids"].shape)}:
+        return f"expected three tensors of shape {tuple(reference['input_ids'].shape)}, got {shapes}"
+    for i, (ids, labels, real_ids, real_labels, pad_labels) in enumerate(_rows(got, examples)):
+        if real_ids != ids:
+            return f"row {i}: the attention mask does not mark exactly the example's own tokens"
+        if real_labels != labels:
+            return f"row {i}: labels on the example's own tokens differ from its labels"
+        if any(x != IGNORE_INDEX for x in pad_labels):
+            return f"row {i}: a padding position carries a label"
+    return None
+
+
+def _diagnose_collate(got, case: Case) -> str | None:
+    examples, pad = case.args
+    if not isinstance(got, dict) or "labels" not in got:
+        return None
+    first = list(_rows(got, examples))
+    for ids, labels, real_ids, real_labels, pad_labels in first:
+        if real_ids != ids and len(real_ids) == len(got["input_ids"][0]):
+            return "the attention mask is all ones: the model would attend to (and the labels see) padding."
+        if real_ids != ids:
+            return None
+        if real_labels[-1] == IGNORE_INDEX and labels[-1] != IGNORE_INDEX and ids[-1] == pad:
+            return ("the row's own eos lost its label: you masked by pad *id*, and with pad == eos that "
+                    "erases every eos — mask by position (where the example ends) instead.")
+        if real_labels == ids and labels != ids:
+            return ("the prompt tokens carry labels: you cloned input_ids into labels and overwrote the "
+                    "example's prompt mask — start from the example's own labels.")
+        if pad_labels and all(x == pad for x in pad_labels):
+            return ("the padding carries labels (pad ids): the model is trained to write eos/pad again and "
+                    "again after the answer — padding positions must be -100.")
+        if pad_labels and pad_labels[-1] != IGNORE_INDEX:
+            return ("you kept the row's *last* eos — with pad == eos that is a pad; keep the first one "
+                    "(the example's own) and mask everything after it.")
+    return None
+
+
+COLLATE_HINTS = Hints(
+    question="With pad == eos, how can a collator tell the example's own eos from the padding after it, "
+             "if not by its id?",
+    pointer="Section 5d: TRL's collator masks by position (where each example ends), transformers' "
+            "by pad id. Pad with pad_token_id, but decide the -100s from each example's length.",
+    answer="for each example: ids + [pad]*k, mask [1]*len + [0]*k, "
+           "labels = e.get('labels', ids) + [-100]*k; return torch tensors")
+
+
+def check_collate_keep_eos(fn):
+    """Checker for exercise 3: ``fn(examples, pad_token_id) -> {input_ids, attention_mask, labels}``.
+
+    Property checks, so every correct collator passes (right or left padding, masking by length or
+    by keeping the first eos): the masked tokens are the example's own, their labels are its
+    labels, padding positions are -100.
+    """
+    return run_check("collate_keep_eos", fn, _collate_cases(), compare=_compare_collate,
+                     diagnose=_diagnose_collate, hint=COLLATE_HINTS)

@@ -1,0 +1,309 @@
+"""Lesson 06's exercises (NaN detective): a generated broken run to diagnose, and a guard to write.
+
+- ``broken_run(seed)``: the log of a QLoRA run that went wrong — the artefact only; the checker's
+  private ``_broken_run(seed)`` also returns what broke it. ``show_run`` prints one as a learner sees it.
+- ``check_diagnosis_run``: grades ``diagnose(run) -> Diagnosis(cause, evidence)`` on fresh runs, one
+  of ``nan_detective.CAUSES`` each, with the misconception behind each wrong cause.
+- ``check_guard``: grades ``guard(model, control)`` (what ``nan_detective.GuardCallback`` runs before
+  every optimizer step) on planted non-finite gradients and a healthy control.
+
+The reference answers are in ``course_utils.exercises.answers.lesson06``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+import torch
+
+from .. import validate
+from ..checks import Case, Diagnosis, Hints, check_diagnosis, run_check
+from ..model import course_seed
+from ..nan_detective import CAUSES, FP16_MAX
+
+# ------------------------------------------------------------------------------------------------
+# Exercise 1 (diagnosis): an unseen broken run, generated
+# ------------------------------------------------------------------------------------------------
+
+_MODULES = ("embed_tokens", "layers.0.self_attn.o_proj", "layers.0.mlp.up_proj", "layers.0.mlp.down_proj",
+            "layers.1.self_attn.o_proj", "layers.1.mlp.up_proj", "layers.1.mlp.down_proj", "norm", "lm_head")
+
+
+def broken_run(seed: int) -> dict:
+    """A Trainer-style log of a QLoRA run that went wrong: what a practitioner would have, not what
+    broke it (that is for the learner to find, and for the checker to know).
+
+    ``run`` = ``{"config", "log", "activation_max"}``: the config (lr, storage dtype, compute dtype),
+    one log row per step as the Trainer logs it (``loss`` — with ``logging_nan_inf_filter`` on, so a
+    NaN loss shows as 0.0 —, ``grad_norm``, ``n_tokens``), and the largest |output| of each module per
+    step (forward hooks, execution order). Causes: all labels masked (a hand-written masked mean:
+    NaN gradients), float16 overflow in one module, a learning rate too high (the backward overflows
+    first), and a look-alike from lesson 05: TRL's clamped mean on an empty batch, a *silent* 0.0
+    with zero gradients and no NaN anywhere. One seed, one run: the same seed gives the same run.
+    """
+    validate.seed("seed", seed)
+    return _broken_run(seed)[0]
+
+
+def _broken_run(seed: int) -> tuple[dict, Diagnosis]:
+    """``(run, truth)``: ``broken_run(seed)`` and what broke it. The truth's evidence: the first bad
+    step, or for fp16 the first module (in execution order) whose output is inf."""
+    rng = random.Random(seed)
+    cause = CAUSES[seed % len(CAUSES)]
+    n = rng.randint(10, 14)
+    k = rng.randint(4, n - 3)  # the first bad step
+    lr = rng.choice((1e-4, 2e-4, 5e-4, 1e-3))
+    storage = rng.choice(("float16", "bfloat16", "float32"))
+    if cause == "fp16_overflow":
+        storage = "float16"
+    if cause == "learning_rate_too_high":
+        lr, storage = rng.choice((0.3, 1.0, 3.0)), rng.choice(("bfloat16", "float32"))
+    compute = storage if storage != "float32" else rng.choice(("float32", "bfloat16"))
+    base = {m: rng.uniform(2.0, 30.0) for m in _MODULES}
+    loss0, nan = rng.uniform(9.0, 12.0), float("nan")
+    culprit = rng.choice([m for m in _MODULES if "mlp" in m])
+    log, acts = [], {m: [] for m in _MODULES}
+    for step in range(1, n + 1):
+        loss = loss0 * (0.75 + 0.25 * math.exp(-step / 3)) + rng.uniform(-0.3, 0.3)
+        norm = rng.uniform(1.0, 6.0) * (3.0 if step <= 2 else 1.0)
+        tokens = rng.randint(35, 60)
+        grow = {m: 1.0 for m in _MODULES}
+        dead = False
+        if cause == "learning_rate_too_high":
+            blow = 4.0 ** max(0, step - 1)
+            grow = {m: blow for m in _MODULES}
+            norm *= blow if step < k else 1.0
+            loss = loss0 * (1.0 + 0.2 * max(0, step - k + 3)) if step <= k else loss
+            if step == k:
+                norm = float("inf")  # the backward overflows while the forward is still finite
+            dead = step > k
+        elif cause == "fp16_overflow":
+            g = (FP16_MAX / base[culprit]) ** (min(step, k) / k)
+            grow[culprit] = g
+            grow.update({m: min(g, 1.5) for m in _MODULES if m != culprit})
+            dead = step >= k
+        elif cause in ("all_masked_labels", "silent_zero_loss"):
+            if step == k or (cause == "silent_zero_loss" and step == k + rng.choice((1, 2))):
+                tokens = 0
+            dead = cause == "all_masked_labels" and step >= k
+        for i, m in enumerate(_MODULES):
+            value = base[m] * grow[m] * rng.uniform(0.9, 1.1)
+            if cause == "fp16_overflow" and step >= k:
+                after = i > _MODULES.index(culprit) or step > k
+                value = float("inf") if m == culprit else (nan if after else value)
+            elif dead and not (cause == "all_masked_labels" and step == k) and not (
+                    cause == "learning_rate_too_high" and step == k):
+                value = nan
+            acts[m].append(min(value, FP16_MAX) if (storage == "float16" and math.isfinite(value)) else value)
+        if cause == "silent_zero_loss" and tokens == 0:
+            loss, norm = 0.0, 0.0
+        elif dead or (cause == "all_masked_labels" and step == k):
+            loss, norm = 0.0, nan  # the Trainer logs a NaN loss as 0.0; grad_norm is unfiltered
+        log.append({"step": step, "loss": round(loss, 4), "grad_norm": norm, "n_tokens": tokens})
+    config = {"learning_rate": lr, "dtype": storage, "bnb_4bit_compute_dtype": compute,
+              "optim": "adamw_torch", "logging_nan_inf_filter": True}
+    evidence = culprit if cause == "fp16_overflow" else k
+    return {"config": config, "log": log, "activation_max": acts}, Diagnosis(cause, evidence)
+
+
+def show_run(run: dict) -> None:
+    """Print a generated run as a learner would see it: the config, then one line per step with the
+    Trainer's log and each module's largest |activation| (execution order, left to right)."""
+    if not (isinstance(run, dict) and {"config", "log", "activation_max"} <= set(run)):
+        raise TypeError(f"run must be a run from broken_run(seed), got {type(run).__name__} — show_run "
+                        "prints its config, log and activations — pass run = broken_run(seed).")
+    print("config:", run["config"])
+    modules = list(run["activation_max"])
+    short = [m.replace("layers.", "L").replace("self_attn.", "").replace("mlp.", "") for m in modules]
+    print(f"{'':31}| largest |output| per module (execution order →)")
+    print(f"{'step':>4} {'loss':>8} {'grad_norm':>10} {'n_tok':>5} | " + " ".join(f"{s:>9}" for s in short))
+    for i, row in enumerate(run["log"]):
+        values = " ".join(f"{run['activation_max'][m][i]:9.3g}" for m in modules)
+        print(f"{row['step']:4d} {row['loss']:8.4g} {row['grad_norm']:10.4g} {row['n_tokens']:5d} | {values}")
+
+
+_MISCONCEPTIONS = {
+    ("all_masked_labels", "fp16_overflow"): (
+        "a logged loss of 0.0 is what the Trainer shows for *any* NaN step (logging_nan_inf_filter); "
+        "n_tokens of that step is normal — read the activations of that step"),
+    ("all_masked_labels", "learning_rate_too_high"): (
+        "a logged 0.0 is any NaN; this step still had supervised tokens — "
+        "what did the gradient norm do first?"),
+    ("all_masked_labels", "silent_zero_loss"): (
+        "n_tokens is 0 there, but the gradient norm is exactly 0.0, not NaN, and the run goes on finite: "
+        "the loss was clamped (sum / max(count, 1)), a silent zero, not a NaN"),
+    ("silent_zero_loss", "all_masked_labels"): (
+        "the empty step's gradient norm is NaN and every step after it is dead: the mean was 0/0 and "
+        "its NaN gradients reached the weights"),
+    ("fp16_overflow", "all_masked_labels"): (
+        "float16 storage alone is not evidence: at the first bad step no activation is inf, "
+        "and n_tokens is 0"),
+    ("fp16_overflow", "silent_zero_loss"): (
+        "float16 storage alone is not evidence: nothing is inf or NaN here at all"),
+    ("fp16_overflow", "learning_rate_too_high"): (
+        "this run is not float16, and at the first bad step the forward is finite: the gradient norm "
+        "turned inf first, after growing for several steps"),
+    ("learning_rate_too_high", "fp16_overflow"): (
+        "the gradient norm did not climb first: one module's activation reached inf (float16's ceiling "
+        "is 65504) while the others stayed small"),
+    ("learning_rate_too_high", "all_masked_labels"): (
+        "the bad step has n_tokens 0: no token carried loss, whatever the learning rate"),
+    ("learning_rate_too_high", "silent_zero_loss"): (
+        "nothing here is inf or NaN: a 0.0 loss with a 0.0 gradient norm on a step with n_tokens 0"),
+}
+
+DIAGNOSIS_HINTS = Hints(
+    question="Which step is the first one that is not healthy — and at that step, which of n_tokens, "
+             "grad_norm and the activations is unusual?",
+    pointer="Section 3 (the step, the module) and 2d (no targets): a logged 0.0 can be a NaN (section 1). "
+            "Read grad_norm of the first odd step: 0.0, NaN or inf? Then the activations of that step.",
+    answer="n_tokens 0 at the first odd step: grad_norm 0.0 → silent_zero_loss, NaN → all_masked_labels "
+           "(evidence: that step). Else, an inf activation at that step → fp16_overflow (evidence: the "
+           "first module in execution order that is inf). Else learning_rate_too_high (evidence: the "
+           "first step whose grad_norm is not finite).")
+
+
+def _evidence_ok(got, truth: Diagnosis) -> bool:
+    if isinstance(truth.evidence, str):  # a module: accept the full name or a path that ends with it
+        return isinstance(got, str) and bool(got) and (got == truth.evidence or got.endswith(truth.evidence))
+    return not isinstance(got, bool) and isinstance(got, int) and got == truth.evidence
+
+
+def check_diagnosis_run(fn, seeds: Sequence[int] | None = None):
+    """Checker for exercise 1: ``fn(run) -> Diagnosis(cause, evidence)`` on fresh ``broken_run``s.
+    ``seeds``: the runs to grade on (default: 12 the notebook never shows, three of each cause)."""
+    validate.function("fn", fn)  # not an answer yet (e.g. diagnose(run) called): say so, do not grade it
+    if seeds is None:  # three of each cause, never shown in the notebook
+        seeds = [1000 + 17 * course_seed() + i for i in range(12)]
+    seeds = validate.seeds("seeds", seeds)
+    return check_diagnosis("diagnose_run", fn, _broken_run, seeds=seeds, evidence_ok=_evidence_ok,
+                           misconceptions=_MISCONCEPTIONS, hint=DIAGNOSIS_HINTS)
+
+
+# ------------------------------------------------------------------------------------------------
+# Exercise 2 (fix): the guard a GuardCallback runs before each optimizer step
+# ------------------------------------------------------------------------------------------------
+
+class _Control:
+    """Stands in for transformers' ``TrainerControl`` (the guard only sets ``should_training_stop``)."""
+
+    def __init__(self):
+        self.should_training_stop = False
+
+
+class _TwoLayers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.frozen = torch.nn.Linear(3, 4)
+        self.first = torch.nn.Linear(4, 4)
+        self.second = torch.nn.Linear(4, 2)
+        self.frozen.requires_grad_(False)  # like a 4-bit base layer: no gradient at all
+
+    def forward(self, x):
+        return self.second(torch.relu(self.first(self.frozen(x))))
+
+
+def _guard_case(bad: Sequence[tuple[str, float]], seed: int):
+    """A model after one healthy AdamW step and one more backward, with ``bad`` gradients planted."""
+    torch.manual_seed(seed)
+    model = _TwoLayers()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(5, 3)).pow(2).mean().backward()
+        if _ == 0:
+            opt.step()
+    params = dict(model.named_parameters())
+    for name, value in bad:
+        params[name].grad.view(-1)[seed % params[name].numel()] = value
+    return model, opt
+
+
+_GUARD_CASES = (  # (tag, bad gradients, expected name)
+    ("healthy", (), None),
+    ("nan", (("first.weight", float("nan")),), "first.weight"),
+    ("inf", (("second.bias", float("inf")),), "second.bias"),
+    ("neg_inf_two", (("first.bias", float("-inf")), ("second.weight", float("nan"))), "first.bias"),
+)
+
+
+def _run_guard(fn, tag: str, seed: int):
+    bad, expected = next((b, e) for t, b, e in _GUARD_CASES if t == tag)
+    model, opt = _guard_case(bad, seed)
+    before = {n: (None if p.grad is None else p.grad.clone()) for n, p in model.named_parameters()}
+    control = _Control()
+    found = fn(model, control)
+    grads_after = {n: p.grad for n, p in model.named_parameters()}
+    opt.step()  # the Trainer calls optimizer.step() right after the callback, whatever it decided
+    return {"found": found, "stopped": control.should_training_stop, "before": before,
+            "grads_after": grads_after, "weights_finite": all(bool(torch.isfinite(p).all())
+                                                               for p in model.parameters()),
+            "expected": expected}
+
+
+def _same(a, b) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+
+
+def _compare_guard(got, _expected):
+    if got["expected"] is None:
+        if got["found"]:
+            return f"the gradients are all finite, but your guard returned {got['found']!r}"
+        if got["stopped"]:
+            return "the gradients are all finite, but your guard stopped the run"
+        changed = [n for n, g in got["grads_after"].items() if not _same(g, got["before"][n])]
+        if changed:
+            return f"the gradients are all finite, but your guard changed {changed[0]}'s gradient"
+        return None
+    name = got["found"]
+    expected = got["expected"]
+    if not (isinstance(name, str) and name and (name == expected or expected.startswith(name + "."))):
+        return f"expected the first parameter with a non-finite gradient ({expected!r}), got {name!r}"
+    if not got["stopped"]:
+        return "you found it, but control.should_training_stop is still False: the run goes on"
+    if not got["weights_finite"]:
+        return ("you stopped the run, but the optimizer step that follows wrote the non-finite gradient "
+                "into the weights")
+    return None
+
+
+def _diagnose_guard(got, case: Case):
+    if case.tag == "healthy":
+        return None
+    if got["found"] is None:
+        grads = [g for g in got["before"].values() if g is not None]
+        bad = [g for g in grads if not bool(torch.isfinite(g).all())]
+        if bad and not any(bool(v.isnan().any()) for v in bad):
+            return "this gradient holds an inf, not a NaN: `isnan` misses it — test with torch.isfinite."
+        return ("nothing found: look at each parameter's .grad (the weights are still finite before the "
+                "step), skip parameters whose .grad is None, and test with torch.isfinite.")
+    if isinstance(got["found"], str) and got["found"] != got["expected"] and case.tag == "neg_inf_two":
+        return "two parameters are bad here: name the first one in model.named_parameters() order."
+    if got["found"] and not got["stopped"]:
+        return "set control.should_training_stop = True: the Trainer reads it after the step."
+    if got["stopped"] and not got["weights_finite"]:
+        return ("stopping is not enough: the Trainer still calls optimizer.step() for this step, right after "
+                "the callback. Drop (or zero) the gradients so the step cannot spread the NaN.")
+    return None
+
+
+GUARD_HINTS = Hints(
+    question="Where is the NaN before optimizer.step(): in the weights, or in their .grad? And what does "
+             "the Trainer do right after your callback returns?",
+    pointer="Section 3d (clip_grad_norm_ with error_if_nonfinite) and section 5: torch.isfinite catches inf "
+            "and NaN; frozen 4-bit weights have .grad None; the Trainer reads control.should_training_stop "
+            "only after optimizer.step().",
+    answer="for name, p in model.named_parameters(): if p.grad is not None and not torch.isfinite(p.grad)."
+           "all(): model.zero_grad(set_to_none=True); control.should_training_stop = True; return name — "
+           "after the loop, return None.")
+
+
+def check_guard(fn):
+    """Checker for exercise 2: ``fn(model, control) -> str | None`` — see the notebook's exercise text."""
+    validate.function("fn", fn)
+    cases = [Case((tag, 3 + i), None, label=f"gradients: {tag}", tag=tag)
+             for i, (tag, _, _) in enumerate(_GUARD_CASES)]
+    return run_check("guard", lambda tag, seed: _run_guard(fn, tag, seed), cases, compare=_compare_guard,
+                     diagnose=_diagnose_guard, hint=GUARD_HINTS)

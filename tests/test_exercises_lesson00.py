@@ -1,0 +1,198 @@
+"""Lesson 00's exercises (course_utils.exercises.lesson00): each checker accepts its reference and a second
+correct answer, reports the stub as not implemented, rejects each known wrong answer naming its
+misconception; the diagnosis generator covers every cause; bad non-learner arguments are refused."""
+
+import inspect
+
+import pytest
+from conftest import stub
+
+from course_utils.checks import Diagnosis
+from course_utils.data import IGNORE_INDEX
+from course_utils.exercises import lesson00 as ex
+from course_utils.exercises.answers import lesson00
+
+NOT_IMPLEMENTED = "⏳ not implemented yet: replace the `raise NotImplementedError`"  # checks.run_check
+
+
+# ---- exercise 2 (fix): assistant_only_labels --------------------------------------------------------
+
+def _without_newlines(tokenizer, input_ids):
+    """A second correct answer: the answer tokens and <|im_end|>, but not the whitespace around them."""
+    labels = lesson00.assistant_only_labels(tokenizer, input_ids)
+    return [IGNORE_INDEX if lab != IGNORE_INDEX and tokenizer.decode([lab]).strip() == "" else lab
+            for lab in labels]
+
+
+def _whole(tokenizer, input_ids):
+    """Grades the whole sequence: the prompt and the system text carry loss too."""
+    return list(input_ids)
+
+
+def _no_stop(tokenizer, input_ids):
+    """Leaves <|im_end|> out of the labels: the model never learns to stop."""
+    labels = lesson00.assistant_only_labels(tokenizer, input_ids)
+    eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    return [IGNORE_INDEX if lab == eot else lab for lab in labels]
+
+
+def _shifted(tokenizer, input_ids):
+    """Shifts the labels by hand (labels[i] = input_ids[i + 1]): the model shifts them again."""
+    labels = lesson00.assistant_only_labels(tokenizer, input_ids)
+    return [input_ids[i + 1] if lab != IGNORE_INDEX and i + 1 < len(input_ids) else IGNORE_INDEX
+            for i, lab in enumerate(labels)]
+
+
+def _first_turn_only(tokenizer, input_ids):
+    """Grades the first assistant turn only: later turns of a multi-turn chat are not trained."""
+    labels, seen_end = lesson00.assistant_only_labels(tokenizer, input_ids), False
+    eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    out = []
+    for lab in labels:
+        out.append(IGNORE_INDEX if seen_end else lab)
+        seen_end = seen_end or lab == eot
+    return out
+
+
+# ---- exercise 1 (diagnosis): label_diagnosis ----------------------------------------------------------
+
+def _diagnose_other_order(example):
+    """A second correct diagnosis: counts first, then looks at the stop token and the header."""
+    n = sum(label != IGNORE_INDEX for label in example["labels"])
+    rows = zip(example["tokens"], example["labels"], example["input_ids"])
+    pairs = [(tok, lab == i) for tok, lab, i in rows if lab != IGNORE_INDEX]
+    if n == 0:
+        cause = "nothing_graded"
+    elif not all(same for _, same in pairs):
+        cause = "shifted_labels"
+    elif "<|im_start|>" in [tok for tok, _ in pairs]:
+        cause = "whole_sequence"
+    elif "<|im_end|>" in [tok for tok, _ in pairs]:
+        cause = "correct"
+    else:
+        cause = "stop_token_not_graded"
+    return Diagnosis(cause, n)
+
+
+def always_correct(example):
+    """Memorised: every example is "correct" (with the right count), whatever its labels show."""
+    return Diagnosis("correct", sum(lab != IGNORE_INDEX for lab in example["labels"]))
+
+
+def cause_without_diagnosis(example):
+    """Returns the cause as a bare string instead of a Diagnosis(cause, evidence)."""
+    return lesson00.diagnose_labels(example).cause
+
+
+def counts_every_token(example):
+    """Right cause, but the evidence counts every label, -100 included, not the graded tokens."""
+    return Diagnosis(lesson00.diagnose_labels(example).cause, len(example["labels"]))
+
+
+# ---- the tables -----------------------------------------------------------------------------------
+
+CHECKERS = {  # name: (run(fn, tokenizer), reference)
+    "assistant_only_labels": (ex.check_assistant_only_labels, lesson00.assistant_only_labels),
+    "label_diagnosis": (ex.check_label_diagnosis, lesson00.diagnose_labels),
+}
+ALSO_CORRECT = [("assistant_only_labels", _without_newlines), ("label_diagnosis", _diagnose_other_order)]
+WRONG = [
+    ("assistant_only_labels", _whole, "whole sequence"),
+    ("assistant_only_labels", _no_stop, "never learn to stop"),
+    ("assistant_only_labels", _shifted, "shifted by one"),
+    ("assistant_only_labels", _first_turn_only, "every assistant turn"),
+    ("label_diagnosis", always_correct, "is not what broke"),
+    ("label_diagnosis", cause_without_diagnosis, "expected a Diagnosis"),
+    ("label_diagnosis", counts_every_token, "evidence"),
+]
+
+
+def test_every_checker_of_the_lesson_is_in_the_table():
+    found = {name[len("check_"):] for name, fn in vars(ex).items()
+             if name.startswith("check_") and inspect.isfunction(fn) and fn.__module__ == ex.__name__}
+    assert found == set(CHECKERS)
+    assert {name for name, _ in ALSO_CORRECT} == set(CHECKERS) == {name for name, _, _ in WRONG}
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_reference_is_accepted_and_the_stub_is_not_implemented(name, tokenizer, capsys):
+    check, reference = CHECKERS[name]
+    result = check(reference, tokenizer)
+    assert result, result.message
+    result = check(stub, tokenizer)
+    assert not result and result.message.startswith(NOT_IMPLEMENTED), result.message
+    assert NOT_IMPLEMENTED in capsys.readouterr().out, "the learner must see it"
+
+
+@pytest.mark.parametrize("name, answer", ALSO_CORRECT, ids=[a.__name__ for _, a in ALSO_CORRECT])
+def test_another_correct_answer_is_accepted(name, answer, tokenizer, capsys):
+    result = CHECKERS[name][0](answer, tokenizer)
+    assert result, result.message
+
+
+@pytest.mark.parametrize("name, wrong, phrase", WRONG, ids=[w.__name__ for _, w, _ in WRONG])
+def test_wrong_answer_is_rejected_with_its_misconception(name, wrong, phrase, tokenizer, capsys):
+    result = CHECKERS[name][0](wrong, tokenizer)
+    assert not result
+    assert phrase in result.message, result.message
+    assert phrase in capsys.readouterr().out, "the learner must see it"
+
+
+def test_the_first_hint_holds_no_code_and_the_last_level_does(tokenizer, capsys):
+    result = ex.check_assistant_only_labels(stub, tokenizer)
+    levels = [result.hint() for _ in range(3)]
+    assert "labels[i] = input_ids[i]" not in levels[0] and "labels[i] = input_ids[i]" in levels[2]
+
+
+# ---- the generator ----------------------------------------------------------------------------------
+
+def test_diagnosis_generator_covers_every_cause_and_hands_out_the_artefact_only(tokenizer):
+    causes = {ex._labelled_case(tokenizer, seed)[1].cause for seed in range(1000, 1010)}
+    assert causes == set(ex.LABEL_CAUSES)
+    example = ex.unseen_labelled_example(tokenizer, 3)
+    assert set(example) == {"input_ids", "labels", "tokens"}, "the public function names no cause"
+    assert example == ex._labelled_case(tokenizer, 3)[0]
+
+
+# ---- bad input: what / why / fix (issue 36) ---------------------------------------------------------
+
+@pytest.mark.parametrize("seeds", [[], (), range(0)], ids=["list", "tuple", "range"])
+def test_label_diagnosis_with_no_seeds_raises_instead_of_passing(seeds, tokenizer):
+    """Zero cases used to be "✅ all 0 cases pass" for any function, the stub included."""
+    with pytest.raises(ValueError, match="seeds must be a non-empty list of ints.* — "):
+        ex.check_label_diagnosis(stub, tokenizer, seeds=seeds)
+
+
+@pytest.mark.parametrize("seeds, words", [("0123", "non-empty list of ints"), ([1, None], r"seeds\[1\]=None"),
+                                          ([-1], r"seeds\[0\]=-1")])
+def test_label_diagnosis_refuses_bad_seeds(seeds, words, tokenizer):
+    with pytest.raises(ValueError, match=words):
+        ex.check_label_diagnosis(lesson00.diagnose_labels, tokenizer, seeds=seeds)
+
+
+def test_label_diagnosis_grades_the_seeds_it_is_given(tokenizer, capsys):
+    assert ex.check_label_diagnosis(lesson00.diagnose_labels, tokenizer, seeds=[7, 8])
+    assert "all 2 cases pass" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("call", [
+    lambda tok: ex.check_label_diagnosis(lesson00.diagnose_labels, None),
+    lambda tok: ex.check_assistant_only_labels(lesson00.assistant_only_labels, "Qwen/Qwen2.5-0.5B"),
+    lambda tok: ex.unseen_labelled_example(None, 0),
+], ids=["label_diagnosis", "assistant_only_labels", "unseen_labelled_example"])
+def test_a_missing_tokenizer_is_refused(call, tokenizer):
+    with pytest.raises(TypeError, match="must be a transformers tokenizer, got .* — "):
+        call(tokenizer)
+
+
+@pytest.mark.parametrize("seed, words", [(None, "seed=None"), (-1, "seed=-1"), ("3", "seed='3'")])
+def test_unseen_labelled_example_refuses_a_seed_that_is_not_one(seed, words, tokenizer):
+    with pytest.raises(ValueError, match=words):
+        ex.unseen_labelled_example(tokenizer, seed)
+
+
+def test_a_wrong_answer_that_raises_is_reported_not_raised(tokenizer, capsys):
+    result = ex.check_assistant_only_labels(lambda tok, ids: ids[10_000], tokenizer)
+    assert not result and "your function raised IndexError" in result.message
+    result = ex.check_label_diagnosis(lambda example: example["cause"], tokenizer)
+    assert not result and "your function raised KeyError" in result.message

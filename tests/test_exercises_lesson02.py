@@ -1,0 +1,311 @@
+"""Lesson 02's exercises (``course_utils.exercises.lesson02``): each checker accepts its reference answer
+and a second correct one, reports the stub as not implemented, and rejects each known wrong answer with
+its misconception; the diagnosis generator draws every cause; the graders refuse bad set-up arguments.
+
+(Moved out of ``tests/test_checkers.py``: the same three tables, for this lesson only.)
+"""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import stub
+
+from course_utils.checks import Diagnosis
+from course_utils.data import IGNORE_INDEX
+from course_utils.exercises import lesson02 as ex
+from course_utils.exercises.answers import lesson02
+
+NOT_IMPLEMENTED = "⏳ not implemented yet: replace the `raise NotImplementedError`"  # checks.run_check
+
+def stop_ids_by_token_scan(tokenizer):
+    """A second correct answer: tokenize the whole rendering and scan from the answer's last token."""
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "zebra"},
+                {"role": "user", "content": "b"}]
+    enc = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
+    answer = tokenizer("zebra", add_special_tokens=False)["input_ids"]
+    start = next(i for i in range(len(enc)) if enc[i:i + len(answer)] == answer) + len(answer)
+    special = set(tokenizer.all_special_ids) | set(tokenizer.get_added_vocab().values())
+    eot = next(t for t in enc[start:] if t in special)
+    return list(dict.fromkeys([tokenizer.eos_token_id, eot]))
+
+
+def only_the_eos(tokenizer):
+    """Stops on the tokenizer's eos only: a chat model ends its turn with another token."""
+    return [tokenizer.eos_token_id]
+
+
+def hard_coded_im_end(tokenizer):
+    """Hard-codes <|im_end|>: right for Qwen, wrong for a family with another end-of-turn token."""
+    return [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+
+def only_the_end_of_turn(tokenizer):
+    """Drops the tokenizer's eos: a plain-text continuation no longer stops."""
+    return [tokenizer.convert_tokens_to_ids(lesson02.end_of_turn_token(tokenizer))]
+
+
+def the_turn_opener(tokenizer):
+    """Takes <|im_start|>, the turn *opener*, for the token that ends a turn."""
+    return [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_start|>")]
+
+
+def diagnose_generations_other_order(artefact):
+    """A second correct answer: graded span first, padding look-alike by the rows, all rows as evidence."""
+    gens, cfg = artefact["generations"], artefact["generate_config"]
+    stop = artefact["end_of_turn_token"] if artefact["format"] == "chat" else artefact["eos_token"]
+    if not any(stop in row for row in artefact["graded_span"]):
+        cause = "pad_equals_eos" if artefact["pad_token"] == stop and artefact["format"] == "plain" \
+            else "stop_token_not_graded"
+        return Diagnosis(cause, stop)
+    if not cfg["attention_mask_passed"]:
+        longest = max(len(g["prompt_tokens"]) for g in gens)
+        return Diagnosis("left_padding_without_mask",
+                         [i for i, g in enumerate(gens) if len(g["prompt_tokens"]) < longest])
+    if stop not in cfg["eos_tokens"]:
+        return Diagnosis("wrong_stop_ids", stop)
+    return Diagnosis("max_new_tokens_too_small", cfg["max_new_tokens"])
+
+
+def always_wrong_stop_ids(artefact):
+    """Memorised: every run that does not stop has the wrong stop ids."""
+    return Diagnosis("wrong_stop_ids", artefact["end_of_turn_token"])
+
+
+def always_stop_token_not_graded(artefact):
+    """Memorised: every run that does not stop never saw its stop token graded."""
+    return Diagnosis("stop_token_not_graded", artefact["end_of_turn_token"])
+
+
+def _never_pad_eos(artefact):
+    """Never suspects pad == eos: takes that look-alike for an ungraded stop token."""
+    truth = lesson02.diagnose_generations(artefact)
+    if truth.cause == "pad_equals_eos":
+        return Diagnosis("stop_token_not_graded", truth.evidence)
+    return truth
+
+
+def _ignores_padding(artefact):
+    """Calls every run that does not stop a graded-span bug: misses lesson 03's look-alike."""
+    truth = lesson02.diagnose_generations(artefact)
+    if truth.cause == "left_padding_without_mask":
+        return Diagnosis("stop_token_not_graded", artefact["end_of_turn_token"])
+    return truth
+
+
+def _wrong_evidence(artefact):
+    """Right cause, but "row 0" as the evidence, whatever the run shows."""
+    truth = lesson02.diagnose_generations(artefact)
+    return Diagnosis(truth.cause, "row 0")
+
+
+def collate_left(examples, pad_token_id):
+    """A second correct answer: left padding."""
+    width = max(len(e["input_ids"]) for e in examples)
+    rows = [(width - len(e["input_ids"]), list(e["input_ids"]), list(e.get("labels", e["input_ids"])))
+            for e in examples]
+    return {"input_ids": torch.tensor([[pad_token_id] * k + ids for k, ids, _ in rows]),
+            "attention_mask": torch.tensor([[0] * k + [1] * len(ids) for k, ids, _ in rows]),
+            "labels": torch.tensor([[IGNORE_INDEX] * k + labels for k, _, labels in rows])}
+
+
+def collate_pad_id_then_first_eos(examples, pad_token_id):
+    """A third correct answer, the common fix: mask by pad id, then restore the first eos of each row."""
+    batch = lesson02.collate_keep_eos(examples, pad_token_id)
+    labels = batch["input_ids"].clone()
+    for i, e in enumerate(examples):
+        if "labels" in e:
+            labels[i, :len(e["labels"])] = torch.tensor(e["labels"])
+    labels[batch["input_ids"] == pad_token_id] = IGNORE_INDEX
+    for i, e in enumerate(examples):
+        eos_id = e["input_ids"][-1]
+        first = int((batch["input_ids"][i] == eos_id).nonzero()[0, 0])
+        labels[i, first] = eos_id
+        labels[i, first + 1:] = IGNORE_INDEX
+    batch["labels"] = labels
+    return batch
+
+
+def _pad_id_masking(examples, pad):
+    """Masks by pad id, as transformers' collator does: with pad == eos, the eos is masked too."""
+    batch = lesson02.collate_keep_eos(examples, pad)
+    batch["labels"] = batch["input_ids"].clone()
+    batch["labels"][batch["input_ids"] == pad] = IGNORE_INDEX  # transformers' collator: by id
+    return batch
+
+
+def _ignores_prompt_mask(examples, pad):
+    """Builds labels from input_ids: the example's own prompt mask is overwritten."""
+    return lesson02.collate_keep_eos([{"input_ids": e["input_ids"]} for e in examples], pad)
+
+
+def _trains_padding(examples, pad):
+    """Labels the padding positions: the model is trained to write pad after pad."""
+    batch = lesson02.collate_keep_eos(examples, pad)
+    batch["labels"] = torch.where(batch["attention_mask"] == 1, batch["labels"], batch["input_ids"])
+    return batch
+
+
+def _keeps_last_eos(examples, pad):
+    """Keeps the row's *last* eos (a pad, when pad == eos) instead of its first."""
+    batch = lesson02.collate_keep_eos(examples, pad)
+    batch["labels"][:, -1] = batch["input_ids"][:, -1]
+    return batch
+
+
+def _all_ones_mask(examples, pad):
+    """An all-ones attention mask: the real tokens attend to the padding."""
+    batch = lesson02.collate_keep_eos(examples, pad)
+    batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
+    return batch
+
+
+
+
+# =================================================================================================
+# The tables
+# =================================================================================================
+
+CHECKERS = [
+    ("stop_token_ids", lambda fn, tok: ex.check_stop_token_ids(fn, tok), lesson02.stop_token_ids),
+    ("diagnosis_exercise", lambda fn, tok: ex.check_diagnosis_exercise(fn), lesson02.diagnose_generations),
+    ("collate_keep_eos", lambda fn, tok: ex.check_collate_keep_eos(fn), lesson02.collate_keep_eos),
+]
+RUN = {name: run for name, run, _ in CHECKERS}
+
+ALSO_CORRECT = [
+    ("stop_token_ids", stop_ids_by_token_scan),
+    ("diagnosis_exercise", diagnose_generations_other_order),
+    ("collate_keep_eos", collate_left),
+    ("collate_keep_eos", collate_pad_id_then_first_eos),
+]
+
+WRONG = [
+    ("stop_token_ids", only_the_eos, "you returned only the tokenizer's eos"),
+    ("stop_token_ids", hard_coded_im_end, "you hard-coded <|im_end|>"),
+    ("stop_token_ids", only_the_end_of_turn, "keep the tokenizer's eos"),
+    ("stop_token_ids", the_turn_opener, "turn *opener*"),
+    ("diagnosis_exercise", always_wrong_stop_ids, "no reply contains the end-of-turn token"),
+    ("diagnosis_exercise", always_stop_token_not_graded, "the model DOES write the end-of-turn token"),
+    ("diagnosis_exercise", _never_pad_eos, "which collator built the labels"),
+    ("diagnosis_exercise", _ignores_padding, "only padded rows are garbled"),
+    ("diagnosis_exercise", _wrong_evidence, "does not show it"),
+    ("collate_keep_eos", _pad_id_masking, "you masked by pad *id*"),
+    ("collate_keep_eos", _ignores_prompt_mask, "overwrote the example's prompt mask"),
+    ("collate_keep_eos", _trains_padding, "the padding carries labels"),
+    ("collate_keep_eos", _keeps_last_eos, "you kept the row's *last* eos"),
+    ("collate_keep_eos", _all_ones_mask, "the attention mask is all ones"),
+]
+
+
+@pytest.mark.parametrize("name, run, reference", CHECKERS, ids=[row[0] for row in CHECKERS])
+def test_reference_is_accepted(name, run, reference, tokenizer, capsys):
+    result = run(reference, tokenizer)
+    assert result, result.message
+
+
+@pytest.mark.parametrize("name, run, reference", CHECKERS, ids=[row[0] for row in CHECKERS])
+def test_stub_is_rejected_as_not_implemented(name, run, reference, tokenizer, capsys):
+    result = run(stub, tokenizer)
+    assert not result
+    assert result.message.startswith(NOT_IMPLEMENTED), result.message
+    assert NOT_IMPLEMENTED in capsys.readouterr().out, "the learner must see it"
+
+
+@pytest.mark.parametrize("name, answer", ALSO_CORRECT,
+                         ids=[f"{name} {answer.__name__}" for name, answer in ALSO_CORRECT])
+def test_another_correct_answer_is_accepted(name, answer, tokenizer, capsys):
+    result = RUN[name](answer, tokenizer)
+    assert result, result.message
+
+
+@pytest.mark.parametrize("name, wrong, phrase", WRONG,
+                         ids=[f"{name} {wrong.__name__}" for name, wrong, _ in WRONG])
+def test_wrong_answer_is_rejected_with_its_misconception(name, wrong, phrase, tokenizer, capsys):
+    result = RUN[name](wrong, tokenizer)
+    assert not result
+    assert phrase in result.message, result.message
+    assert phrase in capsys.readouterr().out, "the learner must see it"
+
+
+def test_every_checker_is_in_the_tables_with_a_second_correct_answer_and_a_wrong_one():
+    checkers = {name.removeprefix("check_") for name, obj in vars(ex).items()
+                if name.startswith("check_") and getattr(obj, "__module__", "") == ex.__name__}
+    assert checkers == set(RUN)
+    assert {name for name, _ in ALSO_CORRECT} == set(RUN)
+    assert {name for name, _, _ in WRONG} == set(RUN)
+    named = [fn for _, fn in ALSO_CORRECT] + [fn for _, fn, _ in WRONG]
+    assert all(fn.__name__ != "<lambda>" and fn.__doc__ for fn in named), "each answer says what it pins"
+
+
+# =================================================================================================
+# Hints, the diagnosis generator, and the graders' own arguments
+# =================================================================================================
+
+def test_stop_token_ids_hints_are_graded(tokenizer, capsys):
+    result = ex.check_stop_token_ids(stub, tokenizer)
+    first = result.hint()
+    assert "question" in first and "get_added_vocab" not in first
+    result.hint()
+    assert "answer" in result.hint()
+
+
+def test_broken_generation_run_draws_every_cause_and_varies():
+    causes = {ex._broken_generation_run(seed)[1].cause for seed in range(len(ex.CAUSES))}
+    assert causes == set(ex.CAUSES)
+    a, b = ex._broken_generation_run(100), ex._broken_generation_run(101)
+    assert a[0] != b[0]
+    assert ex._broken_generation_run(7) == ex._broken_generation_run(7), "seeded: the same seed, the same run"
+
+
+def test_the_public_generator_returns_the_artefact_only():
+    artefact = ex.broken_generation_run(7)
+    assert artefact == ex._broken_generation_run(7)[0]
+    assert isinstance(artefact, dict) and not any(isinstance(v, Diagnosis) for v in artefact.values())
+    assert not any(cause in repr(artefact) for cause in ex.CAUSES), "no field names the cause"
+
+
+@pytest.mark.parametrize("seed, error", [(-1, ValueError), (None, ValueError), ("3", ValueError)])
+def test_broken_generation_run_refuses_a_bad_seed(seed, error):
+    with pytest.raises(error, match="seed.* — .* — "):
+        ex.broken_generation_run(seed)
+
+
+@pytest.mark.parametrize("seeds", [[], (), range(0)])
+def test_the_diagnosis_checker_never_passes_with_zero_cases(seeds):
+    """A checker given no seeds would grade nothing and report every answer correct."""
+    with pytest.raises(ValueError, match="seeds must be a non-empty list .* — .* would pass any answer — "):
+        ex.check_diagnosis_exercise(lesson02.diagnose_generations, seeds=seeds)
+
+
+def test_the_diagnosis_checker_grades_on_the_seeds_it_is_given(capsys):
+    assert ex.check_diagnosis_exercise(lesson02.diagnose_generations, seeds=[0, 1, 2])
+    assert "all 3 cases pass" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="seeds\\[1\\]"):
+        ex.check_diagnosis_exercise(lesson02.diagnose_generations, seeds=[0, None])
+
+
+def test_check_stop_token_ids_refuses_a_missing_or_template_less_tokenizer(tokenizer):
+    import copy
+
+    with pytest.raises(TypeError, match="tokenizer must be a transformers tokenizer, got NoneType — "):
+        ex.check_stop_token_ids(lesson02.stop_token_ids, None)
+    bare = copy.deepcopy(tokenizer)
+    bare.chat_template = None
+    with pytest.raises(ValueError, match="no chat_template — "):
+        ex.check_stop_token_ids(lesson02.stop_token_ids, bare)
+
+
+def test_no_lesson_module_imports_the_exercises():
+    """eos used to import its answers inside a checker (a cycle): the lesson modules now stand alone."""
+    code = ("import sys, course_utils.eos, course_utils.templates; "
+            "print([m for m in sys.modules if m.startswith('course_utils.exercises')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("fn", [None, [], "diagnose_generations"])
+def test_the_diagnosis_checker_refuses_what_is_not_a_function(fn):
+    with pytest.raises(TypeError, match="fn must be a function, got .* — the helper calls it — "):
+        ex.check_diagnosis_exercise(fn)

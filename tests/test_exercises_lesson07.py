@@ -1,0 +1,223 @@
+"""Lesson 07's exercises (course_utils.exercises.lesson07): each checker accepts its reference and a second
+correct answer, reports the stub as not implemented, rejects each known wrong answer naming its
+misconception; the trace generator covers every cause; bad non-learner arguments are refused."""
+
+import inspect
+import math
+
+import pytest
+import torch
+from conftest import stub
+
+from course_utils.checks import Diagnosis
+from course_utils.exercises import lesson07 as ex
+from course_utils.exercises.answers import lesson07
+from course_utils.losses import count_supervised
+from course_utils.training import token_losses
+
+NOT_IMPLEMENTED = "⏳ not implemented yet: replace the `raise NotImplementedError`"  # checks.run_check
+
+
+# ---- the answers: exercise 7.1 (trace_diagnosis), then exercise 7.2 (sequence_weighted) ------------
+
+def _diagnose_by_ratios(trace):
+    """A second correct diagnosis: compares each row's weight with 1/N instead of with each other."""
+    rows, world, k = trace["rows"], trace["world_size"], trace["accum_steps"]
+    bad = [r for r in rows if not math.isfinite(r["backward_loss"])]
+    if bad:
+        return Diagnosis("empty_micro_batch", bad[0]["micro_step"])
+    n_total = sum(r["n_tokens"] for r in rows)
+    ratio = [r["backward_loss"] / r["summed_loss"] / world * n_total for r in rows]  # 1.0 when healthy
+    if all(abs(x - 1) < 1e-6 for x in ratio):
+        return Diagnosis("token_weighted", None)
+    if all(abs(x - ratio[0]) < 1e-6 * ratio[0] for x in ratio):
+        return Diagnosis("missing_division_by_k", k)
+    worst = rows[ratio.index(max(ratio))]
+    return Diagnosis("per_rank_mean", worst["rank"]) if world > 1 else Diagnosis("per_micro_batch_mean",
+                                                                                  worst["micro_step"])
+
+
+def _ignores_world_size(trace):
+    """Misconception: forgets DDP's average, so a correct multi-rank step looks W times too large."""
+    truth = lesson07.diagnose_accumulation_trace(trace)
+    if truth.cause == "token_weighted" and trace["world_size"] > 1:
+        return Diagnosis("per_micro_batch_mean", 0)
+    return truth
+
+
+def _ranks_are_micro_batches(trace):
+    """Misconception: a DDP step is just accumulation, so per-rank means are 'per_micro_batch_mean'."""
+    truth = lesson07.diagnose_accumulation_trace(trace)
+    if truth.cause == "per_rank_mean":
+        return Diagnosis("per_micro_batch_mean", 0)
+    return truth
+
+
+def _unequal_blamed_on_k(trace):
+    """Misconception: any too-large step is the missing / K of lesson 01."""
+    truth = lesson07.diagnose_accumulation_trace(trace)
+    if truth.cause == "missing_division_by_k":
+        return Diagnosis("per_micro_batch_mean", 0)
+    return truth
+
+
+def _sequence_weighted_loop(model, micro_batches):
+    """A second correct fix: a loop over rows, each row's mean / S."""
+    import torch.nn.functional as F
+
+    rows = [(b, r) for b in micro_batches for r in range(len(b["labels"]))
+            if (b["labels"][r, 1:] != -100).any()]
+    for b in micro_batches:
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+        loss = 0.0
+        for r in range(len(b["labels"])):
+            labels = b["labels"][r, 1:]
+            if (labels != -100).any():
+                loss = loss + F.cross_entropy(logits[r, :-1].float(), labels, ignore_index=-100)
+        (loss / len(rows)).backward()
+
+
+def _token_weighted(model, micro_batches):
+    """Per-token weighting (summed / the step's tokens) where per-sequence weighting was asked."""
+    n = sum(count_supervised(b) for b in micro_batches)
+    for b in micro_batches:
+        summed, _ = token_losses(model, b)
+        (summed / n).backward()
+
+
+def _per_micro_batch_sequence_mean(model, micro_batches):
+    """Averages sequences inside each micro-batch, then / K: small micro-batches weigh more."""
+    import torch.nn.functional as F
+
+    for b in micro_batches:
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, :-1]
+        labels = b["labels"][:, 1:]
+        nll = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none")
+        n = (labels != -100).sum(1)
+        keep = n > 0
+        ((nll.sum(1)[keep] / n[keep]).mean() / len(micro_batches)).backward()
+
+
+def _counts_empty_rows(model, micro_batches):
+    """Counts the rows without a supervised token among the sequences: the right direction, too small."""
+    import torch.nn.functional as F
+
+    s = sum(len(b["labels"]) for b in micro_batches)
+    for b in micro_batches:
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, :-1]
+        labels = b["labels"][:, 1:]
+        nll = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none")
+        n = (labels != -100).sum(1)
+        (torch.where(n > 0, nll.sum(1) / n.clamp(min=1), 0.0).sum() / s).backward()
+
+
+def _no_backward(model, micro_batches):
+    """Computes nothing and never calls .backward(): no parameter gets a .grad."""
+    return None
+
+
+# ---- the tables -----------------------------------------------------------------------------------
+
+CHECKERS = {"trace_diagnosis": (ex.check_trace_diagnosis, lesson07.diagnose_accumulation_trace),
+            "sequence_weighted": (ex.check_sequence_weighted, lesson07.accumulate_sequence_weighted)}
+ALSO_CORRECT = [("trace_diagnosis", _diagnose_by_ratios), ("sequence_weighted", _sequence_weighted_loop)]
+WRONG = [
+    ("trace_diagnosis", _ignores_world_size, "this step is the big batch"),
+    ("trace_diagnosis", _ranks_are_micro_batches, "DDP averages the ranks' means"),
+    ("trace_diagnosis", _unequal_blamed_on_k, "the step counts K times"),
+    ("sequence_weighted", _token_weighted, "long answers dominate"),
+    ("sequence_weighted", _per_micro_batch_sequence_mean, "a sequence in a small micro-batch counts more"),
+    ("sequence_weighted", _counts_empty_rows, "right direction"),
+    ("sequence_weighted", _no_backward, ".backward()"),
+]
+
+
+def test_every_checker_of_the_lesson_is_in_the_table():
+    found = {name[len("check_"):] for name, fn in vars(ex).items()
+             if name.startswith("check_") and inspect.isfunction(fn) and fn.__module__ == ex.__name__}
+    assert found == set(CHECKERS)
+    assert {name for name, _ in ALSO_CORRECT} == set(CHECKERS) == {name for name, _, _ in WRONG}
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_reference_is_accepted_and_the_stub_is_not_implemented(name, capsys):
+    check, reference = CHECKERS[name]
+    result = check(reference)
+    assert result, result.message
+    result = check(stub)
+    assert not result and result.message.startswith(NOT_IMPLEMENTED), result.message
+    assert NOT_IMPLEMENTED in capsys.readouterr().out, "the learner must see it"
+
+
+@pytest.mark.parametrize("name, answer", ALSO_CORRECT, ids=[a.__name__ for _, a in ALSO_CORRECT])
+def test_another_correct_answer_is_accepted(name, answer, capsys):
+    result = CHECKERS[name][0](answer)
+    assert result, result.message
+
+
+@pytest.mark.parametrize("name, wrong, phrase", WRONG, ids=[w.__name__ for _, w, _ in WRONG])
+def test_wrong_answer_is_rejected_with_its_misconception(name, wrong, phrase, capsys):
+    result = CHECKERS[name][0](wrong)
+    assert not result
+    assert phrase in result.message, result.message
+    assert phrase in capsys.readouterr().out, "the learner must see it"
+
+
+def _zero_gradient(model, micro_batches):
+    """Back-propagates 0 × the loss: every .grad exists and is zero."""
+    for b in micro_batches:
+        summed, _ = token_losses(model, b)
+        (0 * summed).backward()
+
+
+def _nan_gradient(model, micro_batches):
+    """Divides by a count of zero: the gradient is NaN."""
+    for b in micro_batches:
+        summed, _ = token_losses(model, b)
+        (summed / 0).backward()
+
+
+@pytest.mark.parametrize("answer, words", [
+    (lambda model, mbs: mbs[99], "your function raised IndexError"),
+    (_zero_gradient, "relative gradient error"),
+    (_nan_gradient, "NaN/inf"),
+], ids=["raises", "zero gradient", "nan gradient"])
+def test_a_wrong_answer_that_raises_or_gives_a_degenerate_gradient_is_reported(answer, words, capsys):
+    result = ex.check_sequence_weighted(answer)
+    assert not result and words in result.message, result.message
+
+
+# ---- the generator ----------------------------------------------------------------------------------
+
+def test_traces_cover_every_cause_and_the_public_one_hands_out_the_trace_only():
+    assert {ex._accumulation_trace_case(s)[1].cause for s in range(10)} == set(ex.TRACE_CAUSES)
+    trace = ex.accumulation_trace(7)
+    assert set(trace) == {"world_size", "accum_steps", "rows"}, "the public function names no cause"
+    assert trace == ex._accumulation_trace_case(7)[0]
+
+
+# ---- bad input: what / why / fix (issue 36) ---------------------------------------------------------
+
+@pytest.mark.parametrize("seeds", [[], (), range(0)], ids=["list", "tuple", "range"])
+def test_trace_diagnosis_with_no_seeds_raises_instead_of_passing(seeds):
+    """Zero cases used to be "✅ all 0 cases pass" for any function, the stub included."""
+    with pytest.raises(ValueError, match="seeds must be a non-empty list of ints.* — "):
+        ex.check_trace_diagnosis(stub, seeds=seeds)
+
+
+@pytest.mark.parametrize("seeds, words", [(3, "non-empty list of ints"), ("01", "non-empty list of ints"),
+                                          ([0, None], r"seeds\[1\]=None"), ([-5], r"seeds\[0\]=-5")])
+def test_trace_diagnosis_refuses_bad_seeds(seeds, words):
+    with pytest.raises(ValueError, match=words):
+        ex.check_trace_diagnosis(lesson07.diagnose_accumulation_trace, seeds=seeds)
+
+
+def test_trace_diagnosis_grades_the_seeds_it_is_given(capsys):
+    assert ex.check_trace_diagnosis(lesson07.diagnose_accumulation_trace, seeds=[0, 1, 2, 3, 4])
+    assert "all 5 cases pass" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("seed, words", [(None, "seed=None"), (-1, "seed=-1"), (True, "seed=True")])
+def test_accumulation_trace_refuses_a_seed_that_is_not_one(seed, words):
+    with pytest.raises(ValueError, match=words):
+        ex.accumulation_trace(seed)
