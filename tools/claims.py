@@ -270,7 +270,7 @@ def _packed_nan(ctx):
         "longer than a row %": 100 * sum(n > row_capacity for n in lengths) / len(lengths),
     }
     # lesson 05's packer (nanochat's best fit, no cropping), a buffer of 8 so that it clogs within 64 rows
-    packed = bestfit_rows(examples, row_capacity=row_capacity, n_rows=64, pad_id=ctx.tokenizer().pad_token_id,
+    packed = bestfit_rows(examples, row_capacity=row_capacity, n_rows=64, pad_id=ctx.tokenizer.pad_token_id,
                           render_cap=max(lengths), buffer_size=8)
     rows = [(row["targets"], row["consumed"]) for row in packed]
     clog_row = next(
