@@ -92,7 +92,7 @@ model: install       # rebuild both shipped course models, tiny-qwen and tiny-ll
 	$(PY) -m tools.build_course_model
 
 lint: install
-	$(VENV)/bin/ruff check course_utils tests solutions scripts
+	$(VENV)/bin/ruff check course_utils tests solutions tools
 
 timings: install     # re-execute every solution notebook in place, storing outputs; prints times
 	$(PY) -m tools.run_solutions

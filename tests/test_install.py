@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "install_torch.py"
+SCRIPT = ROOT / "tools" / "install_torch.py"
 _spec = importlib.util.spec_from_file_location("install_torch", SCRIPT)
 install_torch = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(install_torch)
@@ -105,7 +105,7 @@ def test_the_makefile_runs_the_choice_before_the_package():
 
 # --- tools/fast_install.py: uv with pip's own settings, pip when uv cannot ----------------------------
 
-_fast_spec = importlib.util.spec_from_file_location("fast_install", ROOT / "scripts" / "fast_install.py")
+_fast_spec = importlib.util.spec_from_file_location("fast_install", ROOT / "tools" / "fast_install.py")
 fast_install = importlib.util.module_from_spec(_fast_spec)
 _fast_spec.loader.exec_module(fast_install)
 
@@ -142,7 +142,7 @@ def test_make_clears_pythondontwritebytecode_so_the_venv_caches_bytecode():
 
 
 def test_fast_install_dry_run_names_uv_and_pip_only_says_pip():
-    script = [sys.executable, str(ROOT / "scripts" / "fast_install.py"), "--dry-run", "-e", "."]
+    script = [sys.executable, str(ROOT / "tools" / "fast_install.py"), "--dry-run", "-e", "."]
     run = subprocess.run(script, capture_output=True, text=True, check=True)
     assert " pip install --quiet --python " in run.stdout
     assert run.stdout.rstrip().endswith("-e ."), run.stdout
@@ -163,7 +163,7 @@ def test_lesson00_environment_check_ignores_the_test_extra():
 
 
 def test_lesson_report_names_the_assertion_of_a_failed_lesson():
-    spec = importlib.util.spec_from_file_location("lesson_report", ROOT / "scripts" / "lesson_report.py")
+    spec = importlib.util.spec_from_file_location("lesson_report", ROOT / "tools" / "lesson_report.py")
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
     out = "FAILED x.ipynb::Cell 14\n\x1b[31mAssertionError\x1b[39m: masking by position and the model stops\n"

@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     if args.download:
         command = [sys.executable, "-m", "pip", "download", "--dest", args.download, "--quiet", *pip_args[1:]]
     else:  # uv when it can, with pip's settings; pip when it cannot (tools/fast_install.py)
-        command = [sys.executable, str(ROOT / "scripts" / "fast_install.py"), *pip_args[1:]]
+        command = [sys.executable, str(ROOT / "tools" / "fast_install.py"), *pip_args[1:]]
     if args.dry_run:
         print(" ".join(command))
         return 0
