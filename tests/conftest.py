@@ -2,7 +2,9 @@
 
 import importlib.util
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -46,6 +48,25 @@ def browser_missing() -> str | None:
 def stub(*args, **kwargs):
     """What a learner's exercise cell holds before they write anything (shared by the checker tests)."""
     raise NotImplementedError("Exercise: write your solution here")
+
+
+class Row(NamedTuple):
+    """One exercise checker in its lesson's ``CHECKERS`` table (tests/test_exercises_lessonNN.py); the generic
+    checker tests of tests/test_checkers.py run over every lesson's rows."""
+
+    name: str  # the checker's name without check_: Row("guard", ...) grades with check_guard
+    run: Callable  # run(fn, fixture): the checker's result on the learner's fn (fixture: getfixturevalue)
+    reference: Callable  # the reference answer (course_utils/exercises/answers/lessonNN.py)
+
+
+def graded(check) -> Callable:
+    """``run`` for a checker called ``check(fn)``."""
+    return lambda fn, fixture: check(fn)
+
+
+def graded_on_tokenizer(check) -> Callable:
+    """``run`` for a checker called ``check(fn, tokenizer)``: the course tokenizer, loaded when asked."""
+    return lambda fn, fixture: check(fn, fixture("tokenizer"))
 
 
 # The longest files first, so that two workers finish together (make test runs pytest-xdist with

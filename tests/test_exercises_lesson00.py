@@ -1,19 +1,14 @@
-"""Lesson 00's exercises (course_utils.exercises.lesson00): each checker accepts its reference and a second
-correct answer, reports the stub as not implemented, rejects each known wrong answer naming its
-misconception; the diagnosis generator covers every cause; bad non-learner arguments are refused."""
-
-import inspect
+"""Lesson 00's exercises (course_utils.exercises.lesson00): the tables of its checkers (the reference, a
+second correct answer, each known wrong answer with its misconception: tests/test_checkers.py runs them);
+the hints; the diagnosis generator covers every cause; bad non-learner arguments are refused."""
 
 import pytest
-from conftest import stub
+from conftest import Row, graded_on_tokenizer, stub
 
 from course_utils.checks import Diagnosis
 from course_utils.data import IGNORE_INDEX
 from course_utils.exercises import lesson00 as ex
 from course_utils.exercises.answers import lesson00
-
-NOT_IMPLEMENTED = "⏳ not implemented yet: replace the `raise NotImplementedError`"  # checks.run_check
-
 
 # ---- exercise 2 (fix): assistant_only_labels --------------------------------------------------------
 
@@ -89,12 +84,13 @@ def counts_every_token(example):
     return Diagnosis(lesson00.diagnose_labels(example).cause, len(example["labels"]))
 
 
-# ---- the tables -----------------------------------------------------------------------------------
+# ---- the tables (tests/test_checkers.py runs them) ---------------------------------------------------
 
-CHECKERS = {  # name: (run(fn, tokenizer), reference)
-    "assistant_only_labels": (ex.check_assistant_only_labels, lesson00.assistant_only_labels),
-    "label_diagnosis": (ex.check_label_diagnosis, lesson00.diagnose_labels),
-}
+CHECKERS = [
+    Row("assistant_only_labels", graded_on_tokenizer(ex.check_assistant_only_labels),
+        lesson00.assistant_only_labels),
+    Row("label_diagnosis", graded_on_tokenizer(ex.check_label_diagnosis), lesson00.diagnose_labels),
+]
 ALSO_CORRECT = [("assistant_only_labels", _without_newlines), ("label_diagnosis", _diagnose_other_order)]
 WRONG = [
     ("assistant_only_labels", _whole, "whole sequence"),
@@ -107,36 +103,7 @@ WRONG = [
 ]
 
 
-def test_every_checker_of_the_lesson_is_in_the_table():
-    found = {name[len("check_"):] for name, fn in vars(ex).items()
-             if name.startswith("check_") and inspect.isfunction(fn) and fn.__module__ == ex.__name__}
-    assert found == set(CHECKERS)
-    assert {name for name, _ in ALSO_CORRECT} == set(CHECKERS) == {name for name, _, _ in WRONG}
-
-
-@pytest.mark.parametrize("name", CHECKERS)
-def test_reference_is_accepted_and_the_stub_is_not_implemented(name, tokenizer, capsys):
-    check, reference = CHECKERS[name]
-    result = check(reference, tokenizer)
-    assert result, result.message
-    result = check(stub, tokenizer)
-    assert not result and result.message.startswith(NOT_IMPLEMENTED), result.message
-    assert NOT_IMPLEMENTED in capsys.readouterr().out, "the learner must see it"
-
-
-@pytest.mark.parametrize("name, answer", ALSO_CORRECT, ids=[a.__name__ for _, a in ALSO_CORRECT])
-def test_another_correct_answer_is_accepted(name, answer, tokenizer, capsys):
-    result = CHECKERS[name][0](answer, tokenizer)
-    assert result, result.message
-
-
-@pytest.mark.parametrize("name, wrong, phrase", WRONG, ids=[w.__name__ for _, w, _ in WRONG])
-def test_wrong_answer_is_rejected_with_its_misconception(name, wrong, phrase, tokenizer, capsys):
-    result = CHECKERS[name][0](wrong, tokenizer)
-    assert not result
-    assert phrase in result.message, result.message
-    assert phrase in capsys.readouterr().out, "the learner must see it"
-
+# ---- hints ------------------------------------------------------------------------------------------
 
 def test_the_first_hint_holds_no_code_and_the_last_level_does(tokenizer, capsys):
     result = ex.check_assistant_only_labels(stub, tokenizer)

@@ -1,8 +1,6 @@
-"""Lesson 02's exercises (``course_utils.exercises.lesson02``): each checker accepts its reference answer
-and a second correct one, reports the stub as not implemented, and rejects each known wrong answer with
-its misconception; the diagnosis generator draws every cause; the graders refuse bad set-up arguments.
-
-(Moved out of ``tests/test_checkers.py``: the same three tables, for this lesson only.)
+"""Lesson 02's exercises (``course_utils.exercises.lesson02``): the tables of its checkers (the reference, a
+second correct answer, each known wrong answer with its misconception: ``tests/test_checkers.py`` runs
+them); the hints; the diagnosis generator draws every cause; the graders refuse bad set-up arguments.
 """
 
 import subprocess
@@ -10,14 +8,13 @@ import sys
 
 import pytest
 import torch
-from conftest import stub
+from conftest import Row, graded, graded_on_tokenizer, stub
 
 from course_utils.checks import Diagnosis
 from course_utils.data import IGNORE_INDEX
 from course_utils.exercises import lesson02 as ex
 from course_utils.exercises.answers import lesson02
 
-NOT_IMPLEMENTED = "⏳ not implemented yet: replace the `raise NotImplementedError`"  # checks.run_check
 
 def stop_ids_by_token_scan(tokenizer):
     """A second correct answer: tokenize the whole rendering and scan from the answer's last token."""
@@ -161,18 +158,15 @@ def _all_ones_mask(examples, pad):
     return batch
 
 
-
-
 # =================================================================================================
-# The tables
+# The tables (tests/test_checkers.py runs them)
 # =================================================================================================
 
 CHECKERS = [
-    ("stop_token_ids", lambda fn, tok: ex.check_stop_token_ids(fn, tok), lesson02.stop_token_ids),
-    ("diagnosis_exercise", lambda fn, tok: ex.check_diagnosis_exercise(fn), lesson02.diagnose_generations),
-    ("collate_keep_eos", lambda fn, tok: ex.check_collate_keep_eos(fn), lesson02.collate_keep_eos),
+    Row("stop_token_ids", graded_on_tokenizer(ex.check_stop_token_ids), lesson02.stop_token_ids),
+    Row("diagnosis_exercise", graded(ex.check_diagnosis_exercise), lesson02.diagnose_generations),
+    Row("collate_keep_eos", graded(ex.check_collate_keep_eos), lesson02.collate_keep_eos),
 ]
-RUN = {name: run for name, run, _ in CHECKERS}
 
 ALSO_CORRECT = [
     ("stop_token_ids", stop_ids_by_token_scan),
@@ -197,46 +191,6 @@ WRONG = [
     ("collate_keep_eos", _keeps_last_eos, "you kept the row's *last* eos"),
     ("collate_keep_eos", _all_ones_mask, "the attention mask is all ones"),
 ]
-
-
-@pytest.mark.parametrize("name, run, reference", CHECKERS, ids=[row[0] for row in CHECKERS])
-def test_reference_is_accepted(name, run, reference, tokenizer, capsys):
-    result = run(reference, tokenizer)
-    assert result, result.message
-
-
-@pytest.mark.parametrize("name, run, reference", CHECKERS, ids=[row[0] for row in CHECKERS])
-def test_stub_is_rejected_as_not_implemented(name, run, reference, tokenizer, capsys):
-    result = run(stub, tokenizer)
-    assert not result
-    assert result.message.startswith(NOT_IMPLEMENTED), result.message
-    assert NOT_IMPLEMENTED in capsys.readouterr().out, "the learner must see it"
-
-
-@pytest.mark.parametrize("name, answer", ALSO_CORRECT,
-                         ids=[f"{name} {answer.__name__}" for name, answer in ALSO_CORRECT])
-def test_another_correct_answer_is_accepted(name, answer, tokenizer, capsys):
-    result = RUN[name](answer, tokenizer)
-    assert result, result.message
-
-
-@pytest.mark.parametrize("name, wrong, phrase", WRONG,
-                         ids=[f"{name} {wrong.__name__}" for name, wrong, _ in WRONG])
-def test_wrong_answer_is_rejected_with_its_misconception(name, wrong, phrase, tokenizer, capsys):
-    result = RUN[name](wrong, tokenizer)
-    assert not result
-    assert phrase in result.message, result.message
-    assert phrase in capsys.readouterr().out, "the learner must see it"
-
-
-def test_every_checker_is_in_the_tables_with_a_second_correct_answer_and_a_wrong_one():
-    checkers = {name.removeprefix("check_") for name, obj in vars(ex).items()
-                if name.startswith("check_") and getattr(obj, "__module__", "") == ex.__name__}
-    assert checkers == set(RUN)
-    assert {name for name, _ in ALSO_CORRECT} == set(RUN)
-    assert {name for name, _, _ in WRONG} == set(RUN)
-    named = [fn for _, fn in ALSO_CORRECT] + [fn for _, fn, _ in WRONG]
-    assert all(fn.__name__ != "<lambda>" and fn.__doc__ for fn in named), "each answer says what it pins"
 
 
 # =================================================================================================

@@ -1,20 +1,15 @@
-"""Lesson 03's exercise graders (``course_utils.exercises.lesson03``): the reference answer passes, a
-second correct answer passes, the stub is reported as not implemented, each known wrong answer fails with
-its misconception named (the tables of ``test_checkers.py``, for this lesson), the incident generator covers
-every cause, and the graders refuse bad non-learner arguments (issue 36: no pass with zero cases)."""
-
-import inspect
+"""Lesson 03's exercise graders (``course_utils.exercises.lesson03``): the tables of its checkers (the
+reference answer, a second correct answer, each known wrong answer with its misconception:
+``tests/test_checkers.py`` runs them), the incident generator covers every cause, and the graders refuse bad
+non-learner arguments (issue 36: no pass with zero cases)."""
 
 import pytest
 import torch
-from conftest import stub
+from conftest import Row, graded
 
 from course_utils.checks import Diagnosis
 from course_utils.exercises import lesson03 as L
 from course_utils.exercises.answers import lesson03
-
-NOT_IMPLEMENTED = "⏳ not implemented yet: replace the `raise NotImplementedError`"  # checks.run_check
-
 
 # =================================================================================================
 # Answers: a second correct one per checker, and the wrong ones (each docstring names its misconception)
@@ -116,14 +111,13 @@ def _three_dims(position_ids):
 
 
 # =================================================================================================
-# The tables
+# The tables (tests/test_checkers.py runs them)
 # =================================================================================================
 
 CHECKERS = [
-    ("padding_diagnosis", L.check_padding_diagnosis, lesson03.diagnose_padding_incident),
-    ("block_mask", L.check_block_mask, lesson03.block_mask_from_position_ids),
+    Row("padding_diagnosis", graded(L.check_padding_diagnosis), lesson03.diagnose_padding_incident),
+    Row("block_mask", graded(L.check_block_mask), lesson03.block_mask_from_position_ids),
 ]
-RUN = {name: run for name, run, _ in CHECKERS}
 
 ALSO_CORRECT = [
     ("padding_diagnosis", _diagnosis_variant),
@@ -141,45 +135,6 @@ WRONG = [
     ("block_mask", _boundary_off_by_one, "block boundaries are off"),
     ("block_mask", _three_dims, "add the head dimension"),
 ]
-
-
-@pytest.mark.parametrize("name, run, reference", CHECKERS, ids=[row[0] for row in CHECKERS])
-def test_reference_is_accepted(name, run, reference, capsys):
-    result = run(reference)
-    assert result, result.message
-
-
-@pytest.mark.parametrize("name, run, reference", CHECKERS, ids=[row[0] for row in CHECKERS])
-def test_stub_is_rejected_as_not_implemented(name, run, reference, capsys):
-    result = run(stub)
-    assert not result
-    assert result.message.startswith(NOT_IMPLEMENTED), result.message
-    assert NOT_IMPLEMENTED in capsys.readouterr().out, "the learner must see it"
-
-
-@pytest.mark.parametrize("name, answer", ALSO_CORRECT,
-                         ids=[f"{name} {answer.__name__}" for name, answer in ALSO_CORRECT])
-def test_another_correct_answer_is_accepted(name, answer, capsys):
-    result = RUN[name](answer)
-    assert result, result.message
-
-
-@pytest.mark.parametrize("name, wrong, phrase", WRONG,
-                         ids=[f"{name} {wrong.__name__}" for name, wrong, _ in WRONG])
-def test_wrong_answer_is_rejected_with_its_misconception(name, wrong, phrase, capsys):
-    result = RUN[name](wrong)
-    assert not result
-    assert phrase in result.message, result.message
-    assert phrase in capsys.readouterr().out, "the learner must see it"
-
-
-def test_every_checker_is_in_the_tables():
-    found = {name for name, obj in vars(L).items() if name.startswith("check_") and inspect.isfunction(obj)
-             and obj.__module__ == L.__name__}
-    assert found == {f"check_{name}" for name in RUN}
-    assert {name for name, _ in ALSO_CORRECT} == set(RUN) == {name for name, _, _ in WRONG}
-    named = [fn for _, fn in ALSO_CORRECT] + [fn for _, fn, _ in WRONG]
-    assert all(fn.__doc__ for fn in named), "each answer says what it pins"
 
 
 # =================================================================================================

@@ -1,12 +1,10 @@
-"""Lesson 04's exercises (``course_utils.exercises.lesson04``): each checker accepts its reference answer
-and a second correct one, reports the stub as not implemented, and rejects each known wrong answer with
-its misconception; the diagnosis generator draws every cause; the graders refuse bad set-up arguments.
-
-(Moved out of ``tests/test_checkers.py``: the same three tables, for this lesson only.)
+"""Lesson 04's exercises (``course_utils.exercises.lesson04``): the tables of its checkers (the reference, a
+second correct answer, each known wrong answer with its misconception: ``tests/test_checkers.py`` runs
+them); the diagnosis generator draws every cause; the graders refuse bad set-up arguments.
 """
 
 import pytest
-from conftest import stub
+from conftest import Row, graded_on_tokenizer
 from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 
 from course_utils.checks import Diagnosis
@@ -14,7 +12,6 @@ from course_utils.exercises import lesson04 as ex
 from course_utils.exercises.answers import lesson04
 from course_utils.templates import QWEN2_CHAT_TEMPLATE, assistant_mask, masked_tokens
 
-NOT_IMPLEMENTED = "⏳ not implemented yet: replace the `raise NotImplementedError`"  # checks.run_check
 # The same text as Qwen2's template, different marker placement.
 _HEAD = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
          "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
@@ -118,15 +115,14 @@ def template_evidence_minus_one(setup):
 
 
 # =================================================================================================
-# The tables
+# The tables (tests/test_checkers.py runs them)
 # =================================================================================================
 
 CHECKERS = [
-    ("generation_template", lambda fn, tok: ex.check_generation_template(fn, tok),
-     lesson04.qwen2_training_template),
-    ("template_diagnosis", lambda fn, tok: ex.check_template_diagnosis(fn, tok), lesson04.diagnose_template),
+    Row("generation_template", graded_on_tokenizer(ex.check_generation_template),
+        lesson04.qwen2_training_template),
+    Row("template_diagnosis", graded_on_tokenizer(ex.check_template_diagnosis), lesson04.diagnose_template),
 ]
-RUN = {name: run for name, run, _ in CHECKERS}
 
 ALSO_CORRECT = [
     ("generation_template", whitespace_control_template),
@@ -147,53 +143,13 @@ WRONG = [
 ]
 
 
-@pytest.mark.parametrize("name, run, reference", CHECKERS, ids=[row[0] for row in CHECKERS])
-def test_reference_is_accepted(name, run, reference, tokenizer, capsys):
-    result = run(reference, tokenizer)
-    assert result, result.message
-
-
-@pytest.mark.parametrize("name, run, reference", CHECKERS, ids=[row[0] for row in CHECKERS])
-def test_stub_is_rejected_as_not_implemented(name, run, reference, tokenizer, capsys):
-    result = run(stub, tokenizer)
-    assert not result
-    assert result.message.startswith(NOT_IMPLEMENTED), result.message
-    assert NOT_IMPLEMENTED in capsys.readouterr().out, "the learner must see it"
-
-
-@pytest.mark.parametrize("name, answer", ALSO_CORRECT,
-                         ids=[f"{name} {answer.__name__}" for name, answer in ALSO_CORRECT])
-def test_another_correct_answer_is_accepted(name, answer, tokenizer, capsys):
-    result = RUN[name](answer, tokenizer)
-    assert result, result.message
-
-
-@pytest.mark.parametrize("name, wrong, phrase", WRONG,
-                         ids=[f"{name} {wrong.__name__}" for name, wrong, _ in WRONG])
-def test_wrong_answer_is_rejected_with_its_misconception(name, wrong, phrase, tokenizer, capsys):
-    result = RUN[name](wrong, tokenizer)
-    assert not result
-    assert phrase in result.message, result.message
-    assert phrase in capsys.readouterr().out, "the learner must see it"
-
-
-def test_every_checker_is_in_the_tables_with_a_second_correct_answer_and_a_wrong_one():
-    checkers = {name.removeprefix("check_") for name, obj in vars(ex).items()
-                if name.startswith("check_") and getattr(obj, "__module__", "") == ex.__name__}
-    assert checkers == set(RUN)
-    assert {name for name, _ in ALSO_CORRECT} == set(RUN)
-    assert {name for name, _, _ in WRONG} == set(RUN)
-    named = [fn for _, fn in ALSO_CORRECT] + [fn for _, fn, _ in WRONG]
-    assert all(fn.__name__ != "<lambda>" and fn.__doc__ for fn in named), "each answer says what it pins"
-
+# =================================================================================================
+# The reference template, the diagnosis generator, and the graders' own arguments
+# =================================================================================================
 
 def test_generation_template_reference_is_the_hand_written_one():
     assert lesson04.qwen2_training_template() == REFERENCE
 
-
-# =================================================================================================
-# The diagnosis generator, and the graders' own arguments
-# =================================================================================================
 
 def test_template_diagnosis_generator_covers_every_cause(tokenizer):
     causes = {ex._template_case(tokenizer, seed)[1].cause for seed in range(3000, 3010)}

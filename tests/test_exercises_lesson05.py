@@ -1,14 +1,12 @@
-"""Lesson 05's exercise graders (``course_utils.exercises.lesson05``): the reference answer passes, a
-second correct answer passes, the stub is reported as not implemented, each known wrong answer fails with
-its misconception named (the tables of ``test_checkers.py``, for this lesson), the broken-log generator
-covers every cause, the hints are graded, and the graders refuse bad non-learner arguments (issue 36: no
-pass with zero cases)."""
+"""Lesson 05's exercise graders (``course_utils.exercises.lesson05``): the tables of its checkers (the
+reference answer, a second correct answer, each known wrong answer with its misconception:
+``tests/test_checkers.py`` runs them), the broken-log generator covers every cause, the hints are graded,
+and the graders refuse bad non-learner arguments (issue 36: no pass with zero cases)."""
 
-import inspect
 import math
 
 import pytest
-from conftest import stub
+from conftest import Row, graded, stub
 
 from course_utils.checks import Diagnosis
 from course_utils.data import IGNORE_INDEX
@@ -16,7 +14,6 @@ from course_utils.exercises import lesson05 as L
 from course_utils.exercises.answers import lesson05
 
 M = IGNORE_INDEX
-NOT_IMPLEMENTED = "⏳ not implemented yet: replace the `raise NotImplementedError`"  # checks.run_check
 
 
 # =================================================================================================
@@ -123,14 +120,13 @@ def labels_as_strings(examples, row_capacity):
 
 
 # =================================================================================================
-# The tables
+# The tables (tests/test_checkers.py runs them)
 # =================================================================================================
 
 CHECKERS = [
-    ("diagnose_log", L.check_diagnose_log, lesson05.diagnose_log),
-    ("prepare_for_packer", L.check_prepare_for_packer, lesson05.prepare_for_packer),
+    Row("diagnose_log", graded(L.check_diagnose_log), lesson05.diagnose_log),
+    Row("prepare_for_packer", graded(L.check_prepare_for_packer), lesson05.prepare_for_packer),
 ]
-RUN = {name: run for name, run, _ in CHECKERS}
 
 ALSO_CORRECT = [
     ("diagnose_log", diagnose_by_lookahead),
@@ -152,44 +148,9 @@ WRONG = [
 ]
 
 
-@pytest.mark.parametrize("name, run, reference", CHECKERS, ids=[row[0] for row in CHECKERS])
-def test_reference_is_accepted(name, run, reference, capsys):
-    result = run(reference)
-    assert result, result.message
-
-
-@pytest.mark.parametrize("name, run, reference", CHECKERS, ids=[row[0] for row in CHECKERS])
-def test_stub_is_rejected_as_not_implemented(name, run, reference, capsys):
-    result = run(stub)
-    assert not result
-    assert result.message.startswith(NOT_IMPLEMENTED), result.message
-    assert NOT_IMPLEMENTED in capsys.readouterr().out, "the learner must see it"
-
-
-@pytest.mark.parametrize("name, answer", ALSO_CORRECT,
-                         ids=[f"{name} {answer.__name__}" for name, answer in ALSO_CORRECT])
-def test_another_correct_answer_is_accepted(name, answer, capsys):
-    result = RUN[name](answer)
-    assert result, result.message
-
-
-@pytest.mark.parametrize("name, wrong, phrase", WRONG,
-                         ids=[f"{name} {wrong.__name__}" for name, wrong, _ in WRONG])
-def test_wrong_answer_is_rejected_with_its_misconception(name, wrong, phrase, capsys):
-    result = RUN[name](wrong)
-    assert not result
-    assert phrase in result.message, result.message
-    assert phrase in capsys.readouterr().out, "the learner must see it"
-
-
-def test_every_checker_is_in_the_tables():
-    found = {name for name, obj in vars(L).items() if name.startswith("check_") and inspect.isfunction(obj)
-             and obj.__module__ == L.__name__}
-    assert found == {f"check_{name}" for name in RUN}
-    assert {name for name, _ in ALSO_CORRECT} == set(RUN) == {name for name, _, _ in WRONG}
-    named = [fn for _, fn in ALSO_CORRECT] + [fn for _, fn, _ in WRONG]
-    assert all(fn.__doc__ for fn in named), "each answer says what it pins"
-
+# =================================================================================================
+# Hints
+# =================================================================================================
 
 def test_packer_hints_are_graded():
     result = L.check_prepare_for_packer(stub)

@@ -1,6 +1,6 @@
-"""Lesson 06's exercises (course_utils.exercises.lesson06): the generated broken runs, and both checkers —
-the reference passes, the stub is "not implemented", a second correct answer passes, each known wrong answer
-fails naming its misconception — and the checkers' own bad input (moved here from test_checkers.py)."""
+"""Lesson 06's exercises (course_utils.exercises.lesson06): the generated broken runs, the tables of both
+checkers (the reference, a second correct answer, each known wrong answer with its misconception:
+tests/test_checkers.py runs them), and the checkers' own bad input."""
 
 import inspect
 import math
@@ -8,14 +8,13 @@ import re
 
 import pytest
 import torch
-from conftest import stub
+from conftest import Row, graded
 
 from course_utils import nan_detective as nd
 from course_utils.checks import Diagnosis
 from course_utils.exercises import lesson06 as ex
 from course_utils.exercises.answers import lesson06
 
-NOT_IMPLEMENTED = "⏳ not implemented yet: replace the `raise NotImplementedError`"  # checks.run_check
 WHAT_WHY_FIX = r".+ — .+ — .+"
 
 
@@ -169,7 +168,7 @@ def names_the_last(model, control):
 
 
 # =================================================================================================
-# The tables
+# The tables (tests/test_checkers.py runs them)
 # =================================================================================================
 
 def _check_diagnosis_run_twice(fn):
@@ -179,11 +178,10 @@ def _check_diagnosis_run_twice(fn):
     return ex.check_diagnosis_run(fn) if result else result
 
 
-CHECKERS = [  # (name, run the checker on fn, the reference answer)
-    ("diagnosis_run", _check_diagnosis_run_twice, lesson06.diagnose_run),
-    ("guard", ex.check_guard, lesson06.guard),
+CHECKERS = [
+    Row("diagnosis_run", graded(_check_diagnosis_run_twice), lesson06.diagnose_run),
+    Row("guard", graded(ex.check_guard), lesson06.guard),
 ]
-RUN = {name: run for name, run, _ in CHECKERS}
 ALSO_CORRECT = [("diagnosis_run", diagnose_variant), ("guard", guard_zeroes)]
 WRONG = [
     ("diagnosis_run", zero_loss_means_empty, "logged loss of 0.0 is what the Trainer shows"),
@@ -199,42 +197,9 @@ WRONG = [
 ]
 
 
-@pytest.mark.parametrize("name, run, reference", CHECKERS, ids=[row[0] for row in CHECKERS])
-def test_reference_is_accepted(name, run, reference, capsys):
-    result = run(reference)
-    assert result, result.message
-
-
-@pytest.mark.parametrize("name, run, reference", CHECKERS, ids=[row[0] for row in CHECKERS])
-def test_stub_is_rejected_as_not_implemented(name, run, reference, capsys):
-    result = run(stub)
-    assert not result
-    assert result.message.startswith(NOT_IMPLEMENTED), result.message
-    assert NOT_IMPLEMENTED in capsys.readouterr().out, "the learner must see it"
-
-
-@pytest.mark.parametrize("name, answer", ALSO_CORRECT, ids=[f"{n} {a.__name__}" for n, a in ALSO_CORRECT])
-def test_another_correct_answer_is_accepted(name, answer, capsys):
-    result = RUN[name](answer)
-    assert result, result.message
-
-
-@pytest.mark.parametrize("name, wrong, phrase", WRONG, ids=[f"{n} {w.__name__}" for n, w, _ in WRONG])
-def test_wrong_answer_is_rejected_with_its_misconception(name, wrong, phrase, capsys):
-    result = RUN[name](wrong)
-    assert not result
-    assert phrase in result.message, result.message
-    assert phrase in capsys.readouterr().out, "the learner must see it"
-
-
-def test_every_checker_of_the_lesson_is_in_the_table():
-    found = {name for name, obj in vars(ex).items()
-             if name.startswith("check_") and inspect.isfunction(obj) and obj.__module__ == ex.__name__}
-    assert found == {f"check_{name}" for name, _, _ in CHECKERS}
-    assert {name for name, _ in ALSO_CORRECT} == set(RUN) == {name for name, _, _ in WRONG}
-    named = [fn for _, fn in ALSO_CORRECT] + [fn for _, fn, _ in WRONG]
-    assert all(fn.__doc__ for fn in named), "each answer says what it pins"
-
+# =================================================================================================
+# The lesson's own module
+# =================================================================================================
 
 def test_the_lesson_module_holds_no_grader_and_no_truth():
     """The learner's module keeps its tools; checkers, hints and the generator that knows the cause moved."""

@@ -1,20 +1,19 @@
-"""Lesson 08's exercise (course_utils.exercises.lesson08): the checker of fix_setup, whose oracle is the
-doctor — the reference answer (answers/lesson08.py) passes, the stub is "not implemented", a second
-correct answer passes, each known wrong answer fails naming its misconception — and the checker's own
-bad input (moved here from test_checkers.py)."""
+"""Lesson 08's exercise (course_utils.exercises.lesson08): the tables of the checker of fix_setup, whose
+oracle is the doctor (the reference answer in answers/lesson08.py, a second correct answer, each known
+wrong answer with its misconception: tests/test_checkers.py runs them); the reference is the solution
+notebook's; and the checker's own bad input."""
 
 import inspect
 import json
 from pathlib import Path
 
 import pytest
-from conftest import stub
+from conftest import Row, graded
 
 from course_utils.capstone import trl_training_template_path
 from course_utils.exercises import lesson08 as ex
 from course_utils.exercises.answers import lesson08
 
-NOT_IMPLEMENTED = "⏳ not implemented yet: replace the `raise NotImplementedError`"  # checks.run_check
 WHAT_WHY_FIX = r".+ — .+ — .+"
 SOLUTION = Path(__file__).resolve().parents[1] / "solutions" / "08_capstone.ipynb"
 
@@ -79,50 +78,26 @@ def learning_rate_as_text(config, rows, tokenizer):
     return dict(fixed_config, learning_rate="3e-3"), fixed_rows
 
 
-ALSO_CORRECT = [fix_setup_bfd_whole_conversation]
+# =================================================================================================
+# The tables (tests/test_checkers.py runs them)
+# =================================================================================================
+
+CHECKERS = [Row("fix_setup", graded(ex.check_fix_setup), lesson08.fix_setup)]
+ALSO_CORRECT = [("fix_setup", fix_setup_bfd_whole_conversation)]
 WRONG = [
-    (changes_nothing, "'gpt' is not 'assistant'"),
-    (assistant_only_loss_off, "hides the template error"),
-    (raises_max_length, "memory budget"),
-    (keeps_only_100_good_rows, "only the broken rows"),
-    (keeps_wrapped_packing, "attend to each other"),
-    (misspelt_eos_key, "(did you mean 'eos_token'?)"),
-    (learning_rate_as_text, "learning_rate='3e-3' has type str"),
+    ("fix_setup", changes_nothing, "'gpt' is not 'assistant'"),
+    ("fix_setup", assistant_only_loss_off, "hides the template error"),
+    ("fix_setup", raises_max_length, "memory budget"),
+    ("fix_setup", keeps_only_100_good_rows, "only the broken rows"),
+    ("fix_setup", keeps_wrapped_packing, "attend to each other"),
+    ("fix_setup", misspelt_eos_key, "(did you mean 'eos_token'?)"),
+    ("fix_setup", learning_rate_as_text, "learning_rate='3e-3' has type str"),
 ]
 
 
-def test_reference_is_accepted(capsys):
-    result = ex.check_fix_setup(lesson08.fix_setup)
-    assert result, result.message
-
-
-def test_stub_is_rejected_as_not_implemented(capsys):
-    result = ex.check_fix_setup(stub)
-    assert not result
-    assert result.message.startswith(NOT_IMPLEMENTED), result.message
-    assert NOT_IMPLEMENTED in capsys.readouterr().out, "the learner must see it"
-
-
-@pytest.mark.parametrize("answer", ALSO_CORRECT, ids=[a.__name__ for a in ALSO_CORRECT])
-def test_another_correct_answer_is_accepted(answer, capsys):
-    result = ex.check_fix_setup(answer)
-    assert result, result.message
-
-
-@pytest.mark.parametrize("wrong, phrase", WRONG, ids=[w.__name__ for w, _ in WRONG])
-def test_wrong_answer_is_rejected_with_its_misconception(wrong, phrase, capsys):
-    result = ex.check_fix_setup(wrong)
-    assert not result
-    assert phrase in result.message, result.message
-    assert phrase in capsys.readouterr().out, "the learner must see it"
-
-
-def test_every_checker_of_the_lesson_is_in_the_table():
-    found = {name for name, obj in vars(ex).items()
-             if name.startswith("check_") and inspect.isfunction(obj) and obj.__module__ == ex.__name__}
-    assert found == {"check_fix_setup"}
-    assert all(fn.__doc__ for fn in ALSO_CORRECT + [w for w, _ in WRONG]), "each answer says what it pins"
-
+# =================================================================================================
+# The reference answer and the solution notebook
+# =================================================================================================
 
 def test_the_reference_is_the_solution_notebooks_fix_setup():
     """One answer, two places: the notebook's fenced solution and answers/lesson08.py do the same steps."""
