@@ -594,8 +594,8 @@ class NormalisedMomentum(torch.optim.Optimizer):
         validate.number("lr", lr, positive=True, why="it sets the size of every update")
         validate.fraction("momentum", momentum, why="it is the share of the old direction kept each step")
         if isinstance(params, torch.Tensor) or not hasattr(params, "__iter__"):
-            raise TypeError(f"params is {type(params).__name__}, not an iterable of parameters — an optimiser "
-                            "updates each of them — pass model.parameters() (or [tensor]).")
+            raise TypeError(f"params is {type(params).__name__}, not an iterable of parameters — an "
+                            "optimiser updates each of them — pass model.parameters() (or [tensor]).")
         params = list(params)
         if not params:
             raise ValueError("params is empty — the optimiser would have nothing to update — pass "
