@@ -14,8 +14,9 @@ Functions with an argument the sweep cannot build get ``None`` / ``[]`` / ``-1``
 argument in turn (the others ``None``). Each call ends in one of: a what/why/fix error raised by
 ``course_utils`` (the message has the "what — why — fix" shape), another error (raw, from a library or
 from our own indexing), a result, or a time-out. A result from ``None``, the wrong kind or empty input
-is a silent wrong answer; so is a time-out. The figures are printed (``python tests/test_bad_input.py``
-prints the whole table) and quoted in the README.
+is a silent wrong answer; so is a time-out. ~1,100 calls, ~10 s of one core: part of `make test`.
+The figures are printed (``python tests/test_bad_input.py`` prints the whole table) and quoted in
+the README.
 """
 
 from __future__ import annotations
@@ -33,8 +34,6 @@ import pytest
 import torch
 
 import course_utils
-
-pytestmark = pytest.mark.slow  # ~2,000 calls, ~2 min: `make test-slow` (and CI) run it
 
 # Never called: entry points that exit the process, the course's settings (they take no argument).
 SKIP = re.compile(r"^(main|use_course_defaults)$")
