@@ -24,6 +24,7 @@ PRIVATE_NAMES = (
      ("self", "dataset", "processing_class", "args", "packing", "formatting_func", "dataset_name")),
     ("transformers.Trainer", "_get_train_sampler", ("self", "train_dataset")),
     ("transformers.Trainer", "_get_num_items_in_batch", ("self", "batch_samples", "device")),
+    ("transformers.debug_utils.DebugUnderflowOverflow", "_register_forward_hook", ("self", "module")),
 )
 
 
@@ -75,3 +76,21 @@ def count_items_hook(trainer_cls, on_count, *, count: bool = True):
             return value
 
     return CountingItems
+
+
+def removable_underflow_overflow(model, handles: list, **kwargs):
+    """transformers' ``DebugUnderflowOverflow`` on ``model``, with each forward hook's handle appended to
+    ``handles`` so the caller can remove them: the tool registers its hooks in the private
+    ``_register_forward_hook`` and never removes them (debug_utils.py)."""
+    from transformers.debug_utils import DebugUnderflowOverflow
+
+    validate.model("model", model)
+    if not isinstance(handles, list):
+        raise TypeError(f"handles must be a list, got {type(handles).__name__} — the hooks' handles are "
+                        "appended to it so that you can remove them — pass an empty list.")
+
+    class Removable(DebugUnderflowOverflow):
+        def _register_forward_hook(self, module):
+            handles.append(module.register_forward_hook(self.forward_hook))
+
+    return Removable(model, **kwargs)

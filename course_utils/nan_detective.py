@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from . import validate
+from . import internals, validate
 from .model import load_course_model
 from .training import make_sft_trainer, set_seed
 from .viz import figure, what_if
@@ -391,20 +391,12 @@ def debug_underflow_overflow(model, batch: dict) -> tuple[str, str]:
     overflow; that is caught here, and its hooks (which it never removes) are removed. Raises
     ``NotFound`` when it detected nothing.
     """
-    # transformers' debug tools pull in its whole model stack (seconds): loaded when asked for
-    from transformers.debug_utils import DebugUnderflowOverflow
-
     _check_model_and_batch(model, batch)
     handles = []
-
-    class _Removable(DebugUnderflowOverflow):
-        def _register_forward_hook(self, module):
-            handles.append(module.register_forward_hook(self.forward_hook))
-
     buffer = io.StringIO()
     try:
         with contextlib.redirect_stdout(buffer):
-            _Removable(model, max_frames_to_save=4)
+            internals.removable_underflow_overflow(model, handles, max_frames_to_save=4)
             try:
                 _forward(model, batch)
             except ValueError as exc:
