@@ -22,8 +22,6 @@ The exercises (the incident diagnosis and the block-mask fix) are graded in
 from __future__ import annotations
 
 import math
-import operator
-from collections.abc import Sequence
 
 import torch
 
@@ -37,41 +35,6 @@ SIDES = ("right", "left")
 # ------------------------------------------------------------------------------------------------
 # Collates: the three layouts
 # ------------------------------------------------------------------------------------------------
-
-def _token_ids(name: str, ids, *, labels: bool = False) -> list[int]:
-    """One sequence of token ids (or labels) as a list of ints: a list, a tuple or a 1-D integer tensor."""
-    if isinstance(ids, torch.Tensor):
-        if ids.ndim != 1 or ids.is_floating_point():
-            raise ValueError(f"{name} is a {ids.ndim}-D {ids.dtype} tensor — one example's tokens are a 1-D "
-                             "list of integer ids — pass one example (a row of a collated batch is "
-                             "already padded: collate the tokenize_chat() outputs instead).")
-        ids = ids.tolist()
-    elif hasattr(ids, "tolist") and not isinstance(ids, (list, tuple)):  # a numpy array
-        ids = ids.tolist()
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
-        raise TypeError(f"{name} must be a list of token ids, got {type(ids).__name__} — the collate puts "
-                        "one id per position — tokenize text first (tokenize_chat, or "
-                        "tok(text)['input_ids']).")
-    out = []
-    for t in ids:
-        try:
-            if isinstance(t, bool):
-                raise TypeError
-            out.append(operator.index(t))
-        except TypeError:
-            raise TypeError(f"{name} holds {t!r} ({type(t).__name__}), not an integer — ids and labels index "
-                            "the vocabulary — pass the tokenizer's integer ids.") from None
-    if labels:
-        bad = [x for x in out if x < 0 and x != IGNORE_INDEX]
-        rule = "a label is a token id, or -100 where the loss ignores the position"
-    else:
-        bad = [x for x in out if x < 0]
-        rule = "a token id indexes the embedding and cannot be negative (labels passed as input_ids?)"
-    if bad:
-        raise ValueError(f"{name} holds {bad[0]} — {rule} — pass the ids and labels tokenize_chat() "
-                         "returned.")
-    return out
-
 
 def _examples(examples, need_labels: bool = True) -> list[dict]:
     """The examples as lists of ints, checked: each a dict with ``input_ids`` (and ``labels`` of the same
@@ -88,13 +51,13 @@ def _examples(examples, need_labels: bool = True) -> list[dict]:
         if not isinstance(e, dict) or "input_ids" not in e or (need_labels and "labels" not in e):
             raise ValueError(f"examples[{i}] is not a dict with 'input_ids' and 'labels' (as tokenize_chat "
                              "returns) — the collate pads both — tokenize the conversations first.")
-        ids = _token_ids(f"examples[{i}]['input_ids']", e["input_ids"])
+        ids = validate.token_ids(f"examples[{i}]['input_ids']", e["input_ids"])
         if not ids:
             raise ValueError(f"examples[{i}] has no tokens — it would be all padding, and its row would have "
                              "nothing to attend to — drop empty examples before collating.")
         row = {"input_ids": ids}
         if need_labels:
-            row["labels"] = _token_ids(f"examples[{i}]['labels']", e["labels"], labels=True)
+            row["labels"] = validate.token_ids(f"examples[{i}]['labels']", e["labels"], labels=True)
             if len(row["labels"]) != len(ids):
                 raise ValueError(f"examples[{i}] has {len(ids)} input_ids but {len(row['labels'])} labels — "
                                  "each label belongs to one token, so the collate would misalign them — "
@@ -117,7 +80,7 @@ def _prompts(prompts) -> list[list[int]]:
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError("prompts must be a non-empty list of non-empty token-id lists — generate() "
                          "continues each one — pass e.g. [tok(p)['input_ids'] for p in texts].")
-    out = [_token_ids(f"prompts[{i}]", p) for i, p in enumerate(prompts)]
+    out = [validate.token_ids(f"prompts[{i}]", p) for i, p in enumerate(prompts)]
     if not all(out):
         raise ValueError(f"prompts[{[len(p) for p in out].index(0)}] is empty — generate() needs at least "
                          "one token to continue from — drop empty prompts.")
@@ -235,7 +198,7 @@ def _check_model_ids(model, input_ids) -> None:
 @torch.no_grad()
 def alone_logits(model, input_ids) -> torch.Tensor:
     """Logits of one sequence run by itself: no padding, no neighbours, no cache (the reference)."""
-    ids = torch.tensor(_token_ids("input_ids", input_ids))
+    ids = torch.tensor(validate.token_ids("input_ids", input_ids))
     if not len(ids):
         raise ValueError("input_ids is empty — there is no token to compute logits for — pass one example's "
                          "ids, e.g. examples[0]['input_ids'].")
@@ -603,7 +566,7 @@ def greedy_continuations(model, prompts: list[list[int]], pad_token_id: int, lay
         raise TypeError(f"stop_ids={stop_ids!r} must be a non-empty list or tuple of token ids — generation "
                         "stops at any of them — pass e.g. stop_ids=(tok.pad_token_id, im_end_id), or (id,) "
                         "for one.")
-    stop_ids = _token_ids("stop_ids", list(stop_ids))
+    stop_ids = validate.token_ids("stop_ids", list(stop_ids))
     _check_model_ids(model, torch.tensor([pad_token_id] + stop_ids + [t for p in prompts for t in p]))
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit and max(map(len, prompts)) + max_new_tokens > limit:
@@ -654,4 +617,4 @@ def _continuations(name: str, value) -> list[list[int]]:
         raise ValueError(f"{name} must be a non-empty list of continuations (token-id lists), got "
                          f"{type(value).__name__ if value else 'an empty one'} — one per prompt — pass "
                          "greedy_continuations(...)'s result.")
-    return [_token_ids(f"{name}[{i}]", c) for i, c in enumerate(value)]
+    return [validate.token_ids(f"{name}[{i}]", c) for i, c in enumerate(value)]

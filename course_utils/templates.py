@@ -156,18 +156,6 @@ def _assistant_mask(tokenizer, messages: list[dict], chat_template: str | None) 
     return {"input_ids": list(out["input_ids"]), "assistant_masks": list(out["assistant_masks"])}
 
 
-def _ints(name: str, seq) -> list[int]:
-    """A row of ints (a list, tuple or 1-D tensor), e.g. one example's ids or mask."""
-    if hasattr(seq, "tolist") and getattr(seq, "ndim", 1) == 1:
-        seq = seq.tolist()
-    if not isinstance(seq, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool)
-                                                      for v in seq):
-        raise TypeError(f"{name} must be one row of integers (a list or a 1-D tensor), got "
-                        f"{type(seq).__name__} — one value per token — pass out['{name}'] of "
-                        "assistant_mask().")
-    return list(seq)
-
-
 def masked_tokens(tokenizer, input_ids, mask) -> list[str]:
     """The tokens (as text) that carry loss, in order: what a learner reads to check a mask.
 
@@ -176,7 +164,8 @@ def masked_tokens(tokenizer, input_ids, mask) -> list[str]:
     loss targets (``data.graded``, which drops column 0).
     """
     validate.tokenizer("tokenizer", tokenizer)
-    input_ids, mask = _ints("input_ids", input_ids), _ints("mask", mask)
+    input_ids = validate.token_ids("input_ids", input_ids)
+    mask = validate.token_ids("mask", mask, labels=True)  # a row of ints; its 0/1 values are checked below
     if len(input_ids) != len(mask):
         raise ValueError("masked_tokens needs input_ids and a mask of the same length — one mask value per "
                          "token — pass out['input_ids'] and out['assistant_masks'] of assistant_mask().")

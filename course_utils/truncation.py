@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import math
-import operator
 import random
 import tempfile
 from collections.abc import Sequence
@@ -48,32 +47,7 @@ def has_targets(labels: Sequence[int]) -> bool:
     if getattr(labels, "ndim", 1) != 1:
         raise ValueError(f"labels has {labels.ndim} dimensions — has_targets reads one example's labels — "
                          "pass example['labels'] (for a batch: n_graded(batch['labels']) or batch_signal).")
-    return n_graded(_ints("labels", labels, labels=True)) > 0
-
-
-def _ints(name: str, values, *, labels: bool = False) -> list[int]:
-    """A list of token ids (or labels) as Python ints, refused with what/why/fix when it is not one."""
-    if hasattr(values, "tolist") and getattr(values, "ndim", 1) == 1:  # a 1-D tensor or array
-        values = values.tolist()
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise TypeError(f"{name} must be a list of token ids, got {type(values).__name__} — the helper reads "
-                        "one id per position — pass a tokenize_chat() output's list.")
-    out = []
-    for v in values:
-        try:
-            if isinstance(v, bool):
-                raise TypeError
-            out.append(operator.index(v))
-        except TypeError:
-            raise TypeError(f"{name} holds {v!r} ({type(v).__name__}), not an integer — ids and labels index "
-                            "the vocabulary — pass the tokenizer's integer ids.") from None
-    bad = [v for v in out if v < 0 and not (labels and v == IGNORE_INDEX)]
-    if bad:
-        raise ValueError(f"{name} holds {bad[0]} — "
-                         + ("a label is a token id, or -100 where the loss ignores the position" if labels
-                            else "a token id indexes the embedding and cannot be negative")
-                         + " — pass the ids and labels tokenize_chat() returned.")
-    return out
+    return n_graded(validate.token_ids("labels", labels, labels=True)) > 0
 
 
 def _check_example(e, name: str) -> dict:
@@ -83,8 +57,8 @@ def _check_example(e, name: str) -> dict:
         got = f"a list of {len(e)}" if isinstance(e, (list, tuple)) else type(e).__name__
         raise ValueError(f"{name} must be a dict with 'input_ids' and 'labels', got {got} — the helper reads "
                          "both — pass one tokenize_chat() output (e.g. examples[0]).")
-    ids = _ints(f"{name}['input_ids']", e["input_ids"])
-    labels = _ints(f"{name}['labels']", e["labels"], labels=True)
+    ids = validate.token_ids(f"{name}['input_ids']", e["input_ids"])
+    labels = validate.token_ids(f"{name}['labels']", e["labels"], labels=True)
     if len(ids) != len(labels):
         raise ValueError(f"{name} has {len(ids)} input_ids but {len(labels)} labels — each label belongs to "
                          "one token, so the counts would mix up positions — cut ids and labels with the same "

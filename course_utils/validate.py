@@ -115,6 +115,39 @@ def seed(name: str, value) -> int:
     return integer(name, value, minimum=0, why="it is a seed")
 
 
+def token_ids(name: str, ids, *, labels: bool = False) -> list[int]:
+    """One sequence of token ids (or, with ``labels=True``, labels) as a list of Python ints: a list, a
+    tuple or a 1-D integer tensor or array. Negative ids are refused (labels passed as ids?); a label may
+    be -100, the ignore label."""
+    import torch
+
+    if isinstance(ids, torch.Tensor):
+        if ids.ndim != 1 or ids.is_floating_point():
+            raise ValueError(f"{name} is a {ids.ndim}-D {ids.dtype} tensor — one example's tokens are a 1-D "
+                             "list of integer ids — pass one example (a row of a collated batch is "
+                             "already padded: collate the tokenize_chat() outputs instead).")
+        ids = ids.tolist()
+    elif hasattr(ids, "tolist") and not isinstance(ids, (list, tuple)):  # a numpy array
+        ids = ids.tolist()
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+        raise TypeError(f"{name} must be a list of token ids, got {type(ids).__name__} — the helper reads "
+                        "one id per position — tokenize text first (tokenize_chat, or "
+                        "tok(text)['input_ids']).")
+    out = []
+    for t in ids:
+        if isinstance(t, bool) or not hasattr(t, "__index__"):
+            raise TypeError(f"{name} holds {t!r} ({type(t).__name__}), not an integer — ids and labels index "
+                            "the vocabulary — pass the tokenizer's integer ids.")
+        out.append(t.__index__())
+    bad = [x for x in out if x < 0 and not (labels and x == -100)]
+    if bad:
+        rule = ("a label is a token id, or -100 where the loss ignores the position" if labels else
+                "a token id indexes the embedding and cannot be negative (labels passed as input_ids?)")
+        raise ValueError(f"{name} holds {bad[0]} — {rule} — pass the ids and labels tokenize_chat() "
+                         "returned.")
+    return out
+
+
 def seeds(name: str, value) -> list[int]:
     """A diagnosis checker's seeds: a non-empty list (or range) of seeds. None would draw nothing and a
     checker that grades no case passes any answer."""

@@ -145,7 +145,7 @@ def test_masked_tokens_refuses_labels_a_batch_and_foreign_ids(tokenizer):
     assert masked_tokens(tokenizer, torch.tensor(ids), torch.tensor(mask)) == ["\n", "5", "<|im_end|>", "\n"]
     _refused(ValueError, "values other than 0 and 1", masked_tokens, tokenizer, ids, [-100] * len(ids))
     _refused(ValueError, "same length", masked_tokens, tokenizer, ids, mask[:-1])
-    _refused(TypeError, "one row of integers", masked_tokens, tokenizer, torch.tensor([ids]), mask)
+    _refused(ValueError, "2-D .* tensor — one example", masked_tokens, tokenizer, torch.tensor([ids]), mask)
     _refused(ValueError, "another tokenizer", masked_tokens, tokenizer, ids[:-1] + [10_000], mask)
 
 
