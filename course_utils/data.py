@@ -198,7 +198,7 @@ def assistant_char_spans(tokenizer, messages: list[dict], train_on_eos: bool = T
     prefix of its continuation.
     """
     validate.tokenizer("tokenizer", tokenizer)
-    _check_messages(messages)
+    validate.messages("messages", messages)
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     closing = None if train_on_eos else end_of_turn_token(tokenizer)
     spans = []
@@ -254,15 +254,6 @@ def end_of_turn_id(tokenizer) -> int:
     return tokenizer.convert_tokens_to_ids(end_of_turn_token(tokenizer))
 
 
-def _check_messages(messages) -> None:
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        got = "an empty list" if messages == [] else type(messages).__name__
-        raise ValueError(
-            f"messages must be a non-empty list of {{'role', 'content'}} dicts, got {got} — "
-            "the chat template renders such a list — pass one conversation, e.g. make_messages()[0]."
-        )
-
-
 def tokenize_chat(tokenizer, messages: list[dict], max_length: int | None = None,
                   train_on_eos: bool = True) -> dict:
     """Token ids and labels for one conversation: ``labels`` is ``-100`` outside assistant turns.
@@ -272,7 +263,7 @@ def tokenize_chat(tokenizer, messages: list[dict], max_length: int | None = None
     prompt longer than ``max_length`` loses its whole answer: every label becomes ``-100``.
     """
     validate.tokenizer("tokenizer", tokenizer)
-    _check_messages(messages)
+    validate.messages("messages", messages)
     if max_length is not None:
         _check_int("max_length", max_length, 1)
     text, spans = assistant_char_spans(tokenizer, messages, train_on_eos)

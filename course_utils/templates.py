@@ -21,7 +21,6 @@ import os
 import tempfile
 
 from . import validate
-from .data import _check_messages
 from .viz import what_if
 
 # TRL (trl.chat_template_utils) is imported inside the functions that need it, not here: importing it
@@ -59,7 +58,7 @@ def _check_template(name: str, value) -> str:
 def _check_chat(tokenizer, messages) -> None:
     """A tokenizer and one conversation to render with it."""
     validate.tokenizer("tokenizer", tokenizer)
-    _check_messages(messages)
+    validate.messages("messages", messages)
     if not all(isinstance(m.get("role"), str) for m in messages):
         raise ValueError("a message has no 'role' — the template decides by role what is graded — pass "
                          "{'role': ..., 'content': ...} dicts, e.g. make_messages('add', 1)[0].")

@@ -18,7 +18,7 @@ import sys
 from importlib import metadata
 
 from . import validate
-from .data import IGNORE_INDEX, _check_messages, make_messages, tokenize_chat
+from .data import IGNORE_INDEX, make_messages, tokenize_chat
 from .model import course_seed, load_course_model
 from .viz import token_strings, what_if
 
@@ -132,7 +132,7 @@ LOSS_MODES = {
 
 def _check_mode_args(tokenizer, messages, mode: str) -> None:
     validate.tokenizer("tokenizer", tokenizer)
-    _check_messages(messages)
+    validate.messages("messages", messages)
     for message in messages:
         if not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
             raise ValueError(f"message {message!r:.80} has no 'role' and 'content' strings — the chat "

@@ -148,6 +148,15 @@ def token_ids(name: str, ids, *, labels: bool = False) -> list[int]:
     return out
 
 
+def messages(name: str, value) -> list[dict]:
+    """One conversation: a non-empty list of ``{"role", "content"}`` dicts (what a chat template renders)."""
+    if not isinstance(value, list) or not value or not all(isinstance(m, dict) for m in value):
+        got = "an empty list" if value == [] else type(value).__name__
+        raise ValueError(f"{name} must be a non-empty list of {{'role', 'content'}} dicts, got {got} — the "
+                         "chat template renders such a list — pass one conversation: make_messages()[0].")
+    return value
+
+
 def seeds(name: str, value) -> list[int]:
     """A diagnosis checker's seeds: a non-empty list (or range) of seeds. None would draw nothing and a
     checker that grades no case passes any answer."""
