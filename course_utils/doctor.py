@@ -14,13 +14,25 @@ template patching, ``return_assistant_tokens_mask``, truncation and "Dropping fu
 examples" filter), templates are judged by ``trl.chat_template_utils``, activations by one forward
 of the real model on real rows. Nothing is trained; it takes seconds.
 
-Exit status of the command: 1 when an error-level finding exists (so it can gate CI), 0 otherwise,
-2 on bad input — a missing file, a malformed JSONL line, rows of mixed forms, an unknown model id
+Exit status of the command (``Report.exit_code``):
+
+- 0: no error found (warnings and info may remain);
+- 1: an error-level finding exists (so it can gate CI);
+- 2: bad input — a missing file, a malformed JSONL line, rows of mixed forms, an unknown model id
 offline, a config that is not a JSON object, a config key that is not an SFTConfig field, a config
 value SFTConfig would take but training cannot (``max_length`` or a batch size below 1, a learning
 rate <= 0, ``"yes"`` for a flag), a ``--max-length`` below 1 — always with a what/why/fix message and
 never a traceback. ``diagnose`` raises ``DoctorInputError`` for the same input: the doctor never
-reports on a set-up it had to guess at.
+reports on a set-up it had to guess at;
+- 3: no error found, but a check could not run on this set-up: a "could-not-check" finding names the
+  check and why (an exception the check was not written for). The other checks still ran; exit 0 would
+  claim a clean bill of health the doctor did not measure.
+
+Each check mirrors what TRL 1.16's ``SFTTrainer`` does with the set-up: the tokenizer gets the eos and
+pad TRL would give it (``eos_token`` from the config; ``pad_token`` from the config, the tokenizer, or
+its eos), prompt/completion text rows get ``tokenizer.eos_token`` appended, packing ``wrapped`` and
+``bfd_split`` keep every token (``bfd`` and unpacked rows are truncated), and a training template is
+only suggested from the template's own family.
 
 The doctor's own checks are the private ``_*_findings`` functions (``check_*`` names are kept for
 the exercises' graders).
@@ -34,6 +46,7 @@ import difflib
 import html
 import json
 import math
+import re
 import sys
 import tempfile
 import types
@@ -51,7 +64,8 @@ from .quiet import no_progress_bars
 # costs ~10 s on a 2-core CPU (measured), and bad input, --help and `import course_utils.doctor` answer
 # without it (~1.5 s: torch, through data)
 
-SEVERITIES = ("error", "warning", "info")
+SEVERITIES = ("error", "could-not-check", "warning", "info")
+EXIT_CODES = {"clean": 0, "error": 1, "bad-input": 2, "could-not-check": 3}
 LESSONS = {
     "01": "01 · Accumulation & clipping", "02": "02 · The model never stops",
     "03": "03 · Padding & packing", "04": "04 · Chat templates",
@@ -66,6 +80,9 @@ LR_RANGES = {"full": (1e-6, 1e-4), "lora": (1e-5, 1e-3)}
 LR_FAR = 10.0
 PEFT_KEYS = ("use_peft", "lora_r", "peft_config", "lora_alpha")  # TRL ModelConfig fields a config may carry
 STAND_IN_SIMILARITY = 0.9  # above it, the closest shipped training template stands in for the measurement
+# A template is of a shipped family when it uses the same turn markers (Jaccard >= 0.5) and is this similar
+# (difflib ratio, not quick_ratio: quick_ratio only compares character counts and put Llama next to Qwen3)
+FAMILY_SIMILARITY = 0.6
 ERROR_SHARE = 0.01  # fully truncated rows: an error from 1 % of the data, a warning below
 
 
@@ -75,7 +92,8 @@ class DoctorInputError(ValueError):
 
 @dataclass
 class Finding:
-    """One result of a check: ``severity`` is "error", "warning" or "info"."""
+    """One result of a check: ``severity`` is "error", "could-not-check" (the check failed to run: the
+    finding says why), "warning" or "info"."""
 
     severity: str
     check: str
@@ -99,7 +117,12 @@ class Report(list):
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.errors else 0
+        """1 if an error was found, else 3 if a check could not run, else 0 (2 is bad input: no report)."""
+        if self.errors:
+            return EXIT_CODES["error"]
+        if any(f.severity == "could-not-check" for f in self):
+            return EXIT_CODES["could-not-check"]
+        return EXIT_CODES["clean"]
 
     def checks(self, severity: str | None = None) -> set[str]:
         """The names of the checks that reported (at ``severity`` if given)."""
@@ -115,13 +138,16 @@ class Report(list):
     def __str__(self) -> str:
         if not self:
             return "SFT doctor: no findings."
+        unchecked = sum(f.severity == "could-not-check" for f in self)
         lines = [f"SFT doctor: {len(self.errors)} error(s), "
-                 f"{sum(f.severity == 'warning' for f in self)} warning(s), "
+                 + (f"{unchecked} check(s) could not run, " if unchecked else "")
+                 + f"{sum(f.severity == 'warning' for f in self)} warning(s), "
                  f"{sum(f.severity == 'info' for f in self)} info", ""]
         width = max(len(f.check) for f in self)
         for f in self:
-            lines.append(f"{f.severity.upper():<8}{f.check:<{width + 2}}{f.what}")
-            pad = " " * (8 + width + 2)
+            label = "UNCHECKED" if f.severity == "could-not-check" else f.severity.upper()
+            lines.append(f"{label:<{8 + bool(unchecked) * 2}}{f.check:<{width + 2}}{f.what}")
+            pad = " " * (8 + bool(unchecked) * 2 + width + 2)
             lines.append(f"{pad}evidence: {f.evidence}")
             lines.append(f"{pad}fix:      {f.fix}")
             if f.lesson:
@@ -132,7 +158,7 @@ class Report(list):
         return str(self)
 
     def _repr_html_(self) -> str:
-        colour = {"error": "#c62828", "warning": "#ef6c00", "info": "#1565c0"}
+        colour = {"error": "#c62828", "could-not-check": "#6a1b9a", "warning": "#ef6c00", "info": "#1565c0"}
         rows = "".join(
             f"<tr><td style='color:{colour[f.severity]};font-weight:bold'>{f.severity}</td>"
             f"<td><code>{html.escape(f.check)}</code></td><td>{html.escape(f.what)}</td>"
@@ -317,7 +343,7 @@ def _load_model(source):
     try:
         with no_progress_bars():  # a report, not a log: no loading bar in it
             return AutoModelForCausalLM.from_pretrained(source, device_map="cpu")
-    except (OSError, ValueError):
+    except Exception:  # noqa: BLE001 — no weights, or weights it cannot load: the fp16 check says unmeasured
         return None
 
 
@@ -397,6 +423,32 @@ def _apply_chat_template_path(tokenizer, args):
     return tokenizer, []
 
 
+def _trl_tokenizer(tokenizer, args):
+    """The tokenizer as ``SFTTrainer.__init__`` leaves it before preparing the rows (TRL 1.16,
+    sft_trainer.py): ``eos_token`` from the config replaces the tokenizer's; the pad is the config's
+    ``pad_token``, else the tokenizer's, else its eos. A copy: the caller's tokenizer is untouched (a
+    shallow copy would share its special-token map). A token not in the vocabulary is an error finding:
+    TRL raises ValueError there."""
+    eos = args.eos_token
+    pad = args.pad_token or tokenizer.pad_token or (eos if eos is not None else tokenizer.eos_token)
+    vocab = tokenizer.get_vocab()
+    findings = [Finding("error", "special-token-unknown",
+                        f"{field}={token!r} is not in the tokenizer's vocabulary",
+                        f"SFTTrainer raises ValueError: the specified `{field}` ('{token}') is not found",
+                        f"pick a token of the tokenizer for {field}, or add it "
+                        "(tokenizer.add_special_tokens) and resize the model's embeddings", "02")
+                for field, token in (("eos_token", eos), ("pad_token", pad)) if token is not None
+                and token not in vocab]
+    if findings or (eos in (None, tokenizer.eos_token) and pad == tokenizer.pad_token):
+        return tokenizer, findings
+    tokenizer = copy.deepcopy(tokenizer)
+    if eos is not None:
+        tokenizer.eos_token = eos
+    if pad is not None:
+        tokenizer.pad_token = pad
+    return tokenizer, findings
+
+
 def _form(rows) -> str:
     first = rows[0]
     if "messages" in first:
@@ -469,39 +521,86 @@ def _template_findings(tokenizer, args, form) -> tuple[list[Finding], str | None
     try:
         return [], get_training_chat_template(tokenizer), True
     except ValueError as exc:
-        from trl import chat_template_utils
-
-        name, ratio = _closest_shipped_template(template)
-        findings = [Finding("error", "template-unpatchable",
-                        "assistant_only_loss=True with a chat template TRL cannot patch",
-                        f"get_training_chat_template raised: {str(exc)[:120]}…; closest shipped template: "
-                        f"{name} ({ratio:.1%} similar)",
-                        f"set chat_template_path to TRL's trl/chat_templates/{name}_training.jinja (it "
-                        f"renders {name}'s text with {{% generation %}} markers), or add the markers to your "
-                        "own template (lesson 04, templates.add_generation_markers)", "04")]
-        if ratio < STAND_IN_SIMILARITY:
-            return findings, None, False
-        # Measure the rest as if the suggested fix were applied, so one run shows every problem.
-        findings.append(Finding("info", "measured-with-stand-in",
-                                f"the other checks used {name}_training.jinja in place of your template",
-                                f"your template is {ratio:.1%} similar to {name}'s",
-                                "re-run the doctor after fixing the template", "04"))
-        return findings, getattr(chat_template_utils, f"{name}_training_chat_template"), True
+        return _unpatchable_findings(template, exc)
 
 
-def _closest_shipped_template(template: str) -> tuple[str, float]:
-    """The TRL template family (with a training variant) whose text is closest to ``template``."""
+def _unpatchable_findings(template: str, exc: Exception) -> tuple[list[Finding], str | None, bool]:
+    """The template-unpatchable error, with a training template of the template's own family when TRL
+    ships one (and, when the two render near-identical text, that template standing in for the rest)."""
     from trl import chat_template_utils as ctu
 
-    best = ("", 0.0)
-    for attr in dir(ctu):
-        if attr.endswith("_training_chat_template"):
-            name = attr[: -len("_training_chat_template")]
-            shipped = getattr(ctu, f"{name}_chat_template", None)
-            if isinstance(shipped, str):
-                ratio = difflib.SequenceMatcher(None, template, shipped, autojunk=False).quick_ratio()
-                best = max(best, (name, ratio), key=lambda x: x[1])
-    return best
+    family, ratio = _template_family(template)
+    training = _training_template_name(family) if family else None
+    raised = f"get_training_chat_template raised: {str(exc)[:120]}…"
+    if training is None:
+        known = (f"closest shipped family: {family} ({ratio:.1%} similar), which TRL ships no training "
+                 "template for" if family else "no template TRL ships is of this family")
+        return [Finding("error", "template-unpatchable",
+                        "assistant_only_loss=True with a chat template TRL cannot patch",
+                        f"{raised}; {known}",
+                        "add {% generation %}…{% endgeneration %} around the assistant's output (content and "
+                        "end-of-turn token) in your template and pass it as chat_template_path (lesson 04, "
+                        "templates.add_generation_markers)", "04")], None, False
+    # similarity to the original the training template was made from: that is what it would render
+    original = getattr(ctu, f"{training}_chat_template")
+    close = difflib.SequenceMatcher(None, template, original, autojunk=False).ratio()
+    renders = (f"it renders {training}'s text with {{% generation %}} markers" if close >= STAND_IN_SIMILARITY
+               else f"TRL's training template of the {training} family: it renders {training}'s text, "
+               f"{close:.1%} similar to yours — diff the two before training")
+    findings = [Finding("error", "template-unpatchable",
+                        "assistant_only_loss=True with a chat template TRL cannot patch",
+                        f"{raised}; closest shipped template: {family} ({ratio:.1%} similar)",
+                        f"set chat_template_path to TRL's trl/chat_templates/{training}_training.jinja "
+                        f"({renders}), or add the markers to your own template (lesson 04, "
+                        "templates.add_generation_markers)", "04")]
+    if close < STAND_IN_SIMILARITY:
+        return findings, None, False
+    # Measure the rest as if the suggested fix were applied, so one run shows every problem.
+    findings.append(Finding("info", "measured-with-stand-in",
+                            f"the other checks used {training}_training.jinja in place of your template",
+                            f"your template is {close:.1%} similar to {training}'s",
+                            "re-run the doctor after fixing the template", "04"))
+    return findings, getattr(ctu, f"{training}_training_chat_template"), True
+
+
+# turn markers in a template's text: <|eot_id|>, <｜User｜>, [INST], <start_of_turn>, <|im_end|>
+_MARKER = re.compile(r"<\|[^|'\"\s]+\|>|<｜[^｜]+｜>|\[/?INST\]|<(?:start|end)_of_turn>")
+
+
+def _template_family(template: str) -> tuple[str | None, float]:
+    """The TRL original template (``trl/chat_templates/<name>.jinja``) that ``template`` is a copy or an
+    edit of, and how similar they are; ``(None, best ratio)`` when none shares its turn markers (e.g.
+    ``<|start_header_id|>``, ``[INST]``) and at least ``FAMILY_SIMILARITY`` of its text."""
+    from trl import chat_template_utils as ctu
+
+    originals = {a[: -len("_chat_template")]: getattr(ctu, a) for a in dir(ctu)
+                 if a.endswith("_chat_template") and not a.endswith("_training_chat_template")
+                 and isinstance(getattr(ctu, a), str)}
+    for name, text in originals.items():
+        if text.strip() == template.strip():
+            return name, 1.0
+    mine = set(_MARKER.findall(template))
+    best = (None, 0.0)
+    for name, text in originals.items():
+        theirs = set(_MARKER.findall(text))
+        if not mine or len(mine & theirs) / len(mine | theirs) < 0.5:  # another family's turn markers
+            continue
+        ratio = difflib.SequenceMatcher(None, template, text, autojunk=False).ratio()
+        best = max(best, (name, ratio), key=lambda x: x[1])
+    return best if best[1] >= FAMILY_SIMILARITY else (None, best[1])
+
+
+def _training_template_name(family: str) -> str | None:
+    """The training template of ``family`` TRL ships: its own (``qwen2_5``), else its base name's
+    (``llama3_1`` → ``llama3``), else None. Never another family's."""
+    from trl import chat_template_utils as ctu
+
+    parts = re.sub(r"_v\d+$", "", family).split("_")
+    for end in range(len(parts), 0, -1):
+        name = "_".join(parts[:end])
+        if isinstance(getattr(ctu, f"{name}_training_chat_template", None), str):
+            return name
+    return None
 
 
 def _stop_token_findings(tokenizer, prepared, eot, args, chat_template) -> list[Finding]:
@@ -527,9 +626,10 @@ def _stop_token_findings(tokenizer, prepared, eot, args, chat_template) -> list[
                     "templates do), or train on the full sequence (assistant_only_loss=False)", "02")]
 
 
-def _eos_findings(tokenizer, eot, gen_eos, args) -> list[Finding]:
-    """Will ``generate()`` stop at the template's end-of-turn token after this training?"""
-    if eot is None:
+def _eos_findings(tokenizer, eot, gen_eos, args, conversational=True) -> list[Finding]:
+    """Will ``generate()`` stop at the token the rows end with after this training? For chats that is
+    the template's end of turn; for text rows the ``tokenizer.eos_token`` TRL appends (``eot`` then)."""
+    if eot is None or (not conversational and not gen_eos):  # no generation_config: generate() uses eos
         return []
     stop_ids = list(gen_eos)
     if args.eos_token is not None and args.eos_token in tokenizer.get_vocab():
@@ -538,22 +638,28 @@ def _eos_findings(tokenizer, eot, gen_eos, args) -> list[Finding]:
         return []
     token = tokenizer.convert_ids_to_tokens(eot)
     names = [tokenizer.convert_ids_to_tokens(i) for i in stop_ids]
+    where = ("the chat template ends a turn with" if conversational else
+             "TRL appends tokenizer.eos_token to every text row:")
     return [Finding("warning", "eos-mismatch",
-                    f"generate() will not stop at the template's end-of-turn token {token!r}",
+                    f"generate() will not stop at the template's end-of-turn token {token!r}"
+                    if conversational else
+                    f"generate() will not stop at the eos token TRL appends to every row, {token!r}",
                     f"generation_config eos ids {stop_ids} = {names}; tokenizer.eos_token="
-                    f"{tokenizer.eos_token!r}; the chat template ends a turn with {token!r}",
+                    f"{tokenizer.eos_token!r}; {where} {token!r}",
                     f"set eos_token={token!r} in the SFTConfig (TRL adds it to generation_config), or pass "
                     f"eos_token_id={[*stop_ids, eot]} to generate()", "02")]
 
 
 def _pad_eos_findings(tokenizer, prepared, eot, args) -> list[Finding]:
-    """pad == the graded stop token: a collator that masks labels by pad id erases every stop label."""
+    """pad == the graded stop token. Harmless with SFTTrainer's own collator (it pads labels with -100
+    and keeps every stop label: info); a collator that masks labels by pad id — transformers'
+    ``DataCollatorForLanguageModeling``, in a custom loop — erases them all. ``tokenizer`` is already set
+    up as TRL does (``_trl_tokenizer``): its pad is the one training would use."""
     from transformers import DataCollatorForLanguageModeling
 
-    pad = args.pad_token or tokenizer.pad_token or tokenizer.eos_token
-    pad_id = tokenizer.convert_tokens_to_ids(pad)
+    pad, pad_id = tokenizer.pad_token, tokenizer.pad_token_id
     stop_ids = {i for i in (eot, tokenizer.eos_token_id) if i is not None}
-    if prepared is None or pad_id not in stop_ids:
+    if prepared is None or pad is None or pad_id not in stop_ids:
         return []
     rows = [{"input_ids": r} for r in prepared["input_ids"][:64]]
     # unshifted, as _graded_positions: an eos label at its own position
@@ -563,13 +669,13 @@ def _pad_eos_findings(tokenizer, prepared, eot, args) -> list[Finding]:
         return []
     masked = DataCollatorForLanguageModeling(tokenizer, mlm=False)(rows)["labels"]
     kept = int((masked == pad_id).sum())
-    return [Finding("warning", "pad-is-eos",
-                    f"pad token {pad!r} is the stop token the model must learn",
-                    f"{graded} graded {pad!r} labels in {len(rows)} rows; transformers' "
-                    f"DataCollatorForLanguageModeling keeps {kept} of them (it masks labels by pad id); "
-                    "SFTTrainer's own collator masks by position and keeps them all",
-                    "keep SFTTrainer's collator, or set pad_token to a token that is not a stop token "
-                    "(e.g. a dedicated <|pad|>)", "02")]
+    return [Finding("info", "pad-is-eos",
+                    f"pad token {pad!r} is the stop token the model must learn: harmless with SFTTrainer",
+                    f"{graded} graded {pad!r} labels in {len(rows)} rows; SFTTrainer's own collator pads "
+                    "labels with -100 and keeps them all; transformers' DataCollatorForLanguageModeling "
+                    f"keeps {kept} of them (it masks labels by pad id)",
+                    "keep SFTTrainer's collator; with your own collator or loop, set pad_token to a token "
+                    "that is not a stop token (e.g. a dedicated <|pad|>)", "02")]
 
 
 def _graded_positions(labels) -> list[int]:
@@ -601,10 +707,12 @@ def _truncation_findings(prepared, tokenizer, args, chat_template, completion_on
     all-empty micro-batch."""
     if prepared is None or args.max_length is None:
         return []
+    if args.packing and args.packing_strategy in ("wrapped", "bfd_split"):
+        return _packed_apart_findings(prepared, args)  # these strategies cut no token
     max_length, batch = args.max_length, args.per_device_train_batch_size
-    first = {r: _graded_positions(lab) for r, lab in zip(prepared["_doctor_row"], prepared["labels"])}
-    first = {r: pos[0] for r, pos in first.items() if pos}
-    findings = []
+    graded = {r: _graded_positions(lab) for r, lab in zip(prepared["_doctor_row"], prepared["labels"])}
+    first = {r: pos[0] for r, pos in graded.items() if pos}
+    findings = _answer_cut_findings(graded, args)
     prompts = sorted(first.values())
     median_prompt = prompts[len(prompts) // 2] if prompts else 0
     if prompts and median_prompt >= max_length:
@@ -647,9 +755,49 @@ def _truncation_findings(prepared, tokenizer, args, chat_template, completion_on
         f"row ids {dropped[:8]}; a micro-batch of {batch} such rows (no graded token at all) has "
         f"p={p_empty:.3g}, "
         f"~{p_empty * n / batch:.2g} per epoch; {path}",
-        f"max_length >= {max(first.values()) + 1} keeps a graded token in every row; truncation_mode="
+        # the first number is the one that also keeps every answer's end (a smaller one leaves answers
+        # without their stop token: answer-truncated); lesson 08 reads it
+        f"max_length >= {max(pos[-1] for pos in graded.values() if pos) + 1} keeps every answer whole "
+        f"(>= {max(first.values()) + 1} keeps a graded token in every row); truncation_mode="
         f"'{end_mode}' keeps {other_kept} of {n}; or drop/shorten the long prompts", "05"))
     return findings
+
+
+def _answer_cut_findings(graded: dict, args) -> list[Finding]:
+    """Rows that keep part of their answer but lose its end — and with it the end-of-turn / eos token —
+    at max_length (``keep_start``): the model is taught answers that do not stop (lesson 02)."""
+    if args.truncation_mode != "keep_start":
+        return []
+    cut = sorted(r for r, pos in graded.items() if pos and pos[0] < args.max_length <= pos[-1])
+    if not cut:
+        return []
+    return [Finding("warning", "answer-truncated",
+                    f"{len(cut)} of {len(graded)} rows lose the end of their answer at "
+                    f"max_length={args.max_length}",
+                    f"row ids {cut[:8]}: their last graded token (the end of turn) lies past max_length, so "
+                    "these rows teach the answer without its stop token",
+                    f"max_length >= {max(graded[r][-1] for r in cut) + 1} keeps every answer's end; or "
+                    "shorten the long rows", "05")]
+
+
+def _packed_apart_findings(prepared, args) -> list[Finding]:
+    """``wrapped`` and ``bfd_split`` packing keep every token (TRL truncates nothing), but a row longer than
+    ``max_length`` is split across packed rows: the part of its answer past the cut trains without the
+    start of its prompt."""
+    max_length = args.max_length
+    long_rows = [(r, _graded_positions(lab)) for r, lab in zip(prepared["_doctor_row"], prepared["labels"])
+                 if len(lab) > max_length]
+    apart = [r for r, pos in long_rows if pos and pos[-1] >= max_length]
+    if not apart:
+        return []
+    beside = " (and, wrapped, beside other examples)" if args.packing_strategy == "wrapped" else ""
+    return [Finding("warning", "answers-packed-apart",
+                    f"{len(apart)} of {len(prepared)} rows are longer than max_length={max_length}: "
+                    f"packing_strategy={args.packing_strategy!r} splits them, answer apart from prompt",
+                    f"row ids {apart[:8]}; no token is lost (TRL does not truncate under this packing), but "
+                    f"graded tokens past the cut are trained without the start of their prompt{beside}",
+                    f"max_length >= {max(len(lab) for lab in prepared['labels'])} keeps every row whole; or "
+                    "shorten the long rows", "05")]
 
 
 def _packing_findings(prepared, tokenizer, args, chat_template, completion_only_loss) -> list[Finding]:
@@ -814,8 +962,16 @@ def _run_checks(rows, form, tokenizer, args, precision, config, source, model_ob
     from datasets import Dataset
 
     tokenizer, findings = _apply_chat_template_path(tokenizer, args)
-    findings += _assistant_turn_findings(rows, form, args)
-    template_findings, chat_template, trainable = _template_findings(tokenizer, args, form)
+    try:
+        tokenizer, setup_findings = _trl_tokenizer(tokenizer, args)
+    except Exception as exc:  # noqa: BLE001 — measure with the tokenizer as given, and say so
+        setup_findings = _could_not_check("special-token-unknown", exc)
+    findings += setup_findings
+    findings += _guarded("no-assistant-turns", _assistant_turn_findings, rows, form, args)
+    try:
+        template_findings, chat_template, trainable = _template_findings(tokenizer, args, form)
+    except Exception as exc:  # noqa: BLE001 — a check that cannot run is a finding, not a traceback
+        template_findings, chat_template, trainable = _could_not_check("template", exc), None, False
     findings += template_findings
     completion_only = args.completion_only_loss
     if completion_only is None:
@@ -835,19 +991,48 @@ def _run_checks(rows, form, tokenizer, args, precision, config, source, model_ob
                                     f"{type(exc).__name__}: {str(exc)[:200]}",
                                     "fix the rows or the template it names; SFTTrainer would stop here",
                                     "04"))
-    eot = _end_of_turn_or_none(tokenizer) if form != "text" else tokenizer.eos_token_id
+        except Exception as exc:  # noqa: BLE001
+            findings += _could_not_check("trl-preparation", exc)
+    # the stop the rows end with: the template's end of turn for chats; for plain text and prompt/completion
+    # text, the tokenizer.eos_token TRL appends to each row ("Adding EOS")
+    conversational = form in ("messages", "prompt_completion")
+    eot = _end_of_turn_or_none(tokenizer) if conversational else tokenizer.eos_token_id
     if model_obj is None and forward and precision["fp16"] and source is not None:
         model_obj = _load_model(source)
-    gen_eos = _generation_eos_ids(source, model_obj)
-    findings += _stop_token_findings(tokenizer, prepared, eot, args, chat_template)
-    findings += _eos_findings(tokenizer, eot, gen_eos, args)
-    findings += _pad_eos_findings(tokenizer, prepared, eot, args)
-    findings += _truncation_findings(prepared, tokenizer, args, chat_template, completion_only)
-    findings += _packing_findings(prepared, tokenizer, args, chat_template, completion_only)
-    findings += _precision_and_lr_findings(config, precision, args, model_obj if forward else None,
-                                           tokenizer, prepared)
-    findings += _padding_side_findings(tokenizer)
+    try:
+        gen_eos = _generation_eos_ids(source, model_obj)
+    except Exception as exc:  # noqa: BLE001
+        gen_eos, findings = None, findings + _could_not_check("eos-mismatch", exc)
+    findings += _guarded("stop-token-untrained", _stop_token_findings, tokenizer, prepared, eot, args,
+                         chat_template)
+    if gen_eos is not None:
+        findings += _guarded("eos-mismatch", _eos_findings, tokenizer, eot, gen_eos, args, conversational)
+    findings += _guarded("pad-is-eos", _pad_eos_findings, tokenizer, prepared, eot, args)
+    findings += _guarded("truncation", _truncation_findings, prepared, tokenizer, args, chat_template,
+                         completion_only)
+    findings += _guarded("packing", _packing_findings, prepared, tokenizer, args, chat_template,
+                         completion_only)
+    findings += _guarded("precision-and-learning-rate", _precision_and_lr_findings, config, precision, args,
+                         model_obj if forward else None, tokenizer, prepared)
+    findings += _guarded("right-padding", _padding_side_findings, tokenizer)
     return Report(sorted(findings, key=lambda f: SEVERITIES.index(f.severity)))
+
+
+def _guarded(check: str, run, *args) -> list[Finding]:
+    """``run(*args)``'s findings; an exception it was not written for becomes a "could-not-check" finding
+    naming ``check`` and why (exit status 3), so one check's bug neither hides the others nor ends in a
+    traceback."""
+    try:
+        return run(*args)
+    except Exception as exc:  # noqa: BLE001 — any failure of a check is reported, the others still run
+        return _could_not_check(check, exc)
+
+
+def _could_not_check(check: str, exc: Exception) -> list[Finding]:
+    return [Finding("could-not-check", check, f"the {check} check could not run on this set-up",
+                    f"{type(exc).__name__}: {str(exc)[:200]}",
+                    "the other checks ran; check this one by hand, and report the set-up as a doctor bug "
+                    "(exit status 3 until then)")]
 
 
 def main(argv=None) -> int:

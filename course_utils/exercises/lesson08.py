@@ -161,7 +161,12 @@ def _planted(setup) -> tuple[str, ...]:
 
 def _expected_checks(planted) -> set[str]:
     """The doctor's check names that must fire on a set-up with these failures planted."""
-    return {FAILURES[name][1] for name in planted} | {c for _, c in ALWAYS.values()}
+    checks = {FAILURES[name][1] for name in planted} | {c for _, c in ALWAYS.values()}
+    if {"long_prompts", "wrapped_packing"} <= set(planted):
+        # wrapped packing truncates nothing (TRL 1.16): the long rows are split across packed rows, not
+        # emptied — the doctor warns that their answers are packed apart from their prompts
+        checks = (checks - {"fully-truncated"}) | {"answers-packed-apart"}
+    return checks
 
 
 def _check_report(report) -> Report:
