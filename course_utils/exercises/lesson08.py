@@ -359,8 +359,9 @@ def _evaluate(got, setup: Setup) -> tuple[str | None, str | None]:
     except DoctorInputError as exc:
         return (f"the doctor rejects the fixed set-up: {exc}", "keep the rows in TRL's messages form and the "
                 "config to SFTConfig's fields, with values of their types: the doctor's message names what.")
-    bad = [f for f in report if f.severity == "error" or (f.severity == "warning"
-                                                          and f.check not in ALLOWED_WARNINGS)]
+    # a check that could not run has not cleared the set-up: it counts against the fix like an error
+    bad = [f for f in report if f.severity in ("error", "could-not-check") or (
+        f.severity == "warning" and f.check not in ALLOWED_WARNINGS)]
     if bad:
         first = bad[0]
         difference = f"the doctor still reports {first.severity} {first.check}: {first.what}"
