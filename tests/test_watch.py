@@ -5,10 +5,13 @@ import contextlib
 import io
 import math
 import re
+import sys
 
 import pytest
 import torch
 from datasets import Dataset
+from torch.overrides import TorchFunctionMode
+from transformers import TrainerCallback
 from trl import SFTTrainer
 
 from course_utils import load_course_model, make_chat_dataset, make_sft_trainer
@@ -19,6 +22,8 @@ from course_utils.watch import SFTWatch
 
 slow = pytest.mark.slow  # real SFTTrainer runs: `make test-slow` (and CI) run them
 WHAT_WHY_FIX = r".+ — .+ — .+"
+SYNCS = (torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__float__,
+         torch.Tensor.__int__)  # each waits for the device
 
 
 # ---- arguments (fast) ---------------------------------------------------------------------------
@@ -155,6 +160,15 @@ def test_a_handwritten_masked_mean_on_an_empty_micro_batch_is_caught_at_its_loss
 
 
 @slow
+def test_without_locate_a_nonfinite_gradient_still_stops_the_run():
+    model, _ = load_course_model()
+    model.model.layers[1].mlp.down_proj.weight.register_hook(lambda grad: grad * float("nan"))
+    watch, trainer = watched(make_chat_dataset(n=48), model=model, max_steps=4, watch=SFTWatch(locate=False))
+    assert watch.nonfinite == {"kind": "gradient", "where": "total norm", "step": 1, "micro_batch": 1}
+    assert trainer.state.global_step == 1 and all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+@slow
 def test_first_nonfinite_gradient_with_finite_activations_names_the_parameter():
     model, _ = load_course_model()
     poisoned = model.model.layers[1].mlp.down_proj.weight
@@ -212,3 +226,146 @@ def test_one_watch_per_run():
         trainer.train()  # the same trainer, the same watch: a second run
     assert len(watch.steps) == 1
 
+
+
+# ---- fp16: a skipped GradScaler step is counted, not a stop (issue 31) ----------------------------
+
+INIT_SCALE = 2.0 ** 30  # far above what fp16 gradients take: the first steps overflow, as a real run's do
+
+
+class CpuFp16Trainer(SFTTrainer):
+    """SFTTrainer(fp16=True) with accelerate's own fp16 machinery switched on, on a CPU.
+
+    accelerate 1.15 builds the GradScaler only off the CPU (accelerate/accelerator.py: Accelerator.__init__,
+    ``self.device.type != "cpu"``), so Trainer(fp16=True) on a CPU trains in fp32. Everything else is the
+    real path: with ``native_amp`` and the scaler set before ``train()`` prepares the model and the optimizer,
+    the forward runs under fp16 autocast, ``Accelerator.backward`` scales the loss, ``clip_grad_norm_``
+    unscales the gradients and ``GradScaler.step`` skips an overflowing step and halves the scale."""
+
+    def create_accelerator_and_postprocess(self):
+        super().create_accelerator_and_postprocess()
+        assert self.accelerator.mixed_precision == "fp16" and self.accelerator.scaler is None
+        self.accelerator.native_amp = True
+        self.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE, growth_interval=10_000)
+
+
+def fp16_watched(model=None, watch=None, callbacks=(), max_steps=24):
+    if model is None:
+        model = load_course_model()[0]
+    tok = load_course_model()[1]
+    trainer = make_sft_trainer(model, tok, make_chat_dataset(n=48), trainer_cls=CpuFp16Trainer, fp16=True,
+                               max_steps=max_steps)
+    for callback in callbacks:
+        trainer.add_callback(callback)
+    watch = watch or SFTWatch()
+    trainer.add_callback(watch)
+    trainer.train()
+    return watch, trainer
+
+
+@slow
+@pytest.mark.parametrize("locate", [True, False])
+def test_skipped_fp16_steps_are_counted_and_the_run_goes_on(locate):
+    model, _ = load_course_model()
+    dtypes = set()
+    model.model.layers[0].mlp.up_proj.register_forward_hook(lambda module, args, out: dtypes.add(out.dtype))
+    watch, trainer = fp16_watched(model=model, watch=SFTWatch(locate=locate))
+    assert dtypes == {torch.float16}, "the forward really ran under fp16 autocast"
+    assert trainer.state.global_step == 24 and watch.stopped_because is None and watch.nonfinite is None
+    skipped = [s["step"] for s in watch.skipped_steps]
+    scale = trainer.accelerator.scaler.get_scale()
+    # the mechanism, read from the scaler itself: each skip halved the scale (growth_interval is not reached)
+    assert skipped and scale == INIT_SCALE / 2 ** len(skipped), (skipped, scale)
+    # and from the Trainer's log: the unscaled pre-clip norm is inf/NaN exactly on the skipped steps
+    norms = logged(trainer, "grad_norm")
+    assert skipped == [step for step, norm in enumerate(norms, 1) if not math.isfinite(norm)]
+    assert 0 < len(skipped) < len(norms), "some steps skip, then the smaller scale fits and the run trains"
+    assert [s["step"] for s in watch.steps if s["skipped"]] == skipped
+    where = {s["where"] for s in watch.skipped_steps}
+    # where: the first gradient, in backward order, the scaled backward overflowed (locate=False: the norm)
+    names = {name for name, _ in trainer.model.named_parameters()}
+    assert where <= names if locate else where == {"total norm"}, where
+    assert all(bool(torch.isfinite(p).all()) for p in trainer.model.parameters())
+    assert f"steps the fp16 GradScaler skipped (overflow, then a smaller scale; routine): {len(skipped)}" \
+        in watch.report()
+    assert watch.summary()["skipped_steps"] == len(skipped)
+
+
+@slow
+def test_under_fp16_a_nonfinite_loss_still_stops_the_run():
+    model, _ = load_course_model()
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight[0, 0] = float("inf")
+    watch, trainer = fp16_watched(model=model)
+    # the scaler would skip this step too, forever: a NaN born in the forward is no overflow of the scale
+    assert trainer.state.global_step == 1 and watch.stopped_because == "non-finite activation"
+    assert watch.nonfinite["where"] == "model.layers.1.mlp.down_proj" and not watch.skipped_steps
+
+
+class BrokenUpdate(TrainerCallback):
+    """An update that writes inf into one weight after step 3 (a bad optimizer, a bad lr, an overflow)."""
+
+    def on_optimizer_step(self, args, state, control, model=None, **kwargs):
+        if state.global_step == 2:  # the Trainer counts the step after this event
+            with torch.no_grad():
+                model.model.layers[0].self_attn.q_proj.weight[0, 0] = float("inf")
+
+
+@slow
+def test_under_fp16_weights_an_update_made_nonfinite_stop_the_run():
+    watch, trainer = fp16_watched(callbacks=[BrokenUpdate()])
+    assert watch.nonfinite == {"kind": "weight", "where": "model.layers.0.self_attn.q_proj.weight", "step": 3,
+                               "micro_batch": 3}
+    assert trainer.state.global_step == 4 and watch.stopped_because == "non-finite weight"
+
+
+@slow
+def test_the_last_update_is_checked_at_the_end_of_training():
+    watch, trainer = fp16_watched(callbacks=[BrokenUpdate()], max_steps=3)
+    assert trainer.state.global_step == 3 and watch.nonfinite["kind"] == "weight"
+    assert "first non-finite weight at step 3" in watch.report()
+
+
+@slow
+@pytest.mark.parametrize("locate", [True, False])
+def test_one_device_sync_per_optimizer_step(locate):
+    """The checks stay on the device and are read back once a step (plus once at the end of training)."""
+    syncs = []
+
+    class CountSyncs(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            caller = sys._getframe(1).f_code.co_filename
+            if caller == watch_module.__file__ and func in SYNCS:
+                syncs.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    model, tok = load_course_model()
+    watch = SFTWatch(locate=locate)
+    trainer = make_sft_trainer(model, tok, make_chat_dataset(n=48), max_steps=4,
+                               gradient_accumulation_steps=2, per_device_train_batch_size=4)
+    trainer.add_callback(watch)
+    with CountSyncs():
+        trainer.train()
+    assert syncs == ["tolist"] * (4 + 1), syncs
+    assert len(watch.micro_batches) == 8 and watch.nonfinite is None
+
+
+@slow
+def test_the_overhead_benchmark_runs_and_prints(capsys):
+    """tools/watch_overhead.py prints step times with and without the watch: a benchmark, not a gate."""
+    from tools import watch_overhead
+
+    assert watch_overhead.main(["--runs", "1", "--steps", "6", "--warmup", "2"]) == 0
+    printed = capsys.readouterr().out
+    for clock in ("cpu", "wall", "own"):
+        for arm in watch_overhead.ARMS:
+            row = rf"^{clock}\s+{re.escape(arm)}(\s+[\d.]+){{4}}$"
+            assert re.search(row, printed, re.M), printed
+
+
+def test_the_overhead_benchmark_refuses_a_run_with_nothing_to_time():
+    from tools import watch_overhead
+
+    with pytest.raises(SystemExit) as caught:
+        watch_overhead.main(["--steps", "3", "--warmup", "5"])
+    assert caught.value.code == 2

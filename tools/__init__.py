@@ -10,6 +10,7 @@ here is installed with the course, and no notebook imports it.
 - ``robustness``          the robustness matrix (``make robustness``)
 - ``claims``              the myth-vs-measurement table (``make claims``)
 - ``lesson_report``       per-lesson pass/fail under another stack (``make test-latest``, ``gpu_check.sh``)
+- ``watch_overhead``      SFTWatch's cost per training step, with and without it (a benchmark)
 - ``install_torch``, ``fast_install``  ``make install``'s steps (scripts: they run before the course is
   installed, so they import nothing from it)
 """
