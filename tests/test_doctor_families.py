@@ -282,7 +282,6 @@ def test_healthy_setups_exit_0_without_an_error(name, families):
     assert not wrong, f"{name}: false alarms on healthy set-ups: {json.dumps(wrong, indent=1)}"
 
 
-@pytest.mark.slow  # ~2-11 s a family (TRL prepares every planted set-up): `make test-slow`, CI
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_planted_failures_are_found_by_their_own_check(name, families, tmp_path):
     missed = {}
@@ -293,7 +292,6 @@ def test_planted_failures_are_found_by_their_own_check(name, families, tmp_path)
     assert not missed, f"{name}: {json.dumps(missed, indent=1)}"
 
 
-@pytest.mark.slow  # ~2-11 s a family (TRL prepares every planted set-up): `make test-slow`, CI
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_an_unpatchable_template_is_told_its_own_familys_training_template(name, families, tmp_path):
     """Llama-3.x used to be told qwen3_training.jinja ("88.7 % similar": quick_ratio), Mistral
