@@ -348,24 +348,3 @@ def test_one_device_sync_per_optimizer_step(locate):
         trainer.train()
     assert syncs == ["tolist"] * (4 + 1), syncs
     assert len(watch.micro_batches) == 8 and watch.nonfinite is None
-
-
-@slow
-def test_the_overhead_benchmark_runs_and_prints(capsys):
-    """tools/watch_overhead.py prints step times with and without the watch: a benchmark, not a gate."""
-    from tools import watch_overhead
-
-    assert watch_overhead.main(["--runs", "1", "--steps", "6", "--warmup", "2"]) == 0
-    printed = capsys.readouterr().out
-    for clock in ("cpu", "wall", "own"):
-        for arm in watch_overhead.ARMS:
-            row = rf"^{clock}\s+{re.escape(arm)}(\s+[\d.]+){{4}}$"
-            assert re.search(row, printed, re.M), printed
-
-
-def test_the_overhead_benchmark_refuses_a_run_with_nothing_to_time():
-    from tools import watch_overhead
-
-    with pytest.raises(SystemExit) as caught:
-        watch_overhead.main(["--steps", "3", "--warmup", "5"])
-    assert caught.value.code == 2
