@@ -26,7 +26,7 @@ A lesson's learner tools (what its notebook explains and a practitioner reuses):
 - ``ddp_grad``        the torchrun worker of lesson 07 (two processes, gloo)  — lesson 07
 - ``doctor``          the SFT doctor: a pre-flight check of a whole set-up     — lesson 08, your runs
 - ``watch``           SFTWatch: clip rate, empty micro-batches, first NaN      — lesson 08, your runs
-- ``capstone``        lesson 08's broken set-ups                              — lesson 08
+- ``capstone``        a set-up on disk (``Setup``), TRL's training template path   — lesson 08
 
 ``exercises/lessonNN.py`` holds lesson NN's checkers (``check_*``) and the generators of their cases;
 ``exercises/answers/`` the reference answers. A notebook imports checkers and artefacts, never an
