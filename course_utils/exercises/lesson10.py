@@ -1,0 +1,263 @@
+"""Lesson 10's exercises: their checkers, and the saved directories of the diagnosis exercise.
+
+1. ``check_save_for_serving(fn)``: ``fn(model, tokenizer, out_dir)`` writes a trained LoRA model (with the
+   end-of-turn fix in its ``generation_config``, a training chat template, trained embedding rows) so that
+   a user who loads ``out_dir`` gets the same model; graded by loading it as a user does
+   (``shipping.load_saved``) on models the notebook never shows (both course models).
+2. ``saved_directory(seed)`` (the artefact a learner reads) + ``check_diagnose_saved(fn)``:
+   ``fn(artefact) -> Diagnosis(cause, evidence)``, one of ``CAUSES``, graded on fresh directories that
+   include healthy look-alikes.
+
+The generator that knows a directory's cause (``_saved_directory``) is private: the notebook shows the
+artefact only. Reference answers: ``answers/lesson10.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import random
+import tempfile
+import warnings
+from collections.abc import Sequence
+
+import torch
+
+from .. import validate
+from ..checks import Case, Diagnosis, Hints, check_diagnosis, run_check
+from ..data import end_of_turn_token, make_batches, make_messages
+from ..model import course_seed, load_course_model
+from ..shipping import LOGIT_TOLERANCE, _drift, _logits, load_saved, saved_files
+
+# ------------------------------------------------------------------------------------------------
+# Exercise 1 (fix): save what a user needs
+# ------------------------------------------------------------------------------------------------
+
+def _trained_lora(model_name: str, seed: int):
+    """A LoRA model as a run leaves it in memory, without the run: random LoRA updates, trained rows of the
+    special tokens (``modules_to_save``), the end-of-turn token prepended to ``generation_config`` (what
+    ``SFTConfig(eos_token=...)`` does), and a training chat template that differs from the base's."""
+    from peft import LoraConfig, get_peft_model
+    from trl.chat_template_utils import qwen2_5_training_chat_template
+
+    model, tokenizer = load_course_model(model_name)
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.chat_template = qwen2_5_training_chat_template  # with {% generation %}: not the base's
+    with warnings.catch_warnings():  # peft's tied-embedding notice is lesson text, not checker output
+        warnings.simplefilter("ignore")
+        config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear",
+                            task_type="CAUSAL_LM", modules_to_save=["embed_tokens", "lm_head"])
+        model = get_peft_model(model, config)
+    gen = torch.Generator().manual_seed(seed)
+    special = sorted(set(tokenizer.get_added_vocab().values()))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+            elif "modules_to_save" in name:
+                p[special] += 0.2 * torch.randn(p[special].shape, generator=gen)
+    eot = tokenizer.convert_tokens_to_ids(end_of_turn_token(tokenizer))
+    model.generation_config.eos_token_id = [eot, tokenizer.eos_token_id]
+    model.eval()
+    return model, tokenizer
+
+
+def _save_cases() -> list[Case]:
+    cases = []
+    for k, name in enumerate(("tiny-qwen", "tiny-llama")):
+        model, tokenizer = _trained_lora(name, 10 * course_seed() + k)
+        batches = make_batches(tokenizer, make_messages("mixed", 8, seed=500 + k), 8)
+        expected = {"logits": _logits(model, batches), "batches": batches,
+                    "template": tokenizer.chat_template, "eos": list(model.generation_config.eos_token_id),
+                    "out_dir": tempfile.mkdtemp(prefix="ship-ex-")}
+        cases.append(Case((model, tokenizer, expected["out_dir"]), expected,
+                          label=f"a LoRA run on {name}", tag=name))
+    return cases
+
+
+def _compare_saved(_got, expected: dict) -> str | None:
+    try:
+        info = saved_files(expected["out_dir"])
+    except ValueError:
+        return ("out_dir holds no saved model (no config.json nor adapter_config.json) — call "
+                "save_pretrained with out_dir")
+    try:
+        served, served_tok = load_saved(expected["out_dir"])
+    except ValueError as exc:
+        return f"a user cannot load it: {str(exc).split(' — ')[0]}"
+    eos = served.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    if expected["eos"][0] not in eos:
+        if info["kind"] == "adapter":
+            return ("an adapter directory is served on its base, with the base's generation_config: the "
+                    "end-of-turn fix stays behind (peft does not read a generation_config.json saved beside "
+                    f"the adapter; served eos_token_id {eos}) — merge_and_unload() and save the merged model")
+        return (f"the saved generation_config has eos_token_id {eos}, without the end-of-turn token the run "
+                "added — save the trained model's own generation_config (merge the in-memory model, not a "
+                "reloaded one)")
+    if served_tok.chat_template != expected["template"]:
+        return ("the chat template served is not the one the run trained with — the base's tokenizer is "
+                "used when none is saved: save the tokenizer too")
+    drift = _drift(expected["logits"], _logits(served, expected["batches"]), expected["batches"])
+    if drift["max_abs"] > LOGIT_TOLERANCE:
+        dtype = next(p.dtype for p in served.parameters() if p.is_floating_point())
+        if dtype != torch.float32:
+            return (f"the model loads in {dtype} (transformers' dtype='auto' reads the config): its logits "
+                    f"move by {drift['max_abs']:.3g} — save in float32, the dtype the run trained in")
+        return (f"the served logits differ from the trained model's by {drift['max_abs']:.3g} (KL "
+                f"{drift['kl']:.3g}): the trained embedding and head rows (modules_to_save) or the LoRA "
+                "update were not saved")
+    return None
+
+
+SAVE_HINTS = Hints(
+    question="When a user loads your directory, where does generate() read its eos_token_id from — for an "
+             "adapter directory, and for a full one?",
+    pointer="Sections 2-3: trainer.save_model() wrote the adapter and the tokenizer, and the reloaded model "
+            "took the base's generation_config; section 5 merges the in-memory model.",
+    answer="merged = model.merge_and_unload(); merged.save_pretrained(out_dir); "
+           "tokenizer.save_pretrained(out_dir)")
+
+
+def check_save_for_serving(fn):
+    """Checker for exercise 1: ``fn(model, tokenizer, out_dir)`` on two LoRA models the notebook never shows;
+    ``out_dir`` is loaded as a user does and compared with the model in memory (eos ids, chat template,
+    logits). Any way of writing it that a user loads back correctly passes."""
+    validate.function("fn", fn)
+    with warnings.catch_warnings():  # peft's merge notices (tied embeddings) are lesson text, not the verdict
+        warnings.simplefilter("ignore")
+        return run_check("save_for_serving", fn, _save_cases(), compare=_compare_saved, hint=SAVE_HINTS)
+
+
+# ------------------------------------------------------------------------------------------------
+# Exercise 2 (diagnosis): what will break when this directory is served?
+# ------------------------------------------------------------------------------------------------
+
+CAUSES = ("healthy", "eos_not_shipped", "template_not_shipped", "token_rows_not_shipped", "dtype_changed")
+# (end-of-turn token, its id, the eos token id): families' conventions, on a small vocabulary
+_FAMILIES = (("<|im_end|>", 2, 0), ("<|eot_id|>", 128009, 128001), ("<end_of_turn>", 107, 1),
+             ("<|end|>", 32007, 32000))
+_ADAPTER_FILES = ["README.md", "adapter_config.json", "adapter_model.safetensors"]
+_TOKENIZER_FILES = ["chat_template.jinja", "tokenizer.json", "tokenizer_config.json"]
+_FULL_FILES = ["config.json", "model.safetensors"]
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _saved_directory(seed: int) -> tuple[dict, Diagnosis]:
+    """A saved directory as a practitioner lists it, with what the run trained and the base it names, and
+    its truth. ``CAUSES[seed % 5]`` for the first seeds, then random; each healthy case is a look-alike
+    of a broken one (no generation_config.json beside an adapter whose base already stops; no tokenizer
+    where the base's template is the training one; a merged directory without modules_to_save; bf16 saved
+    from a bf16 run)."""
+    rng = random.Random(seed)
+    cause = CAUSES[seed % len(CAUSES)] if seed < len(CAUSES) else rng.choice(CAUSES)
+    eot, eot_id, eos_id = rng.choice(_FAMILIES)
+    base_template, train_template = _sha(f"base {seed}"), _sha(f"training {seed}")
+    trained_dtype = rng.choice(("float32", "bfloat16"))
+    if cause == "dtype_changed":
+        kind = "full"
+    elif cause in ("eos_not_shipped", "token_rows_not_shipped", "template_not_shipped"):
+        kind = "adapter"
+    else:
+        kind = rng.choice(("adapter", "full"))
+    # an adapter is served with its base's generation_config: only an instruct base (eos list with the
+    # end-of-turn id) stops — every adapter case but eos_not_shipped has one; a full directory brings its own
+    base_instruct = (cause != "eos_not_shipped") if kind == "adapter" else rng.random() < 0.5
+    base = {"generation_eos": [eot_id, eos_id] if base_instruct else [eos_id],
+            "chat_template_sha": base_template}
+    trained = {"generation_eos": [eot_id, eos_id], "chat_template_sha": train_template,
+               "modules_to_save": rng.choice((["embed_tokens", "lm_head"], None)) if kind == "full" else
+               ["embed_tokens", "lm_head"], "dtype": trained_dtype}
+    if kind == "adapter":
+        with_tokenizer = cause != "template_not_shipped" and rng.random() < 0.7
+        files = _ADAPTER_FILES + (_TOKENIZER_FILES if with_tokenizer else [])
+        if not with_tokenizer and cause != "template_not_shipped":
+            trained["chat_template_sha"] = base_template  # the look-alike: trained with the base's template
+        gen_file = cause == "eos_not_shipped" and rng.random() < 0.5  # written beside it, and still not read
+        if gen_file:
+            files.append("generation_config.json")
+        saved = {"files": sorted(files), "kind": "adapter", "base": "org/base-model",
+                 "modules_to_save": (None if cause == "token_rows_not_shipped"
+                                     else ["embed_tokens", "lm_head"]),
+                 "generation_eos": [eot_id, eos_id] if gen_file else None,
+                 "chat_template_sha": train_template if with_tokenizer else None, "dtype": None}
+    else:
+        merged_from_reload = cause == "eos_not_shipped"
+        saved = {"files": sorted(_FULL_FILES + ["generation_config.json"] + _TOKENIZER_FILES), "kind": "full",
+                 "base": None, "modules_to_save": None,
+                 "generation_eos": [eos_id] if merged_from_reload else [eot_id, eos_id],
+                 "chat_template_sha": train_template,
+                 "dtype": (("bfloat16" if trained_dtype == "float32" else "float16")
+                           if cause == "dtype_changed" else trained_dtype)}
+    artefact = {"saved": saved, "base": base, "trained": trained, "end_of_turn_token": eot,
+                "end_of_turn_id": eot_id}
+    served_eos = base["generation_eos"] if kind == "adapter" else saved["generation_eos"]
+    evidence = {"healthy": None, "eos_not_shipped": served_eos,
+                "template_not_shipped": base_template, "token_rows_not_shipped": ["embed_tokens", "lm_head"],
+                "dtype_changed": saved["dtype"]}[cause]
+    return artefact, Diagnosis(cause, evidence)
+
+
+def saved_directory(seed: int) -> dict:
+    """A saved model directory as a practitioner sees it (``saved``: its files and configs; ``base``: the base
+    it names; ``trained``: what the run had in memory), without its verdict: the exercise."""
+    validate.seed("seed", seed)
+    return _saved_directory(seed)[0]
+
+
+def _evidence_ok(got, truth) -> bool:
+    if isinstance(truth.evidence, list):
+        return isinstance(got, (list, tuple)) and sorted(got) == sorted(truth.evidence)
+    return got == truth.evidence
+
+
+DIAGNOSIS_MISCONCEPTIONS = {
+    ("healthy", "eos_not_shipped"):
+        "an adapter is served on its base with the base's generation_config — a generation_config.json "
+        "beside the adapter is not read: compare artefact['base']['generation_eos'] with the end-of-turn id",
+    ("eos_not_shipped", "healthy"):
+        "no generation_config.json beside an adapter is fine when the base's generation_config already "
+        "stops on the end-of-turn token (an instruct base): look at artefact['base']['generation_eos']",
+    ("template_not_shipped", "healthy"):
+        "without tokenizer files the base's chat template is served — here it is the one the run "
+        "trained with",
+    ("healthy", "template_not_shipped"):
+        "the directory has no chat template, so the base's is served, and it is not the one the run "
+        "trained with",
+    ("token_rows_not_shipped", "healthy"):
+        "a merged (full) directory holds every weight: modules_to_save is an adapter's field",
+    ("healthy", "token_rows_not_shipped"):
+        "the run trained embed_tokens and lm_head fully (modules_to_save) and the adapter's config has "
+        "none: a loader restores the base's rows",
+    ("dtype_changed", "healthy"):
+        "the saved dtype is the one the run trained in: nothing is rounded",
+    ("healthy", "dtype_changed"):
+        "the config's dtype is what transformers 5 loads with dtype='auto': it differs from the trained "
+        "dtype",
+}
+
+DIAGNOSIS_HINTS = Hints(
+    question="What will the user's generate() stop on, and which chat template will render their prompt — "
+             "for an adapter directory, and for a full one?",
+    pointer="artefact['saved'] is the directory, artefact['base'] what an adapter is loaded on, "
+            "artefact['trained'] what the run had in memory — sections 2-4 and the ship report's checks.",
+    answer="adapter: served eos = base['generation_eos'], template = saved template or the base's; full: "
+           "its own. eot id not in served eos -> eos_not_shipped (served eos); served template != trained "
+           "-> template_not_shipped (served sha); adapter missing trained modules_to_save -> "
+           "token_rows_not_shipped (missing modules); saved dtype != trained dtype -> dtype_changed (saved "
+           "dtype); else healthy (None).")
+
+
+def check_diagnose_saved(fn, seeds: Sequence[int] | None = None):
+    """Checker for exercise 2: ``fn(artefact) -> Diagnosis`` on fresh saved directories (every cause once,
+    then 12 draws offset by the course seed; or the given ``seeds``)."""
+    validate.function("fn", fn)
+    if seeds is None:
+        seeds = list(range(len(CAUSES))) + [2000 + 13 * course_seed() + i for i in range(12)]
+    seeds = validate.seeds("seeds", seeds)
+    return check_diagnosis("diagnose_saved", fn, _saved_directory, seeds=seeds, evidence_ok=_evidence_ok,
+                           misconceptions=DIAGNOSIS_MISCONCEPTIONS, hint=DIAGNOSIS_HINTS)
+
