@@ -53,8 +53,7 @@ import types
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-
+from . import doctor_precision as P
 from . import internals, validate
 from .data import end_of_turn_id
 from .model import _not_available_offline, _offline, _resolve_source
@@ -72,8 +71,6 @@ LESSONS = {
     "05": "05 · Truncation & the NaN micro-batch", "06": "06 · NaN detective (QLoRA)",
     "07": "07 · Token-weighted accumulation",
 }
-FP16_MAX = 65504.0  # torch.finfo(torch.float16).max
-FP16_HEADROOM = 16.0  # activations within 16x of fp16's max leave no room for training to grow them
 # Learning rates commonly used for SFT (HF/TRL docs and model cards): full fine-tuning 1e-6..1e-4,
 # LoRA 1e-5..1e-3. "Far outside" is 10x beyond either end.
 LR_RANGES = {"full": (1e-6, 1e-4), "lora": (1e-5, 1e-3)}
@@ -334,17 +331,6 @@ def _load_tokenizer(model):
         raise DoctorInputError(f"could not load a tokenizer from {str(source)!r} ({type(exc).__name__}: "
                                f"{str(exc)[:200]}) — the doctor needs the tokenizer you train with — pass a "
                                "directory saved with save_pretrained() or a hub id.") from None
-
-
-def _load_model(source):
-    """The model's weights (for the one forward pass of the precision check), or None if absent."""
-    from transformers import AutoModelForCausalLM
-
-    try:
-        with no_progress_bars():  # a report, not a log: no loading bar in it
-            return AutoModelForCausalLM.from_pretrained(source, device_map="cpu")
-    except Exception:  # noqa: BLE001 — no weights, or weights it cannot load: the fp16 check says unmeasured
-        return None
 
 
 def _generation_eos_ids(source, model_obj) -> list[int]:
@@ -709,9 +695,10 @@ def _empty_batch_probability(n_rows: int, n_empty: int, batch_size: int) -> floa
     return math.prod((n_empty - i) / (n_rows - i) for i in range(batch_size))
 
 
-def _truncation_findings(prepared, tokenizer, args, chat_template, completion_only_loss) -> list[Finding]:
-    """Rows whose every graded token is cut at max_length, what TRL does with them, and the odds of an
-    all-empty micro-batch."""
+def _truncation_findings(prepared, tokenizer, args, chat_template, completion_only_loss,
+                         num_processes: int = 1) -> list[Finding]:
+    """Rows whose every graded token is cut at max_length, what TRL does with them, and the odds that a
+    micro-batch (a hand-written loop's NaN) or a whole optimizer step (SFTTrainer's 0.0) has none."""
     if prepared is None or args.max_length is None:
         return []
     if args.packing and args.packing_strategy in ("wrapped", "bfd_split"):
@@ -738,35 +725,37 @@ def _truncation_findings(prepared, tokenizer, args, chat_template, completion_on
         return findings
     n = len(first)
     share = len(dropped) / n
-    p_empty = _empty_batch_probability(n, len(dropped), batch)
-    end_mode = "keep_end" if args.truncation_mode == "keep_start" else "keep_start"
-    other = _prepare(tokenizer, tokenized, args, chat_template, completion_only_loss, packing=False,
-                     truncation_mode=end_mode)
-    other_kept = n - len(set(first) - set(other["_doctor_row"]))
+    # what one optimizer step draws: SFTTrainer's loss divides by the graded tokens of all its micro-batches
+    # on all processes (num_items_in_batch), so only a step without any graded token logs 0.0
+    step_rows = batch * args.gradient_accumulation_steps * num_processes
+    step_words = (f"{args.gradient_accumulation_steps} micro-batches of {batch} rows on {num_processes} "
+                  f"process{'es' if num_processes > 1 else ''}")
     if args.packing:
         packed = _prepare(tokenizer, tokenized, args, chat_template, completion_only_loss)
         empty_rows = sum(not _graded_positions(lab) for lab in packed["labels"])
-        p_packed = _empty_batch_probability(len(packed), empty_rows, batch)
-        path = (f"packing={args.packing_strategy}: TRL does not drop them; {empty_rows} of {len(packed)} "
-                f"packed rows have no graded token, so a micro-batch of {batch} has none with p="
-                f"{p_packed:.3g} and SFTTrainer logs a silent 0.0 (compute_loss divides by "
-                "num_tokens.clamp(min=1))")
+        p_step = _empty_batch_probability(len(packed), empty_rows, step_rows)
+        path = (f"packing={args.packing_strategy}: TRL keeps them, and {empty_rows} of {len(packed)} packed "
+                "rows have no graded token; SFTTrainer divides by the graded tokens of the whole optimizer "
+                f"step ({step_words}: num_items_in_batch), so such a row adds nothing and the logged loss is "
+                f"the mean of the rest; a step with no graded token at all (p={p_step:.3g}) logs 0.0 and "
+                "updates nothing")
     else:
+        p_micro = _empty_batch_probability(n, len(dropped), batch)
         path = (f"SFTTrainer drops them ('Dropping fully masked examples'): it trains on {n - len(dropped)} "
-                "rows, not the ones you think; a loop without that filter that takes the mean over a "
-                "micro-batch without graded tokens gets NaN (0/0), TRL's compute_loss a silent 0.0")
+                f"rows, not the ones you think; a loop without that filter meets a micro-batch of {batch} "
+                f"with no graded token with p={p_micro:.3g} (~{p_micro * n / batch:.2g} per epoch), and a "
+                "per-micro-batch mean over it is 0/0 = NaN")
     severity = "error" if share >= ERROR_SHARE else "warning"
     findings.append(Finding(
         severity, "fully-truncated",
         f"{len(dropped)} of {n} rows ({share:.1%}) lose every graded token at max_length={max_length}",
-        f"row ids {dropped[:8]}; a micro-batch of {batch} such rows (no graded token at all) has "
-        f"p={p_empty:.3g}, "
-        f"~{p_empty * n / batch:.2g} per epoch; {path}",
+        f"row ids {dropped[:8]}; {path}",
         # the first number is the one that also keeps every answer's end (a smaller one leaves answers
-        # without their stop token: answer-truncated); lesson 08 reads it
+        # without their stop token: answer-truncated); lesson 08 reads it. No truncation_mode='keep_end':
+        # TRL 1.16 deprecates it, ignores it under packing, and it cuts the BOS and the system prompt
         f"max_length >= {max(pos[-1] for pos in graded.values() if pos) + 1} keeps every answer whole "
-        f"(>= {max(first.values()) + 1} keeps a graded token in every row); truncation_mode="
-        f"'{end_mode}' keeps {other_kept} of {n}; or drop/shorten the long prompts", "05"))
+        f"(>= {max(first.values()) + 1} keeps a graded token in every row); or drop or shorten the long "
+        "prompts", "05"))
     return findings
 
 
@@ -822,7 +811,9 @@ def _packing_findings(prepared, tokenizer, args, chat_template, completion_only_
                     f"TRL packs {len(prepared)} rows into {len(packed)} rows of {args.max_length} tokens "
                     f"(~{len(prepared) / max(len(packed), 1):.1f} examples per row) with an all-ones "
                     "attention mask and no position_ids reset",
-                    "use packing_strategy='bfd' (padding-free, boundaries kept), or set padding_free=True",
+                    # not padding_free=True with 'wrapped': TRL warns against that combination
+                    "use packing_strategy='bfd' (padding-free, per-example boundaries kept; it truncates "
+                    "rows longer than max_length), or 'bfd_split' (splits them instead)",
                     "03")]
 
 
@@ -835,36 +826,28 @@ def _padding_side_findings(tokenizer) -> list[Finding]:
                     "set tokenizer.padding_side='left' before batched generation", "03")]
 
 
-def _max_activation(model, tokenizer, prepared, rows: int = 4) -> tuple[float, str]:
-    """The largest |activation| any module outputs on a few real rows (fp32 forward), and where."""
-    largest = [0.0, ""]
-
-    def hook(name):
-        def record(module, args, output):
-            out = output[0] if isinstance(output, tuple) else output
-            if isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel():
-                value = float(out.detach().abs().max())
-                if value > largest[0]:
-                    largest[:] = [value, name]
-        return record
-
-    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if n]
-    try:
-        with torch.no_grad():
-            for ids in prepared["input_ids"][:rows]:
-                model(input_ids=torch.tensor([ids[:512]]))
-    finally:
-        for h in handles:
-            h.remove()
-    return largest[0], largest[1]
+def _lora_config(config: dict, peft_config):
+    """The LoRA set-up training would use: the user's ``LoraConfig`` (``SFTTrainer(peft_config=...)``), or
+    the one ``trl sft`` builds from ModelConfig fields (``use_peft``, ``lora_r``: TRL's defaults r=16,
+    alpha=32), or None (full fine-tuning)."""
+    if peft_config is not None:
+        return peft_config
+    if not (config.get("use_peft") or config.get("lora_r")):
+        return None
+    fields = {"r": config.get("lora_r", 16), "lora_alpha": config.get("lora_alpha", 32)}
+    if config.get("lora_target_modules"):
+        fields["target_modules"] = config["lora_target_modules"]
+    return P._peft_config_from(fields)
 
 
-def _precision_and_lr_findings(config, precision, args, model_obj, tokenizer, prepared) -> list[Finding]:
+def _precision_and_lr_findings(config, precision, args, loaded, tokenizer, prepared, peft) -> list[Finding]:
+    """The learning rate against the usual range (a warning), and fp16's range measured on the set-up's
+    own first optimizer steps (``doctor_precision``): an error only when the measured activations leave
+    fp16's range, never for a flag or a rate alone."""
+    model_obj, why_unloaded = loaded
     findings = []
-    lora = any(config.get(k) for k in PEFT_KEYS)
-    low, high = LR_RANGES["lora" if lora else "full"]
-    lr, kind = args.learning_rate, "LoRA" if lora else "full fine-tuning"
-    hot = lr > high
+    low, high = LR_RANGES["lora" if peft is not None else "full"]
+    lr, kind = args.learning_rate, "LoRA" if peft is not None else "full fine-tuning"
     if lr > high * LR_FAR or lr < low / LR_FAR:
         ratio = lr / (high if lr > high else low)
         findings.append(Finding(
@@ -875,29 +858,81 @@ def _precision_and_lr_findings(config, precision, args, model_obj, tokenizer, pr
     if not precision["fp16"]:
         return findings
     if model_obj is None or prepared is None:
-        findings.append(Finding("error" if hot else "warning", "fp16-overflow-risk" if hot else "fp16-range",
-                                "fp16=True" + (f" with learning_rate={lr:g} above the usual {high:g}" if hot
-                                               else ", activation range not measured"),
-                                "no weights in the model directory (or no tokenized rows) to measure the "
-                                "range",
-                                "use bf16 (same range as fp32) or fp32, and a usual learning rate", "06"))
+        findings.append(Finding("info", "fp16-range", "fp16=True: the activation range was not measured",
+                                why_unloaded or "no tokenized rows to run the model on",
+                                "run the doctor where it can load the weights (--max-load-gb), or use bf16 "
+                                "(float32's range) where the hardware has it", "06"))
         return findings
-    peak, where = _max_activation(model_obj, tokenizer, prepared)
-    headroom = FP16_MAX / max(peak, 1e-30)
-    near = headroom < FP16_HEADROOM
-    if near or hot:
-        why = (f"activations already reach {peak:.3g} in {where} ({headroom:.3g}x below fp16's max "
-               f"{FP16_MAX:g})" if near else
-               f"learning_rate={lr:g} is above the usual {high:g} for {kind}: fast-growing "
-               f"weights push activations (now {peak:.3g}, in {where}) past fp16's {FP16_MAX:g} → inf → NaN")
-        findings.append(Finding("error", "fp16-overflow-risk", "fp16 training risks overflow to inf/NaN", why,
-                                "use bf16 (same range as fp32) or fp32; if fp16 is a must, lower the "
-                                "learning rate and keep max_grad_norm", "06"))
+    rows = [ids[:P.PROBE_TOKENS] for ids in prepared["input_ids"][:P.PROBE_ROWS]]
+    peaks, where = P._activation_peaks(model_obj, rows, lr, peft)
+    before, worst = peaks[0], (math.nan if any(p != p for p in peaks) else max(peaks))
+    trained = "LoRA adapters" if peft is not None else "all weights"
+    run = (f"{len(peaks) - 1} AdamW steps at learning_rate={lr:g} on {trained} (a float32 copy, "
+           f"{len(rows)} rows)")
+    fix = ("use bf16 (float32's range) or fp32; if fp16 is a must, lower the learning rate and keep "
+           "max_grad_norm")
+    if before * P.FP16_HEADROOM > P.FP16_MAX:
+        findings.append(Finding("error", "fp16-overflow-risk", "fp16 training risks overflow to inf/NaN",
+                                f"activations already reach {before:.3g} in {where} before training "
+                                f"({P.FP16_MAX / before:.3g}x below fp16's max {P.FP16_MAX:g})", fix, "06"))
+    elif not worst <= P.FP16_MAX or P._growth(peaks)[1] <= P.PROBE_HORIZON:
+        slope, steps = P._growth(peaks)
+        when = ("past" if steps == 0 else
+                f"growing {slope:.3g} a step, at which rate they pass in ~{steps:.0f} more steps")
+        findings.append(Finding("error", "fp16-overflow-risk", "fp16 training overflows to inf/NaN",
+                                f"measured: after {run} activations reach {worst:.3g} in {where} (from "
+                                f"{before:.3g}), {when} fp16's max {P.FP16_MAX:g}", fix, "06"))
+    elif worst * P.FP16_HEADROOM > P.FP16_MAX:
+        findings.append(Finding("warning", "fp16-range", "fp16: activations grow toward fp16's max",
+                                f"measured: after {run} they reach {worst:.3g} in {where} (from "
+                                f"{before:.3g}), within {P.FP16_HEADROOM:g}x of fp16's max {P.FP16_MAX:g}",
+                                fix, "06"))
     else:
-        findings.append(Finding("info", "fp16-range", f"fp16: activations peak at {peak:.3g} ({where})",
-                                f"{headroom:.3g}x headroom below fp16's max {FP16_MAX:g}",
-                                "bf16 removes the question where the hardware supports it", "06"))
+        findings.append(Finding("info", "fp16-range", f"fp16: activations peak at {worst:.3g} ({where})",
+                                f"measured: {before:.3g} before and {worst:.3g} after {run}; "
+                                f"{P.FP16_MAX / max(worst, 1e-30):.3g}x headroom below fp16's max "
+                                f"{P.FP16_MAX:g}", "bf16 removes the question where the hardware has it",
+                                "06"))
     return findings
+
+
+def _load_dtype_findings(config, precision, source, model_obj, peft) -> list[Finding]:
+    """The dtype the weights train in against the precision flags. ``SFTTrainer`` loads a model path in
+    float32 unless ``model_init_kwargs`` says otherwise; a model you load yourself with transformers 5's
+    ``from_pretrained`` keeps the checkpoint's dtype. fp16 weights under ``fp16=True`` fail at the first
+    step: the GradScaler refuses to unscale fp16 gradients (measured: ``ValueError: Attempting to unscale
+    FP16 gradients.``). LoRA adapters train in float32 (peft upcasts them), so only full fine-tuning."""
+    requested = (config.get("model_init_kwargs") or {}).get("dtype") or (
+        config.get("model_init_kwargs") or {}).get("torch_dtype")
+    if model_obj is not None and source is None:  # a (model, tokenizer) pair: its weights as they are
+        dtype, how = str(next(model_obj.parameters()).dtype).removeprefix("torch."), "the model you pass"
+    elif requested not in (None, "auto"):
+        dtype, how = str(requested).removeprefix("torch."), "model_init_kwargs"
+    else:
+        stored = P._checkpoint_dtype(source) if source is not None else None
+        if requested == "auto":
+            dtype, how = stored, "model_init_kwargs dtype='auto' (the checkpoint's)"
+        else:
+            if precision["fp16"] and peft is None and stored == "float16":
+                return [Finding("info", "load-dtype", "SFTTrainer loads this float16 checkpoint in float32",
+                                "a model path with no model_init_kwargs dtype: TRL loads float32, which fp16 "
+                                "mixed precision needs; from_pretrained() yourself (transformers 5: the "
+                                "checkpoint's dtype) gives float16 weights, and fp16 training then fails",
+                                "load it with dtype=torch.float32 when you load it yourself", "06")]
+            return []
+    if dtype == "float16" and precision["fp16"] and peft is None:
+        return [Finding("error", "load-dtype", "fp16=True on float16 weights fails at the first step",
+                        f"the weights are float16 ({how}); full fine-tuning with fp16 mixed precision needs "
+                        "float32 weights: the GradScaler raises 'ValueError: Attempting to unscale FP16 "
+                        "gradients.'",
+                        "load the model in float32 (model_init_kwargs={'dtype': 'float32'}, or "
+                        "from_pretrained(..., dtype=torch.float32)), or train LoRA adapters", "06")]
+    if dtype in ("float16", "bfloat16") and not (precision["fp16"] or precision["bf16"]) and peft is None:
+        return [Finding("info", "load-dtype", f"the weights train in pure {dtype}, without float32 master "
+                        "weights", f"the weights are {dtype} ({how}) and no mixed-precision flag is set",
+                        "fine for many runs; an update smaller than the weight's precision is lost: load in "
+                        "float32 with bf16=True for mixed precision", "06")]
+    return []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -940,32 +975,108 @@ def _model_and_tokenizer(model):
     return source, None, tokenizer
 
 
-def diagnose(model, data, config=None, *, max_length: int | None = None, forward: bool = True) -> Report:
+def read_peft_config(peft_config=None):
+    """The ``peft.LoraConfig`` a practitioner passes to ``SFTTrainer(peft_config=...)``: from a LoraConfig, a
+    dict of its fields or a JSON file of them; ``None`` (full fine-tuning) stays None. The doctor measures
+    the fp16 range and judges the learning rate with it."""
+    from peft import LoraConfig, PeftConfig
+
+    if peft_config is None or isinstance(peft_config, PeftConfig):
+        return peft_config
+    if isinstance(peft_config, (str, Path)):
+        path = _existing_file("peft config file", peft_config, "it holds your LoraConfig fields",
+                              "pass the path of a JSON file, or leave --peft-config out for full fine-tuning")
+        try:
+            peft_config = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise DoctorInputError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}) — the peft "
+                                   "config is one JSON object of LoraConfig fields — fix the file.") from None
+    if not isinstance(peft_config, dict):
+        raise DoctorInputError(f"peft_config is a {type(peft_config).__name__}, not a LoraConfig or a JSON "
+                               "object of its fields — the doctor trains the adapters it describes — pass "
+                               "e.g. {\"r\": 16, \"lora_alpha\": 32, \"target_modules\": \"all-linear\"}.")
+    fields = LoraConfig.__dataclass_fields__
+    for key in peft_config:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), sorted(fields), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise DoctorInputError(f"peft config key {key!r} is not a LoraConfig field{hint} — "
+                                   "LoraConfig(**it) raises TypeError — fix the spelling against "
+                                   "LoraConfig's fields.")
+    for key, kinds in (("r", (int,)), ("lora_alpha", (int, float)), ("lora_dropout", (int, float))):
+        value = peft_config.get(key, 1 if key != "lora_dropout" else 0)
+        if isinstance(value, bool) or not isinstance(value, kinds) or value < 0 or (key == "r" and value < 1):
+            raise DoctorInputError(f"peft config {key}={value!r} is not a {'whole ' if key == 'r' else ''}"
+                                   f"number{' >= 1' if key == 'r' else ' >= 0'} — LoraConfig stores it "
+                                   "unchecked and peft fails when it builds the adapters — write e.g. "
+                                   "{\"r\": 16, \"lora_alpha\": 32, \"lora_dropout\": 0.05}.")
+    try:
+        return P._peft_config_from(peft_config)
+    except (TypeError, ValueError) as exc:
+        raise DoctorInputError(f"LoraConfig rejects these fields: {str(exc)[:200]} — SFTTrainer would "
+                               "fail the same way — fix the field it names.") from None
+
+
+def diagnose(model, data, config=None, *, max_length: int | None = None, forward: bool = True,
+             peft_config=None, num_processes: int = 1, max_load_gb: float = P.LOAD_LIMIT_GB) -> Report:
     """Check a fine-tuning set-up; return a ``Report`` (a list of ``Finding``s, errors first).
 
     ``model``: a local directory, a hub id (offline: from the cache) or a ``(model, tokenizer)``
     pair; ``data``: a JSONL path or a list of rows (``messages`` or ``prompt``/``completion``);
-    ``config``: a dict or JSON path of SFTConfig fields; ``max_length`` overrides the config's.
-    ``forward=False`` skips loading weights (the fp16 check then reports that it could not measure).
-    Raises ``DoctorInputError`` on bad input (a set-up the doctor would have to guess at), before any
-    measurement: the cheap checks (files, rows, arguments) first, then the config against SFTConfig.
+    ``config``: a dict or JSON path of SFTConfig fields; ``max_length`` overrides the config's;
+    ``peft_config``: the ``LoraConfig`` (or a dict / JSON path of its fields) you pass to
+    ``SFTTrainer(peft_config=...)``; ``num_processes``: the processes training runs on (torchrun's
+    ``--nproc-per-node`` x nodes), which share each optimizer step; ``max_load_gb``: the largest checkpoint
+    the fp16 check loads. ``forward=False`` skips loading weights (the fp16 check then says it did not
+    measure). Raises ``DoctorInputError`` on bad input (a set-up the doctor would have to guess at), before
+    any measurement: the cheap checks (files, rows, arguments) first, then the configs.
+
+    Example (the course model and two rows)::
+
+        from course_utils.doctor import diagnose
+        rows = [{"prompt": f"Q: {a} plus {a}?", "completion": f" {2 * a}."} for a in range(8)]
+        report = diagnose("tiny-qwen", rows, {"learning_rate": 2e-5})
+        print(report.exit_code)  # 0: no error
     """
     if not isinstance(forward, bool):
         raise DoctorInputError(f"forward={forward!r} must be True or False — it switches the forward pass of "
                                "the fp16 check — pass forward=False to skip loading weights.")
+    if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
+        raise DoctorInputError(f"num_processes={num_processes!r} must be a whole number >= 1 — it is how "
+                               "many processes share each optimizer step — pass e.g. 8 for torchrun "
+                               "--nproc-per-node 8 (1 for a single GPU or CPU).")
+    if isinstance(max_load_gb, bool) or not isinstance(max_load_gb, (int, float)) or not max_load_gb >= 0:
+        raise DoctorInputError(f"max_load_gb={max_load_gb!r} must be a number of GB >= 0 — the fp16 check "
+                               "loads no checkpoint larger — pass e.g. 16 (0: never load weights).")
     max_length = _check_max_length(max_length)
     config = read_config(config)
     rows = _as_rows(data)
     _check_model(model)
     _check_config(config)
+    peft = _lora_config(config, read_peft_config(peft_config))
     source, model_obj, tokenizer = _model_and_tokenizer(model)
     args, precision = _build_args(config, max_length)
     form = _form(rows)
+    setup = types.SimpleNamespace(config=config, precision=precision, source=source, model=model_obj,
+                                  forward=forward, peft=peft, num_processes=num_processes,
+                                  max_load_gb=max_load_gb)
     with no_progress_bars():
-        return _run_checks(rows, form, tokenizer, args, precision, config, source, model_obj, forward)
+        return _run_checks(rows, form, tokenizer, args, setup)
 
 
-def _run_checks(rows, form, tokenizer, args, precision, config, source, model_obj, forward) -> Report:
+def _loaded_model(setup):
+    """``(model, why not)`` for the fp16 measurement: the caller's model, or the checkpoint loaded within
+    the size limit (``doctor_precision._load_bounded``), or None and the reason."""
+    if setup.model is not None:
+        return setup.model, None
+    if not setup.forward:
+        return None, "forward=False (--no-forward): the doctor was asked not to load the weights"
+    if not setup.precision["fp16"] or setup.source is None:
+        return None, None
+    return P._load_bounded(setup.source, setup.max_load_gb)
+
+
+def _run_checks(rows, form, tokenizer, args, setup) -> Report:
     from datasets import Dataset
 
     tokenizer, findings = _apply_chat_template_path(tokenizer, args)
@@ -1004,10 +1115,9 @@ def _run_checks(rows, form, tokenizer, args, precision, config, source, model_ob
     # text, the tokenizer.eos_token TRL appends to each row ("Adding EOS")
     conversational = form in ("messages", "prompt_completion")
     eot = _end_of_turn_or_none(tokenizer) if conversational else tokenizer.eos_token_id
-    if model_obj is None and forward and precision["fp16"] and source is not None:
-        model_obj = _load_model(source)
+    loaded = _loaded_model(setup)
     try:
-        gen_eos = _generation_eos_ids(source, model_obj)
+        gen_eos = _generation_eos_ids(setup.source, loaded[0])
     except Exception as exc:  # noqa: BLE001
         gen_eos, findings = None, findings + _could_not_check("eos-mismatch", exc)
     findings += _guarded("stop-token-untrained", _stop_token_findings, tokenizer, prepared, eot, args,
@@ -1016,11 +1126,14 @@ def _run_checks(rows, form, tokenizer, args, precision, config, source, model_ob
         findings += _guarded("eos-mismatch", _eos_findings, tokenizer, eot, gen_eos, args, conversational)
     findings += _guarded("pad-is-eos", _pad_eos_findings, tokenizer, prepared, eot, args)
     findings += _guarded("truncation", _truncation_findings, prepared, tokenizer, args, chat_template,
-                         completion_only)
+                         completion_only, setup.num_processes)
     findings += _guarded("packing", _packing_findings, prepared, tokenizer, args, chat_template,
                          completion_only)
-    findings += _guarded("precision-and-learning-rate", _precision_and_lr_findings, config, precision, args,
-                         model_obj if forward else None, tokenizer, prepared)
+    findings += _guarded("precision-and-learning-rate", _precision_and_lr_findings, setup.config,
+                         setup.precision, args, loaded if setup.forward else (None, "forward=False"),
+                         tokenizer, prepared, setup.peft)
+    findings += _guarded("load-dtype", _load_dtype_findings, setup.config, setup.precision, setup.source,
+                         setup.model, setup.peft)
     findings += _guarded("right-padding", _padding_side_findings, tokenizer)
     return Report(sorted(findings, key=lambda f: SEVERITIES.index(f.severity)))
 
@@ -1055,11 +1168,18 @@ def main(argv=None) -> int:
     parser.add_argument("--config", help="JSON object of trl.SFTConfig fields")
     parser.add_argument("--max-length", type=int, help="overrides the config's max_length")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--peft-config", help="JSON object of peft.LoraConfig fields (what you pass to "
+                        "SFTTrainer(peft_config=...)); leave out for full fine-tuning")
+    parser.add_argument("--num-processes", type=int, default=1,
+                        help="processes sharing each optimizer step (torchrun's --nproc-per-node x nodes)")
+    parser.add_argument("--max-load-gb", type=float, default=P.LOAD_LIMIT_GB,
+                        help=f"largest checkpoint (GB) the fp16 check loads (default {P.LOAD_LIMIT_GB:g})")
     parser.add_argument("--no-forward", action="store_true", help="skip loading weights (fp16 range check)")
     options = parser.parse_args(argv)
     try:
         report = diagnose(options.model, options.data, options.config, max_length=options.max_length,
-                          forward=not options.no_forward)
+                          forward=not options.no_forward, peft_config=options.peft_config,
+                          num_processes=options.num_processes, max_load_gb=options.max_load_gb)
     except DoctorInputError as exc:
         print(f"doctor: bad input: {exc}", file=sys.stderr)
         return 2
