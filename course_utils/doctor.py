@@ -41,6 +41,7 @@ the exercises' graders).
 from __future__ import annotations
 
 import argparse
+import contextvars
 import copy
 import difflib
 import html
@@ -81,6 +82,11 @@ STAND_IN_SIMILARITY = 0.9  # above it, the closest shipped training template sta
 # (difflib ratio, not quick_ratio: quick_ratio only compares character counts and put Llama next to Qwen3)
 FAMILY_SIMILARITY = 0.6
 ERROR_SHARE = 0.01  # fully truncated rows: an error from 1 % of the data, a warning below
+
+
+# Rows the data holds while the checks run on a sample of them (None: every row is checked)
+_SAMPLED: contextvars.ContextVar[int | None] = contextvars.ContextVar("doctor_sampled", default=None)
+SAMPLE_ROWS = 2000  # rows checked by default: a rate's 95 % interval is then at most +-2.2 points
 
 
 class DoctorInputError(ValueError):
@@ -172,9 +178,18 @@ class Report(list):
 
 def read_jsonl(path) -> list[dict]:
     """The rows of a JSONL file; a malformed line raises ``DoctorInputError`` naming its number."""
+    return _read_jsonl(path, sample=None, seed=0)[0]
+
+
+def _read_jsonl(path, sample: int | None, seed: int) -> tuple[list[dict], int]:
+    """``(rows, how many the file holds)``: every row, or a seeded uniform sample of ``sample`` of them
+    (reservoir sampling while the file streams by: memory holds the sample, never the file). Every line is
+    parsed and checked, sampled or not: a malformed line is bad input wherever it is."""
+    import random
+
     path = _existing_file("data file", path, "the doctor reads the rows you would train on",
                           "pass the path of a .jsonl file, one JSON object per line")
-    rows, numbers = [], []
+    rng, kept, first_form, total = random.Random(seed), [], None, 0
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
@@ -185,13 +200,31 @@ def read_jsonl(path) -> list[dict]:
                 raise DoctorInputError(
                     f"{path}: line {number} is not valid JSON ({exc.msg} at column {exc.colno}) — each line "
                     "must be one JSON object — fix or remove that line.") from None
-            rows.append(row)
-            numbers.append(number)
-    if not rows:
+            first_form = _check_form(row, f"{path}: line {number}", first_form)
+            slot = total if sample is None or total < sample else rng.randrange(total + 1)
+            if sample is None or slot < sample:
+                entry = (row, number)
+                if slot < len(kept):
+                    kept[slot] = entry
+                else:
+                    kept.append(entry)
+            total += 1
+    if not kept:
         raise DoctorInputError(f"{path} has no rows — there is nothing to check or train on — pass a "
                                "non-empty JSONL file.")
-    _check_rows(rows, lambda i: f"{path}: line {numbers[i]}")
-    return rows
+    kept.sort(key=lambda entry: entry[1])  # file order: TRL's order, and row ids a reader can find
+    return [{**row, "_doctor_row": number - 1} for row, number in kept], total
+
+
+def _check_form(row, where: str, first):
+    """``_check_row``, and the row in the first row's form ``first`` (returned: the form so far)."""
+    _check_row(row, where)
+    form = _form([row])
+    if first is not None and form != first[0]:
+        raise DoctorInputError(f"{where} is a {form!r} row but {first[1]} is a {first[0]!r} row — TRL "
+                               "tokenizes a dataset in one form, and the doctor would measure the other "
+                               "rows as the first one — convert the rows to one form.")
+    return first or (form, where)
 
 
 def _existing_file(what: str, path, why: str, fix: str) -> Path:
@@ -209,14 +242,10 @@ def _check_rows(rows: list, where) -> None:
     """Every row in one of TRL's forms, and all rows in the same one (TRL reads one form per dataset)."""
     first = None
     for i, row in enumerate(rows):
-        _check_row(row, where(i))
-        form = _form([row])
-        if first is None:
-            first = form
-        elif form != first:
-            raise DoctorInputError(f"{where(i)} is a {form!r} row but {where(0)} is a {first!r} row — TRL "
-                                   "tokenizes a dataset in one form, and the doctor would measure the other "
-                                   "rows as the first one — convert the rows to one form.")
+        first = _check_form(row, where(i), first)
+
+
+TOKENIZED_COLUMNS = ("labels", "completion_mask", "assistant_masks")  # what TRL reads beside input_ids
 
 
 def _check_row(row, where: str) -> None:
@@ -224,7 +253,9 @@ def _check_row(row, where: str) -> None:
         raise DoctorInputError(f"{where} is a JSON {type(row).__name__}, not an object — TRL's dataset "
                                "formats are objects — write {\"messages\": [...]} or "
                                "{\"prompt\": ..., \"completion\": ...}.")
-    if "messages" in row:
+    if "input_ids" in row:  # TRL trains such rows as they are (its "already processed" path)
+        _check_tokenized_row(row, where)
+    elif "messages" in row:
         ok = isinstance(row["messages"], list) and all(
             isinstance(m, dict) and "role" in m and "content" in m for m in row["messages"])
         if not ok:
@@ -233,6 +264,27 @@ def _check_row(row, where: str) -> None:
     elif not ("prompt" in row and "completion" in row) and "text" not in row:
         raise DoctorInputError(f"{where} has keys {sorted(row)} — TRL reads 'messages', "
                                "'prompt'+'completion' or 'text' — rename the columns to one of these forms.")
+
+
+def _check_tokenized_row(row: dict, where: str) -> None:
+    """A pre-tokenised row (the output of your own tokenization or collator): ``input_ids``, and
+    ``labels`` / ``completion_mask`` / ``assistant_masks`` of the same length when present."""
+    ids = row["input_ids"]
+    if not (isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                   for t in ids)):
+        raise DoctorInputError(f"{where}: 'input_ids' must be a non-empty list of token ids (whole numbers "
+                               ">= 0) — TRL feeds them to the model as they are — fix that row.")
+    for column in TOKENIZED_COLUMNS:
+        if column not in row:
+            continue
+        values, allowed = row[column], "ids or -100" if column == "labels" else "0 or 1"
+        labels = column == "labels"
+        ok = isinstance(values, list) and len(values) == len(ids) and all(
+            isinstance(v, int) and not isinstance(v, bool) and (v >= -100 if labels else v in (0, 1))
+            for v in values)
+        if not ok:
+            raise DoctorInputError(f"{where}: '{column}' must be a list of {len(ids)} values ({allowed}), "
+                                   "one per input id — TRL pairs them position by position — fix that row.")
 
 
 def read_config(config=None) -> dict:
@@ -437,6 +489,8 @@ def _trl_tokenizer(tokenizer, args):
 
 def _form(rows) -> str:
     first = rows[0]
+    if "input_ids" in first:  # TRL's test too: a dataset with input_ids is "already processed"
+        return "tokenized"
     if "messages" in first:
         return "messages"
     if "prompt" in first:
@@ -460,9 +514,12 @@ def _end_of_turn_or_none(tokenizer) -> int | None:
 def _rows_without_answer(rows, form) -> list[int]:
     """Ids of rows with nothing for the model to say: no assistant message, or an empty completion."""
     if form == "messages":
-        return [i for i, r in enumerate(rows) if not any(m["role"] == "assistant" for m in r["messages"])]
+        return [r["_doctor_row"] for r in rows if not any(m["role"] == "assistant" for m in r["messages"])]
     if form.startswith("prompt_completion"):
-        return [i for i, r in enumerate(rows) if not r["completion"]]
+        return [r["_doctor_row"] for r in rows if not r["completion"]]
+    if form == "tokenized":  # labels all -100, or a mask without a 1: nothing graded even before truncation
+        return [r["_doctor_row"] for r in rows if ("labels" in r and all(t == -100 for t in r["labels"]))
+                or any(c in r and not any(r[c]) for c in ("completion_mask", "assistant_masks"))]
     return []
 
 
@@ -476,9 +533,12 @@ def _assistant_turn_findings(rows, form, args) -> list[Finding]:
     why = ("TRL raises RuntimeError ('at least one example has no assistant tokens')"
            if args.assistant_only_loss and form == "messages" else
            "these rows teach the model to write the user's side" if form == "messages" else
-           "the completion mask is empty: the rows carry no loss")
+           "every label is -100 (or the mask has no 1): SFTTrainer drops such rows only when max_length is "
+           "set, and a hand-written loop's mean over a micro-batch of them is 0/0 = NaN (lesson 05)"
+           if form == "tokenized" else "the completion mask is empty: the rows carry no loss")
+    what = "no graded token" if form == "tokenized" else "no assistant turn to learn"
     return [Finding(severity, "no-assistant-turns",
-                    f"{len(empty)} of {len(rows)} rows ({share:.0%}) have no assistant turn to learn",
+                    f"{_of(len(empty), len(rows))} have {what}",
                     f"row ids {empty[:5]}; {why}",
                     "drop those rows or add the assistant's answer; check the role names ('assistant', not "
                     "'gpt' or 'bot')", "04")]
@@ -488,7 +548,7 @@ def _template_findings(tokenizer, args, form) -> tuple[list[Finding], str | None
     """Whether TRL can train ``assistant_only_loss`` with this template; the template it would use."""
     from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 
-    if not args.assistant_only_loss:
+    if not args.assistant_only_loss or form == "tokenized":  # tokenized: the rows carry their own masks
         return [], None, True
     if form not in ("messages", "prompt_completion"):
         return [Finding("error", "assistant-only-loss",
@@ -611,8 +671,8 @@ def _stop_token_findings(tokenizer, prepared, eot, args, chat_template) -> list[
         return []
     severity = "error" if graded < len(rows) / 2 else "warning"
     return [Finding(severity, "stop-token-untrained",
-                    f"the end-of-turn token {token!r} carries no loss in {len(rows) - graded} of "
-                    f"{len(rows)} rows",
+                    f"the end-of-turn token {token!r} carries no loss in "
+                    f"{_of(len(rows) - graded, len(rows))}",
                     f"graded in {graded} rows (labels from TRL's own preparation); "
                     f"trl is_chat_template_stop_token_trained={template_ok}",
                     f"put {token!r} inside {{% generation %}}…{{% endgeneration %}} (TRL's *_training.jinja "
@@ -669,6 +729,19 @@ def _pad_eos_findings(tokenizer, prepared, eot, args) -> list[Finding]:
                     f"keeps {kept} of them (it masks labels by pad id)",
                     "keep SFTTrainer's collator; with your own collator or loop, set pad_token to a token "
                     "that is not a stop token (e.g. a dedicated <|pad|>)", "02")]
+
+
+def _of(k: int, n: int) -> str:
+    """"k of n rows (share)"; when the rows are a sample of the data (``_SAMPLED``), with the 95 % Wilson
+    interval of the share in all the rows — a rate from 2,000 sampled rows is not the rate of a million."""
+    text = f"{k} of {n} rows ({k / n:.1%})"
+    total = _SAMPLED.get()
+    if total is None or n == 0:
+        return text
+    z, p = 1.96, k / n
+    centre, spread = (p + z * z / (2 * n)), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    low, high = (centre - spread) / (1 + z * z / n), (centre + spread) / (1 + z * z / n)
+    return f"{text} (sampled; in all {total:,} rows: {max(low, 0):.1%}..{min(high, 1):.1%}, 95 % interval)"
 
 
 def _graded_positions(labels) -> list[int]:
@@ -748,7 +821,7 @@ def _truncation_findings(prepared, tokenizer, args, chat_template, completion_on
     severity = "error" if share >= ERROR_SHARE else "warning"
     findings.append(Finding(
         severity, "fully-truncated",
-        f"{len(dropped)} of {n} rows ({share:.1%}) lose every graded token at max_length={max_length}",
+        f"{_of(len(dropped), n)} lose every graded token at max_length={max_length}",
         f"row ids {dropped[:8]}; {path}",
         # the first number is the one that also keeps every answer's end (a smaller one leaves answers
         # without their stop token: answer-truncated); lesson 08 reads it. No truncation_mode='keep_end':
@@ -768,7 +841,7 @@ def _answer_cut_findings(graded: dict, args) -> list[Finding]:
     if not cut:
         return []
     return [Finding("warning", "answer-truncated",
-                    f"{len(cut)} of {len(graded)} rows lose the end of their answer at "
+                    f"{_of(len(cut), len(graded))} lose the end of their answer at "
                     f"max_length={args.max_length}",
                     f"row ids {cut[:8]}: their last graded token (the end of turn) lies past max_length, so "
                     "these rows teach the answer without its stop token",
@@ -788,7 +861,7 @@ def _packed_apart_findings(prepared, args) -> list[Finding]:
         return []
     beside = " (and, wrapped, beside other examples)" if args.packing_strategy == "wrapped" else ""
     return [Finding("warning", "answers-packed-apart",
-                    f"{len(apart)} of {len(prepared)} rows are longer than max_length={max_length}: "
+                    f"{_of(len(apart), len(prepared))} are longer than max_length={max_length}: "
                     f"packing_strategy={args.packing_strategy!r} splits them, answer apart from prompt",
                     f"row ids {apart[:8]}; no token is lost (TRL does not truncate under this packing), but "
                     f"graded tokens past the cut are trained without the start of their prompt{beside}",
@@ -815,6 +888,55 @@ def _packing_findings(prepared, tokenizer, args, chat_template, completion_only_
                     "use packing_strategy='bfd' (padding-free, per-example boundaries kept; it truncates "
                     "rows longer than max_length), or 'bfd_split' (splits them instead)",
                     "03")]
+
+
+def _rows_hold(rows, token_id) -> bool:
+    """Whether most pre-tokenised rows contain ``token_id`` (a chat template's end of turn: chats)."""
+    return token_id is not None and sum(token_id in r["input_ids"] for r in rows) > len(rows) / 2
+
+
+def _label_alignment_findings(prepared) -> list[Finding]:
+    """Your own ``labels`` against ``input_ids``. A transformers model shifts the labels itself (the loss
+    at position i predicts token i+1 from ``labels[i+1]``), so a graded label must be the token at its own
+    position. Labels shifted beforehand train every token to predict the one after next."""
+    same = shifted = graded = 0
+    for ids, labels in zip(prepared["input_ids"], prepared["labels"]):
+        for i, label in enumerate(labels):
+            if label != -100:
+                graded += 1
+                same += label == ids[i]
+                shifted += i + 1 < len(ids) and label == ids[i + 1]
+    if graded == 0 or same == graded:
+        return []
+    pre_shifted = shifted > same
+    return [Finding("error", "labels-misaligned",
+                    "the labels are already shifted by one" if pre_shifted else
+                    f"{graded - same} of {graded} graded labels are not the token at their position",
+                    f"of {graded} graded labels, {same} equal input_ids at their own position and {shifted} "
+                    "the next token; the model shifts labels itself, so "
+                    + ("it trains every token to predict the one after next" if pre_shifted else
+                       "these positions train the model on tokens the row does not hold"),
+                    "set labels[i] = input_ids[i] (or -100) — no shift; or drop 'labels' and give "
+                    "completion_mask / assistant_masks, from which TRL builds them", "05")]
+
+
+def _double_bos_findings(tokenizer, prepared) -> list[Finding]:
+    """Rows that start with the bos token twice: text the chat template already rendered (with its
+    ``{{ bos_token }}``) tokenized again by a tokenizer that prepends bos itself — Llama 3, Gemma and
+    DeepSeek-R1's do. The model trains on a start it never sees at inference."""
+    bos = tokenizer.bos_token_id
+    if prepared is None or bos is None:
+        return []
+    doubled = [r for r, ids in zip(prepared["_doctor_row"], prepared["input_ids"]) if ids[:2] == [bos, bos]]
+    if not doubled:
+        return []
+    return [Finding("warning", "double-bos",
+                    f"{_of(len(doubled), len(prepared))} start with {tokenizer.bos_token!r} twice",
+                    f"row ids {doubled[:8]}: the rows' text already begins with {tokenizer.bos_token!r} (a "
+                    "chat template's rendering) and the tokenizer prepends another one; inference renders "
+                    "one",
+                    "give TRL 'messages' (or prompt/completion) rows and let it apply the template, or strip "
+                    "the bos from the rendered text", "04")]
 
 
 def _padding_side_findings(tokenizer) -> list[Finding]:
@@ -939,19 +1061,26 @@ def _load_dtype_findings(config, precision, source, model_obj, peft) -> list[Fin
 # The API and the command
 # ---------------------------------------------------------------------------------------------
 
-def _as_rows(data) -> list[dict]:
+def _as_rows(data, sample: int | None = None, seed: int = 0) -> tuple[list[dict], int]:
+    """``(rows, how many the data holds)``: all rows, or a seeded sample of ``sample``; each row carries its
+    index in the data as ``_doctor_row`` (the row ids the findings quote)."""
+    import random
+
     if isinstance(data, (str, Path)):
-        return read_jsonl(data)
+        return _read_jsonl(data, sample, seed)
     if not (isinstance(data, (list, tuple)) or hasattr(data, "column_names")):  # a datasets.Dataset
         raise DoctorInputError(f"data must be a JSONL path or a list of rows, got {type(data).__name__} — "
                                "the doctor checks each row as TRL would read it — pass e.g. 'train.jsonl' "
                                "or [{'messages': [...]}, ...].")
-    rows = list(data)
-    if not rows:
+    total = len(data)
+    if not total:
         raise DoctorInputError("the data has no rows — there is nothing to check — pass a JSONL path or a "
                                "non-empty list of rows.")
-    _check_rows(rows, lambda i: f"row {i}")
-    return [dict(r) for r in rows]
+    picked = range(total) if sample is None or total <= sample else sorted(
+        random.Random(seed).sample(range(total), sample))
+    rows = [data[i] for i in picked]  # a Dataset reads only these rows
+    _check_rows(rows, lambda i: f"row {picked[i]}")
+    return [{**dict(r), "_doctor_row": i} for i, r in zip(picked, rows)], total
 
 
 def _check_model(model) -> None:
@@ -1018,7 +1147,8 @@ def read_peft_config(peft_config=None):
 
 
 def diagnose(model, data, config=None, *, max_length: int | None = None, forward: bool = True,
-             peft_config=None, num_processes: int = 1, max_load_gb: float = P.LOAD_LIMIT_GB) -> Report:
+             peft_config=None, num_processes: int = 1, max_load_gb: float = P.LOAD_LIMIT_GB,
+             sample: int | None = SAMPLE_ROWS, seed: int = 0) -> Report:
     """Check a fine-tuning set-up; return a ``Report`` (a list of ``Finding``s, errors first).
 
     ``model``: a local directory, a hub id (offline: from the cache) or a ``(model, tokenizer)``
@@ -1027,11 +1157,13 @@ def diagnose(model, data, config=None, *, max_length: int | None = None, forward
     ``peft_config``: the ``LoraConfig`` (or a dict / JSON path of its fields) you pass to
     ``SFTTrainer(peft_config=...)``; ``num_processes``: the processes training runs on (torchrun's
     ``--nproc-per-node`` x nodes), which share each optimizer step; ``max_load_gb``: the largest checkpoint
-    the fp16 check loads. ``forward=False`` skips loading weights (the fp16 check then says it did not
-    measure). Raises ``DoctorInputError`` on bad input (a set-up the doctor would have to guess at), before
-    any measurement: the cheap checks (files, rows, arguments) first, then the configs.
+    the fp16 check loads; ``sample``: how many rows to check, a uniform random draw seeded by ``seed``
+    when the data holds more (``None``: every row; a report on a sample quotes each rate with its 95 %
+    interval for the whole data). ``forward=False`` skips loading weights (the fp16 check then says it
+    did not measure). Raises ``DoctorInputError`` on bad input (a set-up the doctor would have to guess
+    at), before any measurement: the cheap checks (files, rows, arguments) first, then the configs.
 
-    Example (the course model and two rows)::
+    Example (the course model, eight rows)::
 
         from course_utils.doctor import diagnose
         rows = [{"prompt": f"Q: {a} plus {a}?", "completion": f" {2 * a}."} for a in range(8)]
@@ -1048,9 +1180,16 @@ def diagnose(model, data, config=None, *, max_length: int | None = None, forward
     if isinstance(max_load_gb, bool) or not isinstance(max_load_gb, (int, float)) or not max_load_gb >= 0:
         raise DoctorInputError(f"max_load_gb={max_load_gb!r} must be a number of GB >= 0 — the fp16 check "
                                "loads no checkpoint larger — pass e.g. 16 (0: never load weights).")
+    if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int) or sample < 1):
+        raise DoctorInputError(f"sample={sample!r} must be a whole number of rows >= 1, or None for every "
+                               "row — the doctor checks that many rows — pass e.g. 2000 (--sample 2000), or "
+                               "None (--all).")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise DoctorInputError(f"seed={seed!r} must be a whole number — it picks the sampled rows "
+                               "reproducibly — pass e.g. 0.")
     max_length = _check_max_length(max_length)
     config = read_config(config)
-    rows = _as_rows(data)
+    rows, total = _as_rows(data, sample, seed)
     _check_model(model)
     _check_config(config)
     peft = _lora_config(config, read_peft_config(peft_config))
@@ -1060,8 +1199,20 @@ def diagnose(model, data, config=None, *, max_length: int | None = None, forward
     setup = types.SimpleNamespace(config=config, precision=precision, source=source, model=model_obj,
                                   forward=forward, peft=peft, num_processes=num_processes,
                                   max_load_gb=max_load_gb)
-    with no_progress_bars():
-        return _run_checks(rows, form, tokenizer, args, setup)
+    sampled = total if len(rows) < total else None
+    token = _SAMPLED.set(sampled)
+    try:
+        with no_progress_bars():
+            report = _run_checks(rows, form, tokenizer, args, setup)
+    finally:
+        _SAMPLED.reset(token)
+    if sampled:
+        report.append(Finding("info", "sample", f"checked a random sample of {len(rows):,} of {total:,} rows "
+                              f"(seed {seed})", "counts and row ids are the sample's; each rate is quoted "
+                              "with its 95 % interval for all the rows",
+                              "--all (sample=None) checks every row: exact counts, in time proportional to "
+                              "the rows (README: the doctor at scale)"))
+    return report
 
 
 def _loaded_model(setup):
@@ -1099,7 +1250,7 @@ def _run_checks(rows, form, tokenizer, args, setup) -> Report:
     skip = set(_rows_without_answer(rows, form)) if args.assistant_only_loss else set()
     if trainable and len(skip) < len(rows):
         try:
-            kept = [{**r, "_doctor_row": i} for i, r in enumerate(rows) if i not in skip]
+            kept = [r for r in rows if r["_doctor_row"] not in skip]
             dataset = Dataset.from_list(kept)
             prepared = _prepare(tokenizer, dataset, args, chat_template, completion_only,
                                 max_length=None, packing=False)
@@ -1113,7 +1264,8 @@ def _run_checks(rows, form, tokenizer, args, setup) -> Report:
             findings += _could_not_check("trl-preparation", exc)
     # the stop the rows end with: the template's end of turn for chats; for plain text and prompt/completion
     # text, the tokenizer.eos_token TRL appends to each row ("Adding EOS")
-    conversational = form in ("messages", "prompt_completion")
+    conversational = form in ("messages", "prompt_completion") or (
+        form == "tokenized" and _rows_hold(rows, _end_of_turn_or_none(tokenizer)))  # rendered chats
     eot = _end_of_turn_or_none(tokenizer) if conversational else tokenizer.eos_token_id
     loaded = _loaded_model(setup)
     try:
@@ -1134,6 +1286,9 @@ def _run_checks(rows, form, tokenizer, args, setup) -> Report:
                          tokenizer, prepared, setup.peft)
     findings += _guarded("load-dtype", _load_dtype_findings, setup.config, setup.precision, setup.source,
                          setup.model, setup.peft)
+    findings += _guarded("double-bos", _double_bos_findings, tokenizer, prepared)
+    if form == "tokenized" and "labels" in rows[0]:
+        findings += _guarded("labels-misaligned", _label_alignment_findings, prepared)
     findings += _guarded("right-padding", _padding_side_findings, tokenizer)
     return Report(sorted(findings, key=lambda f: SEVERITIES.index(f.severity)))
 
@@ -1175,11 +1330,17 @@ def main(argv=None) -> int:
     parser.add_argument("--max-load-gb", type=float, default=P.LOAD_LIMIT_GB,
                         help=f"largest checkpoint (GB) the fp16 check loads (default {P.LOAD_LIMIT_GB:g})")
     parser.add_argument("--no-forward", action="store_true", help="skip loading weights (fp16 range check)")
+    parser.add_argument("--sample", type=int, default=SAMPLE_ROWS,
+                        help=f"rows to check, a seeded random sample when the data holds more (default "
+                        f"{SAMPLE_ROWS}); rates come with 95%% intervals")
+    parser.add_argument("--all", action="store_true", help="check every row (exact counts; slower)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sample (default 0)")
     options = parser.parse_args(argv)
     try:
         report = diagnose(options.model, options.data, options.config, max_length=options.max_length,
                           forward=not options.no_forward, peft_config=options.peft_config,
-                          num_processes=options.num_processes, max_load_gb=options.max_load_gb)
+                          num_processes=options.num_processes, max_load_gb=options.max_load_gb,
+                          sample=None if options.all else options.sample, seed=options.seed)
     except DoctorInputError as exc:
         print(f"doctor: bad input: {exc}", file=sys.stderr)
         return 2

@@ -136,6 +136,7 @@ def build_family(name: str, directory: Path) -> Path:
     model.resize_token_embeddings(len(tok))
     tok.bos_token, tok.eos_token = spec["bos"], spec["eos"]
     tok.pad_token = spec["pad"]
+    tok.add_bos_token = spec["bos"] is not None  # each of these checkpoints' tokenizers prepends its bos
     tok.chat_template = family_template(name)
     ids = [tok.convert_tokens_to_ids(t) for t in spec["gen_eos"]]
     model.generation_config.eos_token_id = ids[0] if len(ids) == 1 else ids
