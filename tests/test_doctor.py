@@ -487,3 +487,89 @@ def test_command_line_runs_in_a_process_under_15_s_on_1000_rows(tmp_path, course
     # CPU seconds, not wall: the test machine is shared, and one busy neighbour must not fail it
     assert cpu < 15, f"the doctor took {cpu:.1f} CPU s ({wall:.1f} s wall) on 1,000 rows"
     print(f"doctor on 1,000 rows: {cpu:.1f} CPU s, {wall:.1f} s wall")
+
+
+# ---------------------------------------------------------------------------------------------
+# Pre-tokenised rows (your own tokenization, or a custom collator's output), sampling at scale
+# ---------------------------------------------------------------------------------------------
+
+def tokenized_rows(course, n=24):
+    """Chats rendered and tokenized by hand, the answer graded: what a custom pipeline hands TRL."""
+    _, tok = course
+    out = []
+    for messages in make_messages(n=n, seed=5):
+        prompt = tok.apply_chat_template(messages[:-1], add_generation_prompt=True, return_dict=True)
+        full = tok.apply_chat_template(messages, return_dict=True)["input_ids"]
+        out.append((len(prompt["input_ids"]), full))
+    return out
+
+
+def test_pre_tokenised_rows_are_audited_as_trl_trains_them(course):
+    pairs = tokenized_rows(course)
+    config = {"learning_rate": 2e-5, "eos_token": "<|im_end|>", "max_length": 64}
+    labelled = [{"input_ids": f, "labels": [-100] * p + f[p:]} for p, f in pairs]
+    masked = [{"input_ids": f, "completion_mask": [0] * p + [1] * (len(f) - p)} for p, f in pairs]
+    for healthy in (labelled, masked):
+        report = run(course, healthy, config)
+        assert report.exit_code == 0 and not report.checks("warning"), report
+    shifted = [{"input_ids": f, "labels": ([-100] * p + f[p:])[1:] + [-100]} for p, f in pairs]
+    finding = next(f for f in run(course, shifted, config) if f.check == "labels-misaligned")
+    assert finding.severity == "error" and "already shifted" in finding.what
+    empty = [{"input_ids": r["input_ids"], "labels": [-100] * len(r["input_ids"])} if i < 3 else r
+             for i, r in enumerate(labelled)]
+    finding = next(f for f in run(course, empty, config) if f.check == "no-assistant-turns")
+    assert "no graded token" in finding.what and "[0, 1, 2]" in finding.evidence
+    no_stop = [{"input_ids": r["input_ids"][:-2], "labels": r["labels"][:-2]} for r in labelled]
+    assert "stop-token-untrained" in run(course, no_stop, config).checks("error")
+
+
+def test_pre_tokenised_rows_with_bad_columns_are_bad_input(course):
+    (p, f), = tokenized_rows(course, 1)
+    for bad in ({"input_ids": []}, {"input_ids": [1, "2"]}, {"input_ids": f, "labels": f[:-1]},
+                {"input_ids": f, "completion_mask": [2] * len(f)}):
+        with pytest.raises(DoctorInputError, match=".+ — .+ — .+"):
+            run(course, [bad], GOOD)
+
+
+def test_a_sample_quotes_each_rate_with_its_interval_and_all_checks_every_row(course, tmp_path):
+    data = rows(200, context_words=20, long_tail=True)
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in data))
+    config = {**GOOD, "max_length": 96}
+    sampled = diagnose(course, str(path), config, sample=60, seed=1)
+    note = next(f for f in sampled if f.check == "sample")
+    assert "60 of 200 rows" in note.what
+    cut = next(f for f in sampled if f.check == "fully-truncated")
+    assert "of 60 rows" in cut.what and "95 % interval" in cut.what
+    ids = [int(i) for i in re.search(r"row ids \[([0-9, ]+)\]", cut.evidence).group(1).split(",")]
+    exact = diagnose(course, data, config, sample=None)
+    assert "sample" not in exact.checks()
+    exact_cut = next(f for f in exact if f.check == "fully-truncated")
+    share = int(exact_cut.what.split(" of ")[0]) / 200
+    low, high = (float(x) / 100 for x in re.search(r"([0-9.]+)%\.\.([0-9.]+)%", cut.what).groups())
+    assert low <= share <= high, "the interval holds the rate of all the rows"
+    _, tok = course
+
+    def prompt_tokens(i):  # a row loses every graded token when its prompt fills max_length
+        return len(tok.apply_chat_template(data[i]["messages"][:-1], add_generation_prompt=True,
+                                           return_dict=True)["input_ids"])
+
+    assert all(prompt_tokens(i) >= 96 for i in ids), "the ids are the data's rows, not the sample's"
+    again = diagnose(course, str(path), config, sample=60, seed=1)
+    assert [f.what for f in again] == [f.what for f in sampled], "the sample is seeded"
+
+
+def test_sampling_reads_a_uniform_sample_of_the_file_and_every_line(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"p{i}", "completion": "c"}) + "\n" for i in range(1000)))
+    counts = [0] * 10
+    for seed in range(200):
+        rows_, total = doctor._read_jsonl(path, 50, seed)
+        assert total == 1000 and len(rows_) == 50
+        for r in rows_:
+            counts[r["_doctor_row"] // 100] += 1
+    assert min(counts) > 0.8 * 1000 and max(counts) < 1.2 * 1000, counts  # 10,000 draws, 1,000 per decile
+    with path.open("a") as handle:
+        handle.write("{not json\n")
+    with pytest.raises(DoctorInputError, match="line 1001"):
+        doctor._read_jsonl(path, 50, 0)  # a malformed line outside the sample is still bad input

@@ -1,14 +1,17 @@
 """The SFT doctor on real families' set-ups (issue 31): for each family TRL ships a template for, the
 course model carrying that family's special tokens, chat template and pad / eos / generation_config
-conventions, saved to a directory as a practitioner's checkpoint would be.
+conventions (its tokenizer prepending bos where the checkpoint's does), saved to a directory as a
+practitioner's checkpoint would be.
 
-Healthy set-ups a competent practitioner runs (97: chats with and without assistant_only_loss, with
+Healthy set-ups a competent practitioner runs (115: chats with and without assistant_only_loss, with
 TRL's training template where TRL needs one; prompt/completion text and chat; wrapped / bfd / bfd_split
-packing; bf16) exit 0 with no error; planted failures (34: fully truncated and cut answers under bfd,
+packing; bf16; the T4 QLoRA recipe — fp16, 2e-4, a LoraConfig; pre-tokenised chats with a
+completion_mask) exit 0 with no error; planted failures (66: fully truncated and cut answers under bfd,
 a template without generation markers, the end of turn outside {% generation %}, a base model's chats
-without eos_token) are found by their own check; nothing ends in a traceback. Measured at the commit
-that added this file: the doctor before it was right on 78 of the 131 (26 tracebacks when pad_token is
-None), after on 131. Built offline from the course model in seconds."""
+without eos_token, fp16 full fine-tuning at 0.05, float16 weights under fp16, labels shifted by one,
+template-rendered text tokenized with a second bos) are found by their own check; nothing ends in a
+traceback. Measured when the corpus was first built: the doctor before issue 31 was right on 78 of 131
+(26 tracebacks when pad_token is None). Built offline from the course model in seconds."""
 
 import copy
 import json
@@ -180,9 +183,38 @@ def chat_config(name: str, **extra) -> dict:
     return {"learning_rate": 2e-5, **({"eos_token": eos} if eos else {}), **extra}
 
 
-def healthy_setups(name: str) -> dict:
-    """Set-up label -> (data, config): what a competent practitioner runs on this family."""
+# The T4 QLoRA recipe's adapters, as passed to SFTTrainer(peft_config=LoraConfig(...))
+LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": "all-linear"}
+
+
+def tokenized_chats(directory: Path, n=24, shift=False) -> list[dict]:
+    """Chats tokenized by hand with the family's template, the answer graded through completion_mask —
+    or, ``shift=True``, through labels shifted by one beforehand (a planted failure)."""
+    tok = AutoTokenizer.from_pretrained(directory)
+    out = []
+    for row in chats(n):
+        prompt = len(tok.apply_chat_template(row["messages"][:-1], add_generation_prompt=True,
+                                             return_dict=True)["input_ids"])
+        ids = tok.apply_chat_template(row["messages"], return_dict=True)["input_ids"]
+        if shift:
+            out.append({"input_ids": ids, "labels": ([-100] * prompt + ids[prompt:])[1:] + [-100]})
+        else:
+            out.append({"input_ids": ids, "completion_mask": [0] * prompt + [1] * (len(ids) - prompt)})
+    return out
+
+
+def rendered_text(directory: Path, n=24) -> list[dict]:
+    """'text' rows a practitioner rendered with the chat template (its bos included) before training."""
+    tok = AutoTokenizer.from_pretrained(directory)
+    return [{"text": tok.apply_chat_template(r["messages"], tokenize=False)} for r in chats(n)]
+
+
+def healthy_setups(name: str, directory: Path | None = None) -> dict:
+    """Set-up label -> (data, config[, diagnose keywords]): what a competent practitioner runs on this
+    family."""
     setups = {
+        "QLoRA recipe: fp16, 2e-4, a LoraConfig": (chats(), chat_config(name, fp16=True, learning_rate=2e-4),
+                                                   {"peft_config": LORA}),
         "chats, full-sequence loss": (chats(), chat_config(name)),
         "prompt/completion text": (prompt_completion_text(), {"learning_rate": 2e-5}),
         "prompt/completion chat": (prompt_completion_chat(), chat_config(name)),
@@ -197,6 +229,8 @@ def healthy_setups(name: str) -> dict:
         setups[f"long prompts, packing {strategy}"] = (
             prompt_completion_chat(120, context_words=20, long_tail=True),
             chat_config(name, packing=True, packing_strategy=strategy, max_length=72))
+    if directory is not None:
+        setups["pre-tokenised chats, completion_mask"] = (tokenized_chats(directory), chat_config(name))
     if name != "mistral-v0.1-instruct":  # no training template of this family: TRL cannot mask its turns
         setups["chats, assistant_only_loss"] = (
             chats(), chat_config(name, assistant_only_loss=True, **training_path(name)))
@@ -205,10 +239,15 @@ def healthy_setups(name: str) -> dict:
     return setups
 
 
-def planted_setups(name: str, tmp: Path) -> dict:
-    """Set-up label -> (data, config, the check that must find it): one failure each."""
+def planted_setups(name: str, tmp: Path, directory: Path | None = None) -> dict:
+    """Set-up label -> (data, config, the check that must find it[, diagnose keywords]): one failure each."""
     spec = FAMILIES[name]
     setups = {
+        "fp16 full fine-tuning at 0.05": (chats(), chat_config(name, fp16=True, learning_rate=0.05),
+                                          "fp16-overflow-risk"),
+        "float16 weights under fp16": (chats(), chat_config(name, fp16=True,
+                                                            model_init_kwargs={"dtype": "float16"}),
+                                       "load-dtype", {"forward": False}),
         # completion-only loss: a prompt past max_length leaves no graded token
         "fully truncated rows, bfd": (
             prompt_completion_chat(120, context_words=20, long_tail=True),
@@ -235,6 +274,12 @@ def planted_setups(name: str, tmp: Path) -> dict:
         setups["end-of-turn outside {% generation %}"] = (
             chats(), chat_config(name, assistant_only_loss=True, chat_template_path=str(moved)),
             "stop-token-untrained")
+    if directory is not None:
+        setups["pre-tokenised chats, labels shifted by one"] = (tokenized_chats(directory, shift=True),
+                                                               chat_config(name), "labels-misaligned")
+        if spec["bos"] is not None and "bos_token" in family_template(name):  # the template renders bos too
+            setups["text rendered by the template"] = (rendered_text(directory), {"learning_rate": 2e-5},
+                                                       "double-bos")
     if spec["chat_eos"]:  # a base model's generation_config stops at eos, not at the template's turn end
         setups["chats without eos_token"] = (chats(), {"learning_rate": 2e-5}, "eos-mismatch")
     return setups
@@ -276,8 +321,8 @@ def test_each_family_checkpoint_carries_its_conventions(name, families):
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_healthy_setups_exit_0_without_an_error(name, families):
     wrong = {}
-    for label, (data, config) in healthy_setups(name).items():
-        report = diagnose(str(families[name]), data, config)
+    for label, (data, config, *kw) in healthy_setups(name, families[name]).items():
+        report = diagnose(str(families[name]), data, config, **(kw[0] if kw else {}))
         if report.exit_code != 0 or report.checks("error") or report.checks("could-not-check"):
             wrong[label] = describe(report)
     assert not wrong, f"{name}: false alarms on healthy set-ups: {json.dumps(wrong, indent=1)}"
@@ -286,8 +331,8 @@ def test_healthy_setups_exit_0_without_an_error(name, families):
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_planted_failures_are_found_by_their_own_check(name, families, tmp_path):
     missed = {}
-    for label, (data, config, check) in planted_setups(name, tmp_path).items():
-        report = diagnose(str(families[name]), data, config)
+    for label, (data, config, check, *kw) in planted_setups(name, tmp_path, families[name]).items():
+        report = diagnose(str(families[name]), data, config, **(kw[0] if kw else {}))
         if check not in report.checks() or report.checks("could-not-check"):
             missed[label] = f"{check} not found: {describe(report)}"
     assert not missed, f"{name}: {json.dumps(missed, indent=1)}"
