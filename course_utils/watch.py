@@ -9,9 +9,12 @@ trains, what this course showed goes wrong silently:
   ``max_norm / (norm + 1e-6)``); the pre-clip norm comes from the log (``grad_norm``) when logged.
 - **micro-batches with no graded token** (lessons 05, 07): a callback never sees the batch, so the
   watch puts a forward *pre*-hook (``with_kwargs=True``) on the model and counts the ``labels`` that
-  are not ``-100`` in every training forward. TRL's ``compute_loss`` divides by
-  ``num_tokens.clamp(min=1)``, so such a micro-batch logs a silent 0.0 instead of NaN. (A custom
-  ``compute_loss`` that calls the model without ``labels`` is invisible to this count.)
+  are not ``-100`` in every training forward. TRL's ``compute_loss`` divides by ``num_items_in_batch``,
+  the graded tokens of the whole optimizer step (every micro-batch, every process): such a micro-batch
+  adds nothing and the logged loss stays the mean of the rest; only a step without any graded token
+  logs 0.0 (and a hand-written loop's per-micro-batch mean is 0/0 = NaN). Each is data the run paid
+  for and did not train on. (A custom ``compute_loss`` that calls the model without ``labels`` is
+  invisible to this count.)
 - **non-finite values** (lesson 06). With ``stop_on_nonfinite=True`` the watch stops the run on a
   non-finite loss, on a non-finite gradient the optimizer would apply, or on weights an update made
   non-finite; before such a step it drops the gradients (so the weights stay finite), and ``report()``
@@ -435,7 +438,8 @@ class SFTWatch(TrainerCallback):
                          + ("  <- clipping on most steps: check the loss scale (lesson 01)"
                             if self.clip_rate > 0.5 else ""))
         empty = self.empty_micro_batches
-        hint = " <- SFTTrainer logs a silent 0.0 for each; check truncation (lesson 05)" if empty else ""
+        hint = " <- each trains nothing (a step made only of them logs 0.0); check truncation (lesson 05)" \
+            if empty else ""
         lines.append(f"  micro-batches with no graded token: {empty}{hint}")
         if self._scaler_seen or self.skipped_steps:
             last = self.skipped_steps[-1] if self.skipped_steps else None
