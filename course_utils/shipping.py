@@ -146,6 +146,11 @@ def _base_source(path: Path, base) -> str:
             raise ShipInputError(f"the base {str(local)!r} has no config.json — the adapter needs the full "
                                  "base model — pass the directory the base was saved to (--base DIR).")
         return str(local)
+    if _offline() and not (local.is_absolute() or str(source).startswith((".", "~"))):
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(str(source), "config.json"), str):
+            return str(source)  # a hub id in the local cache: loads offline
     if local.is_absolute() or str(source).startswith((".", "~")) or _offline():
         raise ShipInputError(f"the adapter's base {source!r} cannot be found here (not a local directory, "
                              "and HF_HUB_OFFLINE forbids a download) — a server would fail the same way — "
@@ -163,10 +168,6 @@ def load_saved(directory, base=None, *, dtype="auto"):
     ``AutoModelForCausalLM.from_pretrained`` with ``dtype`` (transformers 5's default ``"auto"``: the
     dtype the config states).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from .quiet import quiet_libraries
-
     path = _directory("directory", directory)
     if base is not None:
         _directory("base", base)
@@ -174,20 +175,25 @@ def load_saved(directory, base=None, *, dtype="auto"):
         raise TypeError(f"dtype={dtype!r} must be 'auto' or a torch dtype — it is what the weights are "
                         "loaded in — pass 'auto' (what transformers does by default) or e.g. torch.bfloat16.")
     info = saved_files(path)
-    with quiet_libraries():  # the loaders' notices (tied layers, shard bars) are what the report measures
+    source = _base_source(path, base) if info["kind"] == "adapter" else None  # bad input fails first
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # seconds to import: after the checks
+
+    from .quiet import quiet_libraries
+
+    # the loaders' notices (peft's tied-layer warning, shard bars): the report measures what they warn about
+    with quiet_libraries(python_warnings=False):
         if info["kind"] == "adapter":
             from peft import PeftModel
 
-            source = _base_source(path, base)
             model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
             model = PeftModel.from_pretrained(model, str(path))
             tokenizer = AutoTokenizer.from_pretrained(str(path) if info["has_tokenizer"] else source)
         else:
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
             if not info["has_tokenizer"]:
                 raise ShipInputError(f"{str(path)!r} holds a full model but no tokenizer — a user cannot "
                                      "render a prompt for it — save the tokenizer there too "
                                      "(tokenizer.save_pretrained(directory)).")
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
             tokenizer = AutoTokenizer.from_pretrained(str(path))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -415,3 +421,37 @@ def main(argv=None) -> int:
     failed = [f.check for f in findings if not f.ok]
     print(f"ship check: {'healthy' if not failed else 'differs: ' + ', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
+
+
+# ------------------------------------------------------------------------------------------------
+# The lesson's "what if" control
+# ------------------------------------------------------------------------------------------------
+
+_ROUTE_KEYS = ("files", "served_eos", "max_abs", "kl", "stop_rate")
+
+
+def shipping_explorer(routes: dict):
+    """What if you had shipped it another way? ``routes`` maps a label to what that way measured (a dict
+    with ``files``, ``served_eos``, ``max_abs``, ``kl``, ``stop_rate``): one dropdown, one frame per way."""
+    from .viz import what_if
+
+    if not isinstance(routes, dict) or not routes:
+        raise ValueError(f"routes must be a non-empty dict {{label: measurements}}, got "
+                         f"{type(routes).__name__} — each entry is one way of saving — pass the dict the "
+                         "lesson measured.")
+    for label, r in routes.items():
+        if not isinstance(r, dict) or not set(_ROUTE_KEYS) <= set(r):
+            raise ValueError(f"routes[{label!r}] must be a dict with {list(_ROUTE_KEYS)} — the frame shows "
+                             "them — measure each with saved_files, logit_drift and a stop rate.")
+
+    def frame(route):
+        r = routes[route]
+        verdict = "ships the trained model" if r["max_abs"] <= LOGIT_TOLERANCE and r["stop_rate"] >= 0.5 \
+            else "does NOT ship the trained model"
+        return (f"{route}: {verdict}\n  files on disk : {', '.join(r['files'])}\n"
+                f"  generate() stops on (served generation_config): {r['served_eos']}\n"
+                f"  max |Δlogit| vs the trained model: {r['max_abs']:.3g} (tolerance {LOGIT_TOLERANCE:g}); "
+                f"next-token KL {r['kl']:.3g} nats\n  stop rate with the served generation_config: "
+                f"{r['stop_rate']:.2f}")
+
+    return what_if(frame, {"route": list(routes)}, descriptions={"route": "how it was saved"}, width="620px")

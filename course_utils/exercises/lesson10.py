@@ -208,6 +208,26 @@ def saved_directory(seed: int) -> dict:
     return _saved_directory(seed)[0]
 
 
+_LOOK_ALIKES = {
+    "adapter without generation_config.json, on an instruct base":
+        lambda a: a["saved"]["kind"] == "adapter" and a["saved"]["generation_eos"] is None,
+    "no tokenizer files, the base's template is the training one":
+        lambda a: a["saved"]["chat_template_sha"] is None,
+    "saved in bf16 from a bf16 run": lambda a: a["saved"]["dtype"] == "bfloat16",
+}
+
+
+def _look_alike_seeds(start: int) -> list[int]:
+    """The first seed from ``start`` on that draws each healthy look-alike: graded in every checker run."""
+    found = []
+    for check in _LOOK_ALIKES.values():
+        seed = start
+        while not (_saved_directory(seed)[1].cause == "healthy" and check(_saved_directory(seed)[0])):
+            seed += 1
+        found.append(seed)
+    return found
+
+
 def _evidence_ok(got, truth) -> bool:
     if isinstance(truth.evidence, list):
         return isinstance(got, (list, tuple)) and sorted(got) == sorted(truth.evidence)
@@ -256,7 +276,8 @@ def check_diagnose_saved(fn, seeds: Sequence[int] | None = None):
     then 12 draws offset by the course seed; or the given ``seeds``)."""
     validate.function("fn", fn)
     if seeds is None:
-        seeds = list(range(len(CAUSES))) + [2000 + 13 * course_seed() + i for i in range(12)]
+        seeds = (list(range(len(CAUSES))) + [2000 + 13 * course_seed() + i for i in range(12)]
+                 + _look_alike_seeds(5000 + 100 * course_seed()))
     seeds = validate.seeds("seeds", seeds)
     return check_diagnosis("diagnose_saved", fn, _saved_directory, seeds=seeds, evidence_ok=_evidence_ok,
                            misconceptions=DIAGNOSIS_MISCONCEPTIONS, hint=DIAGNOSIS_HINTS)

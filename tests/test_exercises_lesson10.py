@@ -1,0 +1,156 @@
+"""Lesson 10's exercises (``course_utils.exercises.lesson10``): the tables of its checkers (the reference, a
+second correct answer, each known wrong answer with its misconception: ``tests/test_checkers.py`` runs them);
+the diagnosis generator draws every cause and healthy look-alikes; the graders refuse bad set-up arguments.
+"""
+
+import copy
+
+import pytest
+import torch
+from conftest import Row, graded
+
+from course_utils.checks import Diagnosis
+from course_utils.exercises import lesson10 as ex
+from course_utils.exercises.answers import lesson10
+
+
+def save_merged_copy(model, tokenizer, out_dir):
+    """A second correct answer: merge a deep copy (the caller's model stays a PeftModel), write the in-memory
+    generation_config explicitly."""
+    merged = copy.deepcopy(model).merge_and_unload()
+    merged.generation_config = copy.deepcopy(model.generation_config)
+    merged.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+
+
+def save_adapter_and_generation_config(model, tokenizer, out_dir):
+    """Writes the adapter, the tokenizer and the generation_config beside it: peft never reads the latter."""
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    model.generation_config.save_pretrained(out_dir)
+
+
+def save_merged_without_tokenizer(model, tokenizer, out_dir):
+    """Merges and saves the model but not the tokenizer: the base's chat template is served."""
+    from transformers import AutoTokenizer
+
+    model.merge_and_unload().save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(model.peft_config["default"].base_model_name_or_path).save_pretrained(out_dir)
+
+
+def save_merged_in_bf16(model, tokenizer, out_dir):
+    """Halves the download: the model loads in bf16 under dtype='auto'."""
+    model.merge_and_unload().to(torch.bfloat16).save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def save_lora_matrices_only(model, tokenizer, out_dir):
+    """Keeps the LoRA matrices, drops modules_to_save — and the fixed generation_config is restored by
+    merging onto a reloaded base, so only the rows are missing."""
+    import tempfile
+
+    from course_utils.shipping import load_saved, lora_only_copy
+
+    adapter = tempfile.mkdtemp()
+    model.save_pretrained(adapter)
+    tokenizer.save_pretrained(adapter)
+    lora_only_copy(adapter, adapter + "-lora")
+    tokenizer.save_pretrained(adapter + "-lora")
+    reloaded, _ = load_saved(adapter + "-lora")
+    merged = reloaded.merge_and_unload()
+    merged.generation_config = copy.deepcopy(model.generation_config)
+    merged.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def diagnose_saved_other_order(artefact):
+    """A second correct answer: dtype and rows first, then what is served."""
+    saved, base, trained = artefact["saved"], artefact["base"], artefact["trained"]
+    if saved["kind"] == "full" and saved["dtype"] != trained["dtype"]:
+        return Diagnosis("dtype_changed", saved["dtype"])
+    if saved["kind"] == "adapter" and trained["modules_to_save"] and not saved["modules_to_save"]:
+        return Diagnosis("token_rows_not_shipped", list(trained["modules_to_save"]))
+    eos = saved["generation_eos"] if saved["kind"] == "full" else base["generation_eos"]
+    if artefact["end_of_turn_id"] not in eos:
+        return Diagnosis("eos_not_shipped", eos)
+    template = saved["chat_template_sha"] if saved["chat_template_sha"] else base["chat_template_sha"]
+    if template != trained["chat_template_sha"]:
+        return Diagnosis("template_not_shipped", template)
+    return Diagnosis("healthy", None)
+
+
+def reads_the_adapters_own_generation_config(artefact):
+    """Believes a generation_config.json beside an adapter is served."""
+    truth = lesson10.diagnose_saved(artefact)
+    saved = artefact["saved"]
+    if truth.cause == "eos_not_shipped" and saved["kind"] == "adapter" and saved["generation_eos"]:
+        return Diagnosis("healthy", None)
+    return truth
+
+
+def no_generation_config_file_means_broken(artefact):
+    """Calls every adapter without a generation_config.json broken, also on an instruct base that stops."""
+    saved = artefact["saved"]
+    if saved["kind"] == "adapter" and saved["generation_eos"] is None:
+        return Diagnosis("eos_not_shipped", artefact["base"]["generation_eos"])
+    return lesson10.diagnose_saved(artefact)
+
+
+def no_tokenizer_means_broken(artefact):
+    """Calls every directory without a chat template broken, also when the base's is the training one."""
+    truth = lesson10.diagnose_saved(artefact)
+    if truth.cause == "healthy" and artefact["saved"]["chat_template_sha"] is None:
+        return Diagnosis("template_not_shipped", artefact["base"]["chat_template_sha"])
+    return truth
+
+
+def always_healthy(artefact):
+    """Memorised: every saved directory is fine."""
+    return Diagnosis("healthy", None)
+
+
+CHECKERS = [
+    Row("save_for_serving", graded(ex.check_save_for_serving), lesson10.save_for_serving),
+    Row("diagnose_saved", graded(ex.check_diagnose_saved), lesson10.diagnose_saved),
+]
+ALSO_CORRECT = [("save_for_serving", save_merged_copy), ("diagnose_saved", diagnose_saved_other_order)]
+WRONG = [
+    ("save_for_serving", save_adapter_and_generation_config, "peft does not read a generation_config.json"),
+    ("save_for_serving", save_merged_without_tokenizer, "save the tokenizer too"),
+    ("save_for_serving", save_merged_in_bf16, "the model loads in torch.bfloat16"),
+    ("save_for_serving", save_lora_matrices_only, "modules_to_save"),
+    ("diagnose_saved", reads_the_adapters_own_generation_config, "beside the adapter is not read"),
+    ("diagnose_saved", no_generation_config_file_means_broken, "an instruct base"),
+    ("diagnose_saved", no_tokenizer_means_broken, "here it is the one the run trained with"),
+    ("diagnose_saved", always_healthy, "is not what broke this"),
+]
+
+
+def test_the_generator_draws_every_cause_and_healthy_look_alikes():
+    drawn = [ex._saved_directory(seed) for seed in range(200)]
+    causes = {truth.cause for _, truth in drawn}
+    assert causes == set(ex.CAUSES)
+    healthy = [a for a, truth in drawn if truth.cause == "healthy"]
+    assert any(a["saved"]["kind"] == "adapter" and a["saved"]["generation_eos"] is None for a in healthy), \
+        "a healthy adapter without generation_config.json (an instruct base)"
+    assert any(a["saved"]["chat_template_sha"] is None for a in healthy), "a healthy adapter, no tokenizer"
+    assert any(a["saved"]["kind"] == "full" and a["saved"]["dtype"] == "bfloat16" for a in healthy), \
+        "bf16 saved from a bf16 run"
+    broken_eos = [a for a, truth in drawn
+                  if truth.cause == "eos_not_shipped" and a["saved"]["kind"] == "adapter"]
+    assert any(a["saved"]["generation_eos"] for a in broken_eos), "a generation_config.json beside it, unread"
+
+
+def test_the_artefact_names_no_cause():
+    artefact = ex.saved_directory(3)
+    assert "cause" not in str(sorted(artefact))
+    assert not any(isinstance(v, Diagnosis) for v in artefact.values())
+
+
+def test_the_graders_refuse_bad_set_up_arguments():
+    with pytest.raises(TypeError, match="must be a function"):
+        ex.check_save_for_serving("my_save_for_serving")
+    with pytest.raises(ValueError, match="non-empty list"):
+        ex.check_diagnose_saved(lesson10.diagnose_saved, seeds=[])
+    with pytest.raises(ValueError, match="seed"):
+        ex.saved_directory(None)
