@@ -55,6 +55,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import doctor_precision as P
+from . import doctor_trainer as DT
 from . import internals, validate
 from .data import end_of_turn_id
 from .model import _not_available_offline, _offline, _resolve_source
@@ -939,6 +940,32 @@ def _double_bos_findings(tokenizer, prepared) -> list[Finding]:
                     "the bos from the rendered text", "04")]
 
 
+def _trainer_findings(trainer_cls, args, num_processes: int) -> list[Finding]:
+    """Your trainer class under lesson 01's split test (``doctor_trainer``): the same rows as one batch and
+    as micro-batches must give the same gradient, as they do with stock ``SFTTrainer``."""
+    if trainer_cls is None:
+        return []
+    mine, stock = DT._split_gaps(trainer_cls)
+    limit = max(stock * DT.ROUND_OFF_FACTOR, DT.ROUND_OFF_FLOOR)
+    name, (one, many) = trainer_cls.__name__, DT.SPLITS
+    test = (f"split test (lesson 01) on the course model: {DT.ROWS} rows as {one} batch and as {many} "
+            f"micro-batches give first-step gradient norms {mine:.2%} apart (stock SFTTrainer: {stock:.1e})")
+    if mine <= limit:
+        return [Finding("info", "trainer-accumulation",
+                        f"{name} weights the tokens of a step as SFTTrainer does", test, "nothing to fix",
+                        "01")]
+    accumulates = args.gradient_accumulation_steps > 1 or num_processes > 1
+    return [Finding("error" if accumulates else "warning", "trainer-accumulation",
+                    f"{name}'s gradient depends on how a batch is split into micro-batches",
+                    f"{test}; gradient_accumulation_steps={args.gradient_accumulation_steps} on "
+                    f"{num_processes} process(es): "
+                    + ("the run's gradient is not the batch's" if accumulates else
+                       "harmless until you accumulate or add processes"),
+                    "in compute_loss, sum the token losses and divide by num_items_in_batch (the step's "
+                    "graded tokens) when the Trainer passes it — or return super().compute_loss(model, "
+                    "inputs, return_outputs, num_items_in_batch)", "01")]
+
+
 def _padding_side_findings(tokenizer) -> list[Finding]:
     if tokenizer.padding_side != "right":
         return []
@@ -1148,7 +1175,7 @@ def read_peft_config(peft_config=None):
 
 def diagnose(model, data, config=None, *, max_length: int | None = None, forward: bool = True,
              peft_config=None, num_processes: int = 1, max_load_gb: float = P.LOAD_LIMIT_GB,
-             sample: int | None = SAMPLE_ROWS, seed: int = 0) -> Report:
+             sample: int | None = SAMPLE_ROWS, seed: int = 0, trainer=None) -> Report:
     """Check a fine-tuning set-up; return a ``Report`` (a list of ``Finding``s, errors first).
 
     ``model``: a local directory, a hub id (offline: from the cache) or a ``(model, tokenizer)``
@@ -1159,9 +1186,11 @@ def diagnose(model, data, config=None, *, max_length: int | None = None, forward
     ``--nproc-per-node`` x nodes), which share each optimizer step; ``max_load_gb``: the largest checkpoint
     the fp16 check loads; ``sample``: how many rows to check, a uniform random draw seeded by ``seed``
     when the data holds more (``None``: every row; a report on a sample quotes each rate with its 95 %
-    interval for the whole data). ``forward=False`` skips loading weights (the fp16 check then says it
-    did not measure). Raises ``DoctorInputError`` on bad input (a set-up the doctor would have to guess
-    at), before any measurement: the cheap checks (files, rows, arguments) first, then the configs.
+    interval for the whole data); ``trainer``: your own ``SFTTrainer`` subclass (or ``"module:Class"``),
+    whose loss lesson 01's split test checks under gradient accumulation. ``forward=False`` skips loading
+    weights (the fp16 check then says it did not measure). Raises ``DoctorInputError`` on bad input (a
+    set-up the doctor would have to guess at), before any measurement: the cheap checks (files, rows,
+    arguments) first, then the configs.
 
     Example (the course model, eight rows)::
 
@@ -1190,6 +1219,10 @@ def diagnose(model, data, config=None, *, max_length: int | None = None, forward
     max_length = _check_max_length(max_length)
     config = read_config(config)
     rows, total = _as_rows(data, sample, seed)
+    try:
+        trainer_cls = None if trainer is None else DT._import_trainer(trainer)
+    except ValueError as exc:
+        raise DoctorInputError(str(exc)) from None
     _check_model(model)
     _check_config(config)
     peft = _lora_config(config, read_peft_config(peft_config))
@@ -1198,7 +1231,7 @@ def diagnose(model, data, config=None, *, max_length: int | None = None, forward
     form = _form(rows)
     setup = types.SimpleNamespace(config=config, precision=precision, source=source, model=model_obj,
                                   forward=forward, peft=peft, num_processes=num_processes,
-                                  max_load_gb=max_load_gb)
+                                  max_load_gb=max_load_gb, trainer=trainer_cls)
     sampled = total if len(rows) < total else None
     token = _SAMPLED.set(sampled)
     try:
@@ -1290,6 +1323,7 @@ def _run_checks(rows, form, tokenizer, args, setup) -> Report:
     if form == "tokenized" and "labels" in rows[0]:
         findings += _guarded("labels-misaligned", _label_alignment_findings, prepared)
     findings += _guarded("right-padding", _padding_side_findings, tokenizer)
+    findings += _guarded("trainer-accumulation", _trainer_findings, setup.trainer, args, setup.num_processes)
     return Report(sorted(findings, key=lambda f: SEVERITIES.index(f.severity)))
 
 
@@ -1335,12 +1369,15 @@ def main(argv=None) -> int:
                         f"{SAMPLE_ROWS}); rates come with 95%% intervals")
     parser.add_argument("--all", action="store_true", help="check every row (exact counts; slower)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sample (default 0)")
+    parser.add_argument("--trainer", help="your SFTTrainer subclass as module:Class: lesson 01's split test "
+                        "checks its loss under gradient accumulation")
     options = parser.parse_args(argv)
     try:
         report = diagnose(options.model, options.data, options.config, max_length=options.max_length,
                           forward=not options.no_forward, peft_config=options.peft_config,
                           num_processes=options.num_processes, max_load_gb=options.max_load_gb,
-                          sample=None if options.all else options.sample, seed=options.seed)
+                          sample=None if options.all else options.sample, seed=options.seed,
+                          trainer=options.trainer)
     except DoctorInputError as exc:
         print(f"doctor: bad input: {exc}", file=sys.stderr)
         return 2

@@ -573,3 +573,33 @@ def test_sampling_reads_a_uniform_sample_of_the_file_and_every_line(tmp_path):
         handle.write("{not json\n")
     with pytest.raises(DoctorInputError, match="line 1001"):
         doctor._read_jsonl(path, 50, 0)  # a malformed line outside the sample is still bad input
+
+
+# ---------------------------------------------------------------------------------------------
+# --trainer: a practitioner's own SFTTrainer subclass under lesson 01's split test
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.slow  # six short SFTTrainer runs (~15 s): in make test-slow
+def test_a_trainer_whose_loss_ignores_num_items_in_batch_is_found_by_the_split_test(course, tmp_path,
+                                                                                   monkeypatch):
+    from course_utils.accumulation import custom_loss_trainer
+
+    accumulating = {**GOOD, "gradient_accumulation_steps": 4}
+    micro_mean = custom_loss_trainer("micro_mean")
+    broken = next(f for f in run(course, rows(), accumulating, trainer=micro_mean)
+                  if f.check == "trainer-accumulation")
+    assert broken.severity == "error" and "split test" in broken.evidence
+    assert "num_items_in_batch" in broken.fix
+    without = next(f for f in run(course, rows(), GOOD, trainer=micro_mean)
+                   if f.check == "trainer-accumulation")
+    assert without.severity == "warning", "no accumulation, one process: not yet wrong"
+    (tmp_path / "my_trainers.py").write_text(
+        "from trl import SFTTrainer\n\n\nclass Delegating(SFTTrainer):\n"
+        "    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):\n"
+        "        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    healthy = run(course, rows(), accumulating, trainer="my_trainers:Delegating")
+    assert "trainer-accumulation" in healthy.checks("info") and healthy.exit_code == 0, healthy
+    for bad in ("my_trainers", "no_such_module:X", "my_trainers:Nope", "json:JSONDecoder"):
+        with pytest.raises(DoctorInputError, match=".+ — .+ — .+"):
+            run(course, rows(), GOOD, trainer=bad)

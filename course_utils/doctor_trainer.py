@@ -1,0 +1,77 @@
+"""The doctor's check of a practitioner's own trainer class (private helpers of ``course_utils.doctor``):
+lesson 01's split test, run on that class.
+
+A ``compute_loss`` written by hand often takes the mean over its own micro-batch and ignores
+``num_items_in_batch``; with gradient accumulation the Trainer then averages K per-micro-batch means
+instead of dividing the step's summed loss by its graded tokens, and the gradient is no longer the
+batch's (lesson 01). The split test needs no knowledge of the code: the same 8 rows as one batch and
+as 4 micro-batches of 2 must give the same first-step gradient. Stock ``SFTTrainer`` is run beside
+the user's class as the control: its difference between the two splits is the run's own round-off, and
+the user's class is judged against a multiple of it, not against a constant.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import warnings
+
+SPLITS = (1, 4)  # one batch of 8 rows, and 4 micro-batches of 2: the same rows in the same step
+ROWS = 8
+ROUND_OFF_FACTOR = 100.0  # a class is wrong when its split gap is this many times stock SFTTrainer's
+ROUND_OFF_FLOOR = 1e-4  # the smallest relative gap judged (float32 sums differ by ~1e-7 here)
+
+
+def _import_trainer(spec):
+    """The class ``spec`` names (``"package.module:ClassName"``) or ``spec`` itself when it is a class;
+    ``ValueError`` with what/why/fix when it cannot be imported or is not a ``trl.SFTTrainer``."""
+    from trl import SFTTrainer
+
+    if isinstance(spec, str):
+        module_name, _, name = spec.partition(":")
+        if not (module_name and name):
+            raise ValueError(f"trainer={spec!r} is not 'module:Class' — the doctor imports your class to run "
+                             "it — pass e.g. --trainer my_training.trainers:MyTrainer.")
+        try:
+            spec = getattr(importlib.import_module(module_name), name)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"trainer={spec!r} could not be imported ({type(exc).__name__}: {exc}) — the "
+                             "doctor runs your class — run the doctor from the directory (or PYTHONPATH) "
+                             f"where `import {module_name}` works.") from None
+    if not (isinstance(spec, type) and issubclass(spec, SFTTrainer)):
+        raise ValueError(f"trainer={spec!r} is not a subclass of trl.SFTTrainer — the split test builds it "
+                         "like SFTTrainer — pass the SFTTrainer subclass your script trains with.")
+    return spec
+
+
+def _first_grad_norm(trainer_cls, split: int) -> float:
+    """The gradient norm ``trainer_cls`` logs for its first step on the course model: ``ROWS`` rows as
+    ``split`` micro-batches (the same rows in every split: the same seeded sampler)."""
+    from .data import make_chat_dataset
+    from .model import load_course_model
+    from .training import logged, make_sft_trainer
+
+    model, tokenizer = load_course_model()
+    # mixed lengths: micro-batches with different graded-token counts are what tells the two losses apart
+    dataset = make_chat_dataset("mixed", n=ROWS, seed=11)
+    trainer = make_sft_trainer(copy.deepcopy(model), tokenizer, dataset, trainer_cls=trainer_cls, max_steps=1,
+                               gradient_accumulation_steps=split, per_device_train_batch_size=ROWS // split,
+                               max_grad_norm=1e9, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train()
+    return logged(trainer, "grad_norm")[0]
+
+
+@functools.cache  # a class's gap is a property of its code: measured once per process
+def _split_gaps(trainer_cls) -> tuple[float, float]:
+    """``(the class's relative gap, stock SFTTrainer's)`` between the first-step gradient norms of one
+    batch and of ``SPLITS[1]`` micro-batches of the same rows."""
+    from trl import SFTTrainer
+
+    def gap(cls):
+        one, many = (_first_grad_norm(cls, k) for k in SPLITS)
+        return abs(many - one) / max(abs(one), 1e-30)
+
+    return gap(trainer_cls), gap(SFTTrainer)
