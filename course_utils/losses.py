@@ -1,18 +1,27 @@
 """The next-token loss, written the ways real code writes it, and what each does with no target.
 
 Used by lessons 01, 05, 06 and 07 (and the training loop in ``train``). The same masked mean can be
-written three ways, and they differ only on a micro-batch whose every label is ``-100`` — exactly
+written four ways, and they differ only on a micro-batch whose every label is ``-100`` — exactly
 the micro-batch that truncation and packing produce (lesson 05):
 
 - ``mean_ignore_index``: ``F.cross_entropy(..., ignore_index=-100)`` (mean reduction). No target:
   loss 0/0 = **NaN**, but its backward writes exact zeros at ignored positions: **gradients 0**.
-- ``mean_by_multiplication``: ``(nll * mask).sum() / mask.sum()``. No target: loss NaN *and* NaN
-  gradients (d(s/0)/ds = inf, times the mask's 0 = NaN); one AdamW step makes every weight NaN.
+- ``mean_times_mask_ignore_index``: the loop most people write, ``F.cross_entropy(...,
+  reduction="none", ignore_index=-100)`` then ``(nll * mask).sum() / mask.sum()``. No target: loss
+  NaN, and the NaN reaches the per-token loss's backward — which ignores it at ignored positions:
+  **gradients 0** again.
+- ``mean_times_mask_all_positions``: the per-token loss computed at *every* position (ignored labels
+  replaced by a stand-in id, here ``labels.clamp(min=0)`` through ``log_softmax().gather()``), then
+  the same ``(nll * mask).sum() / mask.sum()``. No target: loss NaN *and* NaN gradients
+  (d(s/0)/ds = inf, times the mask's 0 = NaN, and this backward passes it on); one AdamW step makes
+  every weight NaN.
 - ``mean_clamped``: ``sum / count.clamp(min=1)`` (TRL 1.16's ``compute_loss``). No target: a
   **silent 0.0** with zero gradients.
 
-The distinction that matters is masking by multiplication vs ``ignore_index``, not how the
-division is written: ``summed_ignore_index(...) / 0`` is NaN with zero gradients too.
+What decides NaN gradients is the per-token loss, not the multiplication nor how the division is
+written: whether its backward writes zeros at ignored positions (``ignore_index``: yes, whatever
+arrives from above; a loss computed on stand-in labels: no). ``summed_ignore_index(...) / 0`` is NaN
+with zero gradients too.
 """
 
 from __future__ import annotations
@@ -73,18 +82,42 @@ def mean_ignore_index(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
     return F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX)
 
 
-def _nll_and_mask(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def per_token_ignore_index(flat_logits: torch.Tensor, flat_labels: torch.Tensor) -> torch.Tensor:
+    """Per-token losses ``F.cross_entropy(reduction="none", ignore_index=-100)``: 0 at ignored positions,
+    and its backward writes 0 there whatever gradient arrives (that is what keeps NaN out)."""
+    return F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="none")
+
+
+def per_token_all_positions(flat_logits: torch.Tensor, flat_labels: torch.Tensor) -> torch.Tensor:
+    """Per-token losses at *every* position: ignored labels are replaced by a stand-in id
+    (``clamp(min=0)`` only makes -100 a legal index for ``gather``) and left for a mask to remove.
+    Its backward passes whatever arrives at an ignored position on to the logits."""
+    return -flat_logits.log_softmax(-1).gather(-1, flat_labels.clamp(min=0)[:, None])[:, 0]
+
+
+def _nll_and_mask(logits: torch.Tensor, labels: torch.Tensor, per_token=per_token_all_positions):
     flat_logits, flat_labels = shifted(logits, labels)
-    mask = (flat_labels != IGNORE_INDEX).float()
-    # clamp(min=0) only makes -100 a legal index for gather; the mask zeroes those terms
-    logp = flat_logits.log_softmax(-1).gather(-1, flat_labels.clamp(min=0)[:, None])[:, 0]
-    return -logp, mask
+    return per_token(flat_logits, flat_labels), (flat_labels != IGNORE_INDEX).float()
 
 
-def mean_by_multiplication(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The masked mean many hand-written loops use: ``(nll * mask).sum() / mask.sum()``.
+def mean_times_mask_ignore_index(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The masked mean most hand-written loops use: ``F.cross_entropy(..., reduction="none",
+    ignore_index=-100)``, then ``(nll * mask).sum() / mask.sum()``.
 
-    With no target: 0/0 = NaN, and the backward multiplies 1/0 = inf by the mask's zeros: NaN grads.
+    With no target: loss 0/0 = NaN, yet **zero** gradients — the NaN that the division sends back
+    (1/0 = inf times the mask's 0) meets nll_loss's backward, which writes 0 at every ignored position.
+    """
+    nll, mask = _nll_and_mask(logits, labels, per_token_ignore_index)
+    return (nll * mask).sum() / mask.sum()
+
+
+def mean_times_mask_all_positions(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The same ``(nll * mask).sum() / mask.sum()`` over a per-token loss computed at *every*
+    position: ignored labels become a stand-in id (``labels.clamp(min=0)``) for ``log_softmax().gather()``
+    and only the mask removes them — as loops do that replace -100 before the loss.
+
+    With no target: 0/0 = NaN, and the backward multiplies 1/0 = inf by the mask's zeros and carries the
+    NaN into every logit (gather and log_softmax do not zero ignored positions): NaN gradients.
     """
     nll, mask = _nll_and_mask(logits, labels)
     return (nll * mask).sum() / mask.sum()
@@ -97,8 +130,8 @@ def mean_clamped(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return (nll * mask).sum() / mask.sum().clamp(min=1)
 
 
-MASKED_MEANS = {"ignore_index": mean_ignore_index, "multiplication": mean_by_multiplication,
-                "clamped": mean_clamped}
+MASKED_MEANS = {"ignore_index": mean_ignore_index, "times mask, ignore_index": mean_times_mask_ignore_index,
+                "times mask, all positions": mean_times_mask_all_positions, "clamped": mean_clamped}
 
 
 def model_logits(model, batch: dict) -> torch.Tensor:

@@ -677,24 +677,32 @@ def _rows_dataset(examples: list[dict]):
 
 
 def trl_logged_on_pretokenised(model, tokenizer, examples: Sequence[dict], *, nan_inf_filter: bool = True,
-                               lr: float = 1e-3) -> dict:
+                               lr: float = 1e-3, accum_steps: int = 1) -> dict:
     """Train a copy of ``model`` with TRL's ``SFTTrainer`` on a *pre-tokenised* dataset (``input_ids`` and
     ``labels`` columns, ``max_length=None``): TRL skips its own truncation and its drop of fully masked
-    rows, so they reach ``compute_loss``, which divides by ``num_tokens.clamp(min=1)``.
+    rows, so they reach ``compute_loss``, which divides the summed loss by ``num_items_in_batch`` — the
+    graded tokens of the whole optimizer step (every micro-batch; every rank), ``clamp(min=1)``.
 
-    One row per step, in order (no shuffle). Returns ``logged`` (loss per step), ``grad_norms``,
-    ``targets`` (supervised tokens per step) and ``weights_finite``."""
+    One row per micro-batch, in order (no shuffle), ``accum_steps`` micro-batches per optimizer step.
+    Returns ``logged`` (loss per step), ``grad_norms``, ``targets`` (supervised tokens per step, summed
+    over its micro-batches) and ``weights_finite``."""
     examples = _check_model_examples(model, tokenizer, examples)
     _check_flag("nan_inf_filter", nan_inf_filter)
     validate.number("lr", lr, positive=True, why="it is the learning rate")
+    validate.positive_int("accum_steps", accum_steps, why="it is micro-batches per optimizer step")
+    if len(examples) % accum_steps:
+        raise ValueError(f"{len(examples)} rows do not fill steps of accum_steps={accum_steps} — the last "
+                         "step would wrap around to the first rows — pass a multiple of accum_steps rows.")
     trainer = make_sft_trainer(copy.deepcopy(model), tokenizer, _rows_dataset(examples), max_length=None,
-                               per_device_train_batch_size=1, max_steps=len(examples), learning_rate=lr,
+                               per_device_train_batch_size=1, gradient_accumulation_steps=accum_steps,
+                               max_steps=len(examples) // accum_steps, learning_rate=lr,
                                logging_nan_inf_filter=nan_inf_filter, progress=False)
     # library-private: the Trainer's sampler hook; a SequentialSampler keeps one row per step, in order
     internals.feed_in_order(trainer)
     trainer.train()
+    per_row = [n_graded(e["labels"]) for e in examples]
     return {"logged": logged(trainer), "grad_norms": logged(trainer, "grad_norm"),
-            "targets": [n_graded(e["labels"]) for e in examples],
+            "targets": [sum(per_row[i:i + accum_steps]) for i in range(0, len(per_row), accum_steps)],
             "weights_finite": params_finite(trainer.model)}
 
 

@@ -28,7 +28,7 @@ def diagnose_by_lookahead(log):
         frozen = len({r["consumed"] for r in log[bad:]}) == 1
         return Diagnosis("clogged_packer" if frozen else "truncated_examples", step)
     if log[bad]["targets"] == 0:
-        return Diagnosis("mask_multiplication", step)
+        return Diagnosis("loss_at_ignored_positions", step)
     return Diagnosis("learning_rate", step)
 
 
@@ -50,7 +50,7 @@ def no_consumed(log):
 def nan_means_lr(log):
     """Every NaN is a divergence (lesson 06's reflex), even a 0/0 in the loss."""
     d = lesson05.diagnose_log(log)
-    return Diagnosis("learning_rate" if d.cause == "mask_multiplication" else d.cause, d.evidence)
+    return Diagnosis("learning_rate" if d.cause == "loss_at_ignored_positions" else d.cause, d.evidence)
 
 
 def wrong_evidence(log):

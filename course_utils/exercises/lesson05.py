@@ -20,10 +20,11 @@ from ..model import course_seed
 # Exercise 1 (diagnosis): which mechanism broke this training log?
 # ------------------------------------------------------------------------------------------------
 
-CAUSES = ("clogged_packer", "truncated_examples", "mask_multiplication", "learning_rate")
+CAUSES = ("clogged_packer", "truncated_examples", "loss_at_ignored_positions", "learning_rate")
 """The causes of a broken log: the best-fit buffer clogged; right truncation left random micro-batches
-without a target; a hand-written ``(nll * mask).sum() / mask.sum()`` turned one empty micro-batch into NaN
-weights; and lesson 06's look-alike, a learning rate so high the run diverges with every batch full."""
+without a target; a per-token loss computed at every position (ignored labels replaced by a stand-in id),
+then ``(nll * mask).sum() / mask.sum()``, turned one empty micro-batch into NaN weights; and lesson 06's
+look-alike, a learning rate so high the run diverges with every batch full."""
 
 
 def broken_log(seed: int) -> list[dict]:
@@ -51,9 +52,9 @@ def _broken_log(seed: int) -> tuple[list[dict], Diagnosis]:
             targets, norm, value = 0, 0.0, float("nan")
         elif cause == "truncated_examples" and step in empties:
             targets, norm, value = 0, 0.0, float("nan")
-        elif cause == "mask_multiplication" and step == first:
+        elif cause == "loss_at_ignored_positions" and step == first:
             targets, norm, value = 0, float("nan"), float("nan")
-        elif cause == "mask_multiplication" and step > first:
+        elif cause == "loss_at_ignored_positions" and step > first:
             norm, value = float("nan"), float("nan")  # NaN weights: data is fine, the model is gone
         elif cause == "learning_rate":
             if step >= first:
@@ -83,23 +84,24 @@ def check_diagnose_log(fn, seeds=None) -> object:
             ("clogged_packer", "truncated_examples"): "a clogged buffer never recovers; here later steps "
             "carry "
             "targets again and `consumed` keeps growing.",
-            ("clogged_packer", "mask_multiplication"): "look at `targets` after the first NaN: the data is "
-            "full again, yet the loss stays NaN — the weights are NaN, not the batches empty.",
-            ("learning_rate", "mask_multiplication"): "the first NaN step had no target at all and the norm "
-            "was NaN at once, with no climb before it: 0/0 in the loss, not a divergence.",
-            ("mask_multiplication", "learning_rate"): "every step had targets; the norm grew by orders of "
-            "magnitude before the NaN: a divergence (lesson 06).",
-            ("truncated_examples", "mask_multiplication"): "after the empty step the targets are back but "
-            "the "
-            "loss never is: the weights were poisoned (NaN gradients), not just one batch empty.",
+            ("clogged_packer", "loss_at_ignored_positions"): "look at `targets` after the first NaN: the "
+            "data is full again, yet the loss stays NaN — the weights are NaN, not the batches empty.",
+            ("learning_rate", "loss_at_ignored_positions"): "the first NaN step had no target at all and "
+            "the norm was NaN at once, with no climb before it: 0/0 in the loss, not a divergence.",
+            ("loss_at_ignored_positions", "learning_rate"): "every step had targets; the norm grew by "
+            "orders of magnitude before the NaN: a divergence (lesson 06).",
+            ("truncated_examples", "loss_at_ignored_positions"): "after the empty step the targets are "
+            "back but the loss never is: the weights were poisoned (NaN gradients), not just one batch "
+            "empty.",
         },
         hint=Hints(question="After the first non-finite step, do the steps have targets again, does "
                             "`consumed` still move, and did the gradient norm climb before it?",
                    pointer="Compare section 4's clogged-packer table (targets 0 for good, consumed frozen), "
-                           "section 2's multiplication-masked mean (NaN weights) and lesson 06's divergence "
+                           "section 2's all-positions masked mean (NaN weights) and lesson 06's divergence "
                            "(norm climbs).",
                    answer="empty forever + frozen consumed -> clogged_packer; empty now and then -> "
-                          "truncated_examples; one empty step, then NaN with targets -> mask_multiplication; "
+                          "truncated_examples; one empty step, then NaN with targets -> "
+                          "loss_at_ignored_positions; "
                           "targets everywhere, norm climbing -> learning_rate. Evidence: first non-finite "
                           "step."))
 

@@ -20,7 +20,7 @@ def diagnose_log(log: list[dict]) -> Diagnosis:
     elif all(r["targets"] == 0 for r in after) and all(r["consumed"] == log[bad]["consumed"] for r in after):
         cause = "clogged_packer"  # empty for good, and the data stopped advancing
     elif all(not math.isfinite(r["loss"]) for r in after):
-        cause = "mask_multiplication"  # the data came back, the loss did not: NaN weights
+        cause = "loss_at_ignored_positions"  # the data came back, the loss did not: NaN weights
     else:
         cause = "truncated_examples"  # empty now and then, healthy in between
     return Diagnosis(cause, log[bad]["step"])
