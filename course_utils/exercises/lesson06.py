@@ -38,10 +38,11 @@ def broken_run(seed: int) -> dict:
     ``run`` = ``{"config", "log", "activation_max"}``: the config (lr, storage dtype, compute dtype),
     one log row per step as the Trainer logs it (``loss`` — with ``logging_nan_inf_filter`` on, so a
     NaN loss shows as 0.0 —, ``grad_norm``, ``n_tokens``), and the largest |output| of each module per
-    step (forward hooks, execution order). Causes: all labels masked (a hand-written masked mean:
-    NaN gradients), float16 overflow in one module, a learning rate too high (the backward overflows
-    first), and a look-alike from lesson 05: TRL's clamped mean on an empty batch, a *silent* 0.0
-    with zero gradients and no NaN anywhere. One seed, one run: the same seed gives the same run.
+    step (forward hooks, execution order). Causes: all labels masked (a per-token loss computed at every
+    position, then masked and divided by the count 0: NaN gradients), float16 overflow in one module,
+    a learning rate too high (the backward overflows first), and a look-alike from lesson 05: TRL's
+    clamped mean on an empty batch, a *silent* 0.0 with zero gradients and no NaN anywhere. One seed,
+    one run: the same seed gives the same run.
     """
     validate.seed("seed", seed)
     return _broken_run(seed)[0]
