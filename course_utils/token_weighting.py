@@ -539,15 +539,18 @@ def _worker_pythonpath() -> str:
     return os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 
-def run_ddp_grad(nproc: int = 2, seed: int = 0, batch_size: int = 2, timeout: float = 180) -> dict:
+def run_ddp_grad(nproc: int = 2, seed: int = 0, batch_size: int = 2, timeout: float = 180,
+                 skip_timeout: float = 2.0) -> dict:
     """Run ``course_utils.ddp_grad`` under ``torchrun --nproc_per_node=nproc`` (gloo, CPU); load its result.
 
     The worker gives rank r micro-batch r of ``uneven_micro_batches(tok, k=nproc, ...)`` and returns
     the gradient DDP ends up with under a per-rank mean and under a global token count
-    (``all_reduce``). ``sys.executable -m torch.distributed.run`` is torchrun with this kernel's
-    Python, so the workers see the same packages; ``--standalone`` picks a free port. The workers run
-    the module ``course_utils.ddp_grad`` in a temporary folder, so a checkout and an installed wheel
-    work alike.
+    (``all_reduce``); then, with rank 1's micro-batch empty, what each rank met when rank 1 skipped it
+    (``"skip"``: seconds waited, the error once ``skip_timeout`` ran out) and the gradient and
+    collectives when it ran with a zero loss instead (``"zero_loss"``, ``"zero_loss_collectives"``).
+    ``sys.executable -m torch.distributed.run`` is torchrun with this kernel's Python, so the workers
+    see the same packages; ``--standalone`` picks a free port. The workers run the module
+    ``course_utils.ddp_grad`` in a temporary folder, so a checkout and an installed wheel work alike.
     """
     # validate everything before launching anything: a bad argument must not cost two torchrun launches
     validate.positive_int("nproc", nproc, why="it is the number of processes torchrun starts")
@@ -558,11 +561,16 @@ def run_ddp_grad(nproc: int = 2, seed: int = 0, batch_size: int = 2, timeout: fl
     validate.seed("seed", seed)
     validate.positive_int("batch_size", batch_size, why="each rank needs at least one chat")
     validate.number("timeout", timeout, positive=True, why="it bounds how long torchrun may run")
+    validate.number("skip_timeout", skip_timeout, positive=True,
+                    why="it is how long the rank with data waits for the rank that skipped its micro-batch")
+    if nproc < 2:
+        raise ValueError(f"nproc={nproc}: one process has no peer to wait for — the worker's empty-rank part "
+                         "needs a rank 1 — pass nproc=2.")
     work = Path(tempfile.mkdtemp(prefix="sft-lab-07-ddp-"))
     out = work / "grads.pt"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "course_utils.ddp_grad", "--out", str(out), "--seed", str(seed),
-           "--batch-size", str(batch_size)]
+           "--batch-size", str(batch_size), "--skip-timeout", str(skip_timeout)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONPATH": _worker_pythonpath()}
     for attempt in (1, 2):  # a rank can die in gloo's teardown on a busy machine: one retry, announced
