@@ -27,6 +27,7 @@ A lesson's learner tools (what its notebook explains and a practitioner reuses):
 - ``doctor``          the SFT doctor: a pre-flight check of a whole set-up     — lesson 08, your runs
 - ``watch``           SFTWatch: clip rate, empty micro-batches, first NaN      — lesson 08, your runs
 - ``capstone``        a set-up on disk (``Setup``), TRL's training template path   — lesson 08
+- ``shipping``        what a saved directory serves vs what was trained; ``ship`` its CLI — lesson 10
 
 ``exercises/lessonNN.py`` holds lesson NN's checkers (``check_*``) and the generators of their cases;
 ``exercises/answers/`` the reference answers. A notebook imports checkers and artefacts, never an
