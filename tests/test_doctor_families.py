@@ -115,6 +115,14 @@ FAMILIES = {
                   "<think>", "</think>"],
         bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", pad="<｜end▁of▁sentence｜>",
         gen_eos=["<｜end▁of▁sentence｜>"], training=None, chat_eos=None, stop_moved=None),
+    # openai/gpt-oss-20b (harmony format): bos <|startoftext|> (its tokenizer does not prepend it), eos
+    # <|return|> (the end of a final answer; earlier turns end with <|end|>), pad <|endoftext|>;
+    # generation_config eos [200002, 199999, 200012] = <|return|>, <|endoftext|>, <|call|>
+    "gpt-oss": dict(
+        template="gptoss", specials=["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>",
+                                     "<|channel|>", "<|start|>", "<|end|>", "<|message|>", "<|call|>"],
+        bos="<|startoftext|>", adds_bos=False, eos="<|return|>", pad="<|endoftext|>",
+        gen_eos=["<|return|>", "<|endoftext|>", "<|call|>"], training=None, chat_eos=None, stop_moved=None),
 }
 
 
@@ -139,7 +147,7 @@ def build_family(name: str, directory: Path) -> Path:
     model.resize_token_embeddings(len(tok))
     tok.bos_token, tok.eos_token = spec["bos"], spec["eos"]
     tok.pad_token = spec["pad"]
-    tok.add_bos_token = spec["bos"] is not None  # each of these checkpoints' tokenizers prepends its bos
+    tok.add_bos_token = spec.get("adds_bos", spec["bos"] is not None)  # as the checkpoint's tokenizer does
     tok.chat_template = family_template(name)
     ids = [tok.convert_tokens_to_ids(t) for t in spec["gen_eos"]]
     model.generation_config.eos_token_id = ids[0] if len(ids) == 1 else ids
@@ -289,7 +297,8 @@ def planted_setups(name: str, tmp: Path, directory: Path | None = None) -> dict:
 # edit (None: TRL ships none of this family, so it must suggest none)
 OWN_TRAINING = {"llama-3.1-instruct": "llama3", "llama-3.2-base": "llama3", "qwen2.5-instruct": "qwen2_5",
                 "qwen2.5-base": "qwen2_5", "qwen3": "qwen3", "gemma-3-it": "gemma3", "phi-3-mini": "phi3",
-                "mistral-v0.1-instruct": None, "deepseek-r1-distill": "deepseek_r1_distill"}
+                "mistral-v0.1-instruct": None, "deepseek-r1-distill": "deepseek_r1_distill",
+                "gpt-oss": "gptoss"}
 
 
 def describe(report) -> str:
