@@ -197,6 +197,8 @@ def test_token_ids_beyond_the_embedding_are_refused(model_tok):
     (lambda: tw.run_ddp_grad(nproc=64), ValueError, "nproc=64"),
     (lambda: tw.run_ddp_grad(seed=None), ValueError, "seed=None"),
     (lambda: tw.run_ddp_grad(timeout=0), ValueError, "timeout=0"),
+    (lambda: tw.run_ddp_grad(skip_timeout=0), ValueError, "skip_timeout=0"),
+    (lambda: tw.run_ddp_grad(nproc=1), ValueError, "no peer"),
 ])
 def test_more_bad_input_is_refused_with_what_why_fix(call, error, words):
     with pytest.raises(error, match=words) as info:
@@ -253,7 +255,9 @@ def test_trainer_step_grad_refuses_bad_settings_before_building_a_trainer():
 
 
 @pytest.mark.parametrize("argv, words", [(["--out", "x.pt", "--seed", "-1"], "--seed"),
-                                         (["--out", "x.pt", "--batch-size", "0"], "--batch-size")])
+                                         (["--out", "x.pt", "--batch-size", "0"], "--batch-size"),
+                                         (["--out", "x.pt", "--skip-timeout", "0"], "--skip-timeout"),
+                                         (["--out", "x.pt", "--skip-timeout", "600"], "--skip-timeout")])
 def test_worker_refuses_bad_arguments(argv, words, capsys):
     from course_utils import ddp_grad
 
@@ -303,6 +307,15 @@ def test_run_ddp_grad_works_from_another_working_directory(monkeypatch, tmp_path
     model, tok = model_tok
     ref = tw.full_batch_grad(model, tw.uneven_micro_batches(tok, k=2, batch_size=1, seed=0), tok.pad_token_id)
     assert result["world_size"] == 2 and tw.relative_error(result["global_count"], ref) < 1e-5
+    # lesson 07 §8.3: rank 1's empty micro-batch skipped -> rank 0 waits out the group's timeout; run with a
+    # zero loss -> the same collectives on both ranks and rank 0's gradient alone
+    skip = result["skip"]
+    assert skip[1]["skipped"] and skip[1]["error"] is None
+    assert "Timed out" in skip[0]["error"] and skip[0]["waited_s"] >= 0.9 * result["skip_timeout"]
+    rank0 = tw.uneven_micro_batches(tok, k=2, batch_size=1, seed=0)[:1]
+    alone = tw.full_batch_grad(model, rank0, tok.pad_token_id)
+    assert len(set(result["zero_loss_collectives"])) == 1
+    assert tw.relative_error(result["zero_loss"], alone) < 1e-5
 
 
 def test_accumulation_explorer_refuses_a_tokenizer_from_another_model(model_tok):

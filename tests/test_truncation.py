@@ -309,6 +309,8 @@ def test_running_mean_keeps_nan_it_is_the_point():
      "embeddings"),
     (lambda m, tok, b: T.trl_logged_on_pretokenised(m, tok, []), "is empty"),
     (lambda m, tok, b: T.trl_logged_on_pretokenised(m, tok, [conv(2, 2)], lr=-1.0), "lr"),
+    (lambda m, tok, b: T.trl_logged_on_pretokenised(m, tok, [conv(2, 2)], accum_steps=0), "accum_steps"),
+    (lambda m, tok, b: T.trl_logged_on_pretokenised(m, tok, [conv(2, 2)] * 3, accum_steps=2), "multiple of"),
     (lambda m, tok, b: T.trainer_logged_losses(m, tok, [conv(2, 2)], nan_inf_filter="no", steps=1),
      "True or False"),
     (lambda m, tok, b: T.trainer_logged_losses(m, tok, [conv(2, 2)], nan_inf_filter=True, steps=0), "steps"),
