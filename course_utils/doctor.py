@@ -433,7 +433,7 @@ def _build_args(config: dict, max_length=None):
 def _prepare(tokenizer, dataset, args, chat_template, completion_only_loss, **overrides):
     """The rows TRL's ``SFTTrainer`` would train (tokenize, label, truncate, drop, pack), without a model
     (``internals.prepare_sft_dataset``); ``overrides`` replace SFTConfig fields (e.g. ``max_length``)."""
-    args = _replace(args, shuffle_dataset=False, dataset_num_proc=None, **overrides)
+    args = _replace(args, shuffle_dataset=False, **overrides)  # the config's dataset_num_proc: TRL's own
     return internals.prepare_sft_dataset(dataset, tokenizer, args, chat_template=chat_template,
                                          completion_only_loss=completion_only_loss)
 
@@ -1058,11 +1058,12 @@ def _precision_and_lr_findings(config, precision, args, loaded, tokenizer, prepa
                                 f"({P.FP16_MAX / before:.3g}x below fp16's max {P.FP16_MAX:g})", fix, "06"))
     elif not worst <= P.FP16_MAX or P._growth(peaks)[1] <= P.PROBE_HORIZON:
         slope, steps = P._growth(peaks)
-        when = ("past" if steps == 0 else
-                f"growing {slope:.3g} a step, at which rate they pass in ~{steps:.0f} more steps")
+        when = (f"past fp16's max {P.FP16_MAX:g}" if steps == 0 else
+                f"growing {slope:.3g} a step: at that rate past fp16's max {P.FP16_MAX:g} in ~{steps:.0f} "
+                "more steps")
         findings.append(Finding("error", "fp16-overflow-risk", "fp16 training overflows to inf/NaN",
                                 f"measured: after {run} activations reach {worst:.3g} in {where} (from "
-                                f"{before:.3g}), {when} fp16's max {P.FP16_MAX:g}", fix, "06"))
+                                f"{before:.3g}), {when}", fix, "06"))
     elif worst * P.FP16_HEADROOM > P.FP16_MAX:
         findings.append(Finding("warning", "fp16-range", "fp16: activations grow toward fp16's max",
                                 f"measured: after {run} they reach {worst:.3g} in {where} (from "

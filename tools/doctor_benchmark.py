@@ -1,0 +1,92 @@
+"""How fast the SFT doctor checks a practitioner's dataset, and in how much memory (issue 31, item 5).
+
+    python -m tools.doctor_benchmark                 # 1k, 10k, 100k rows; sampled and --all
+    python -m tools.doctor_benchmark --rows 1000 10000 --all-up-to 10000
+
+Writes JSONL files of chats of realistic length (a system prompt, a user turn with context and an
+answer: ~300-700 tokens each on the course tokenizer), then runs ``python -m course_utils.doctor`` on each
+in a fresh process, once with the default sample (2,000 rows) and once with ``--all`` (every row; only
+up to ``--all-up-to`` rows), and prints wall time, rows checked per second and the process's peak
+resident memory. A benchmark, not a test: the figures depend on the machine (the README quotes them with
+the machine they came from).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tools import ROOT
+
+WORDS = ("the model reads every token of the prompt and learns to answer what was asked with care and "
+         "without repeating the question a training run can fail in many quiet ways").split()
+
+
+def write_rows(path: Path, n: int, seed: int = 0) -> None:
+    """``n`` chats of realistic length (lengths drawn per row), one JSON object per line."""
+    rng = random.Random(seed)
+    with path.open("w", encoding="utf-8") as handle:
+        for i in range(n):
+            context = " ".join(rng.choice(WORDS) for _ in range(rng.randint(150, 400)))
+            answer = " ".join(rng.choice(WORDS) for _ in range(rng.randint(60, 250)))
+            row = {"messages": [{"role": "system", "content": "You are a careful assistant."},
+                                {"role": "user", "content": f"Question {i}: {context}"},
+                                {"role": "assistant", "content": answer}]}
+            handle.write(json.dumps(row) + "\n")
+
+
+# The doctor's own process reports its peak resident memory as it exits (ru_maxrss: KB on Linux)
+WRAPPER = ("import resource, runpy, sys\n"
+           "try:\n    runpy.run_module('course_utils.doctor', run_name='__main__')\n"
+           "finally:\n"
+           "    print('PEAK_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)")
+
+
+def run_doctor(data: Path, config: Path, every_row: bool) -> dict:
+    """One doctor process on ``data``: wall seconds, its peak resident memory (MB), its exit status."""
+    command = [sys.executable, "-c", WRAPPER, "--model", "tiny-qwen", "--data", str(data),
+               "--config", str(config), "--json", *(["--all"] if every_row else [])]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
+    seconds = time.perf_counter() - start
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"the doctor exited {done.returncode}: {done.stderr[-800:]}")
+    peak_kb = int(done.stderr.rsplit("PEAK_KB", 1)[1].split()[0])
+    return {"seconds": seconds, "peak_mb": peak_kb / 1024, "exit": done.returncode}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.doctor_benchmark",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1000, 10_000, 100_000])
+    parser.add_argument("--all-up-to", type=int, default=100_000, help="largest file also checked with --all")
+    args = parser.parse_args(argv)
+    print(f"{'rows':>8} {'mode':>14} {'seconds':>8} {'rows/s':>8} {'peak MB':>8}")
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "config.json"
+        config.write_text(json.dumps({"assistant_only_loss": True, "eos_token": "<|im_end|>",
+                                      "learning_rate": 2e-5, "max_length": 1024}))
+        for n in args.rows:
+            data = Path(tmp) / f"rows_{n}.jsonl"
+            write_rows(data, n)
+            for every_row in (False, True):
+                if every_row and n > args.all_up_to:
+                    continue
+                result = run_doctor(data, config, every_row)
+                checked = n if every_row else min(n, 2000)
+                mode = "--all" if every_row else f"sample {checked}"
+                print(f"{n:>8} {mode:>14} {result['seconds']:>8.1f} {n / result['seconds']:>8.0f} "
+                      f"{result['peak_mb']:>8.0f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
