@@ -130,3 +130,15 @@ def test_graded_text_refuses_mismatched_lengths_and_a_zero_width(tokenizer):
         tour.graded_text(tokenizer, [1, 2, 3], [1, 2])
     with pytest.raises(ValueError, match="width=0"):
         tour.graded_text(tokenizer, [1, 2], [1, 2], width=0)
+
+
+def test_uncached_imports_are_a_warning_never_a_failed_environment(monkeypatch, capsys):
+    """PYTHONDONTWRITEBYTECODE (Docker images set it) makes kernels start slower; lesson 00's first cell
+    must not fail on it."""
+    import sys
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.setattr(tour, "_bytecode_row", lambda module: ("imports are cached (bytecode)", False, "hint"))
+    rows = tour.environment_report(load_model=False)
+    assert dict((name, ok) for name, ok, _ in rows)["imports are cached (bytecode)"] is True
+    assert "[WARN] imports are cached (bytecode)" in capsys.readouterr().out
