@@ -310,15 +310,17 @@ def _dtype_of(model) -> torch.dtype:
 
 
 def ship_report(trained_model, trained_tokenizer, saved_dir, *, base=None,
-                tolerance: float = LOGIT_TOLERANCE, n_prompts: int = 16,
-                max_new_tokens: int = 40) -> list[ShipFinding]:
+                tolerance: float = LOGIT_TOLERANCE, n_prompts: int = 16, max_new_tokens: int = 40,
+                conversations: list | None = None) -> list[ShipFinding]:
     """The ship check: load ``saved_dir`` as a user would (``load_saved``), compare it with the trained model.
 
     Five findings: ``logits`` (max |Δlogit| on probe chats <= ``tolerance``), ``stops`` (greedy replies with
     the saved ``generation_config`` stop on the end-of-turn token about as often as the trained model's
     replies do when told that token), ``chat_template`` (the one served equals the one trained with),
     ``token_rows`` (the special tokens' embedding and head rows as trained) and ``dtype`` (stated; a
-    failure when it differs and moves the logits past the tolerance).
+    failure when it differs and moves the logits past the tolerance). The probe chats are the course's
+    toy conversations unless ``conversations`` (a list of message lists, each with a user turn; the
+    assistant turns are used for the logits) gives your own.
     """
     validate.model("trained_model", trained_model)
     validate.tokenizer("trained_tokenizer", trained_tokenizer)
@@ -330,7 +332,13 @@ def ship_report(trained_model, trained_tokenizer, saved_dir, *, base=None,
     saved, saved_tok = load_saved(saved_dir, base)
     info = saved_files(saved_dir)
     trained_model.eval()
-    conversations = make_messages("mixed", n_prompts, seed=PROBE_SEED)
+    if conversations is None:
+        conversations = make_messages("mixed", n_prompts, seed=PROBE_SEED)
+    else:
+        validate.non_empty("conversations", conversations, what="conversations (lists of messages)",
+                           fix="pass e.g. make_messages('mixed', 16), or leave it out (the course's).")
+        conversations = [validate.messages(f"conversations[{i}]", c) for i, c in enumerate(conversations)]
+        n_prompts = len(conversations)
     batches = make_batches(trained_tokenizer, conversations, n_prompts)
     drift = _drift(_logits(trained_model, batches), _logits(saved, batches), batches)
     findings = [ShipFinding(
@@ -343,8 +351,9 @@ def ship_report(trained_model, trained_tokenizer, saved_dir, *, base=None,
 
     eot_id = trained_tokenizer.convert_tokens_to_ids(eot)
     stop_ids = list(dict.fromkeys([eot_id, *_eos_list(trained_tokenizer.eos_token_id)]))
-    prompts = [trained_tokenizer.apply_chat_template([m for m in c if m["role"] == "user"], tokenize=False,
-                                                     add_generation_prompt=True) for c in conversations]
+    prompts = [trained_tokenizer.apply_chat_template([m for m in c if m["role"] != "assistant"],
+                                                     tokenize=False, add_generation_prompt=True)
+               for c in conversations]
     trained_stops = _stops(trained_model, trained_tokenizer, prompts, stop_ids, max_new_tokens)
     trained_rate = sum(trained_stops) / n_prompts
     saved_rate = sum(_stops(saved, saved_tok, prompts, None, max_new_tokens)) / n_prompts

@@ -60,6 +60,14 @@ def test_the_in_memory_merge_is_healthy(run):
     assert [f.check for f in findings] == ["logits", "stops", "chat_template", "token_rows", "dtype"]
 
 
+def test_your_own_probe_chats(run):
+    own = make_messages("add", 6, seed=11)
+    findings = ship_report(run["model"], run["tok"], run["adapter"], conversations=own)
+    assert failed(findings) == {"stops"} and "of 6 probe chats" in str(findings[1])
+    with pytest.raises(ValueError, match="non-empty list"):
+        ship_report(run["model"], run["tok"], run["adapter"], conversations=[])
+
+
 def test_an_adapter_from_save_model_does_not_stop_and_says_why(run):
     listing = saved_files(run["adapter"])
     assert listing["kind"] == "adapter" and listing["generation_eos"] is None
