@@ -42,7 +42,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from .. import validate
-from ..capstone import Setup
+from ..capstone import Setup, trl_training_template_path
 from ..checks import Case, run_check
 from ..data import filler_text, make_messages
 from ..doctor import DoctorInputError, Report, diagnose
@@ -101,8 +101,20 @@ def _broken_rows(seed: int, planted) -> list[dict]:
     return rows
 
 
-def _broken_config(planted) -> dict:
-    config = dict(BASE_CONFIG)
+def _max_length(tokenizer, seed: int) -> int:
+    """The set-up's ``max_length``: 64 on the shipped models, where every ordinary row fits whole (at
+    most 46 tokens with TRL's training template) and every long prompt does not (81 and more); on a
+    tokenizer that spends more tokens per word, as many more as its ordinary rows need — a budget from the
+    model's own token counts, so the ordinary rows always fit and the long ones never do."""
+    template = Path(trl_training_template_path()).read_text(encoding="utf-8")
+    longest = max(len(tokenizer.apply_chat_template(r["messages"], chat_template=template,
+                                                    return_dict=True)["input_ids"])
+                  for r in _broken_rows(seed, ()))
+    return max(BASE_CONFIG["max_length"], longest + 18)
+
+
+def _broken_config(planted, max_length: int = BASE_CONFIG["max_length"]) -> dict:
+    config = dict(BASE_CONFIG, max_length=max_length)
     if "fp16_hot_lr" in planted:
         config.update(fp16=True, learning_rate=0.05)
     if "wrapped_packing" in planted:
@@ -138,7 +150,7 @@ def _broken_setup(seed: int, directory=None, planted=None) -> tuple[Setup, tuple
         tokenizer.chat_template = tokenizer.chat_template.replace(INSTRUCT_SYSTEM, BASE_SYSTEM)
     model.save_pretrained(root / "model")
     tokenizer.save_pretrained(root / "model")
-    rows, config = _broken_rows(seed, planted), _broken_config(planted)
+    rows, config = _broken_rows(seed, planted), _broken_config(planted, _max_length(tokenizer, seed))
     (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     (root / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
     setup = Setup(seed, root / "model", root / "data.jsonl", root / "config.json", config, rows)
