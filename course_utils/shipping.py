@@ -178,10 +178,10 @@ def load_saved(directory, base=None, *, dtype="auto"):
     source = _base_source(path, base) if info["kind"] == "adapter" else None  # bad input fails first
     from transformers import AutoModelForCausalLM, AutoTokenizer  # seconds to import: after the checks
 
-    from .quiet import quiet_libraries
+    from .quiet import no_progress_bars, quiet_libraries
 
-    # the loaders' notices (peft's tied-layer warning, shard bars): the report measures what they warn about
-    with quiet_libraries(python_warnings=False):
+    # the loaders' notices (peft's tied-layer warning, loading bars): the report measures what they warn of
+    with quiet_libraries(python_warnings=False), no_progress_bars():
         if info["kind"] == "adapter":
             from peft import PeftModel
 
@@ -255,7 +255,7 @@ def _drift(ref: torch.Tensor, got: torch.Tensor, batches: list[dict]) -> dict:
     ref, got = ref[..., :vocab][real], got[..., :vocab][real]
     log_p, log_q = ref.log_softmax(-1), got.log_softmax(-1)
     kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
-    return {"max_abs": float((ref - got).abs().max()), "kl": float(kl)}
+    return {"max_abs": float((ref - got).abs().max()), "kl": max(0.0, float(kl))}  # round-off can dip below 0
 
 
 @torch.no_grad()
@@ -389,7 +389,8 @@ def ship_report(trained_model, trained_tokenizer, saved_dir, *, base=None,
     trained_dtype, saved_dtype = _dtype_of(trained_model), _dtype_of(saved)
     findings.append(ShipFinding(
         "dtype", trained_dtype == saved_dtype or drift["max_abs"] <= tolerance,
-        f"trained in {trained_dtype}, served in {saved_dtype} (config dtype {info['dtype']})",
+        f"trained in {trained_dtype}, served in {saved_dtype} (config dtype "
+        f"{info['dtype'] or 'not stated: an adapter takes its base'})",
         f"save in the dtype you trained and evaluated in (model.to({trained_dtype}).save_pretrained(...)), "
         "or evaluate the saved dtype before shipping"))
     return findings
