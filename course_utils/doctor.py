@@ -850,7 +850,9 @@ def _truncation_findings(prepared, tokenizer, args, chat_template, completion_on
         path = (f"SFTTrainer drops them ('Dropping fully masked examples'): it trains on {n - len(dropped)} "
                 f"rows, not the ones you think; a loop without that filter meets a micro-batch of {batch} "
                 f"with no graded token with p={p_micro:.3g} (~{p_micro * n / batch:.2g} per epoch), and a "
-                "per-micro-batch mean over it is 0/0 = NaN")
+                "per-micro-batch mean over it logs NaN (0/0; its gradients are zero with F.cross_entropy's "
+                "ignore_index, NaN for a per-token loss at every position then masked): guard it with "
+                "sum / count.clamp(min=1), not a skip, when it runs on several processes")
     severity = "error" if share >= ERROR_SHARE else "warning"
     findings.append(Finding(
         severity, "fully-truncated",

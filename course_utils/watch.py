@@ -12,7 +12,9 @@ trains, what this course showed goes wrong silently:
   are not ``-100`` in every training forward. TRL's ``compute_loss`` divides by ``num_items_in_batch``,
   the graded tokens of the whole optimizer step (every micro-batch, every process): such a micro-batch
   adds nothing and the logged loss stays the mean of the rest; only a step without any graded token
-  logs 0.0 (and a hand-written loop's per-micro-batch mean is 0/0 = NaN). Each is data the run paid
+  logs 0.0 (a hand-written loop's per-micro-batch mean logs 0/0 = NaN; with ``F.cross_entropy(ignore_index)``
+  — a mean, or ``reduction="none"`` times a mask — its gradients are exactly zero; only a per-token loss
+  computed at every position and then masked makes them NaN). Each is data the run paid
   for and did not train on. (A custom ``compute_loss`` that calls the model without ``labels`` is
   invisible to this count.)
 - **non-finite values** (lesson 06). With ``stop_on_nonfinite=True`` the watch stops the run on a
@@ -49,7 +51,8 @@ shard; the loss, the activation hooks and the graded-token count still work, per
 own fp16 loss scaler skips steps inside its engine: the watch counts them only through accelerate's
 ``optimizer_step_was_skipped``. Under FSDP2 the parameters are DTensors: the watch has not been tried
 there. Under DDP each process has its own watch: a stop that only one process sees (an empty micro-batch
-with ``stop_on_empty``, a NaN loss whose gradients are zero) leaves the others waiting in an all-reduce.
+with ``stop_on_empty``, a NaN loss whose gradients are zero) leaves the others waiting in an all-reduce
+until the process group's timeout (30 min by default; lesson 07 section 8.3 measures it).
 
 Usage (a Trainer takes callbacks with ``add_callback``, or ``callbacks=[watch]`` when you build a
 ``transformers.Trainer`` yourself; ``make_sft_trainer`` takes SFTConfig fields only)::

@@ -138,7 +138,8 @@ def test_uncached_imports_are_a_warning_never_a_failed_environment(monkeypatch, 
     import sys
 
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
-    monkeypatch.setattr(tour, "_bytecode_row", lambda module: ("imports are cached (bytecode)", False, "hint"))
+    monkeypatch.setattr(tour, "_bytecode_row",
+                        lambda module: ("imports are cached (bytecode)", False, "hint"))
     rows = tour.environment_report(load_model=False)
     assert dict((name, ok) for name, ok, _ in rows)["imports are cached (bytecode)"] is True
     assert "[WARN] imports are cached (bytecode)" in capsys.readouterr().out
