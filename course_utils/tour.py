@@ -257,3 +257,46 @@ def loss_mode_explorer(tokenizer, chats: dict[str, list[dict]] | None = None):
     return what_if(lambda mode, chat: _loss_mode_frame(tokenizer, chats[chat], mode),
                    {"mode": list(LOSS_MODES), "chat": list(chats)},
                    descriptions={"mode": "loss mode", "chat": "example chat"})
+
+
+# ------------------------------------------------------------------------------------------------
+# Whole-sequence loss: the prompt's share of the tokens is not its share of the gradient
+# ------------------------------------------------------------------------------------------------
+
+def prompt_shares(model, tokenizer, conversations: list) -> dict:
+    """Under whole-sequence loss (TRL's default for ``messages``), what the prompt and markup take:
+    ``token_share`` (of the graded tokens), ``loss_share`` (of the summed loss) and ``gradient_ratio``
+    (the norm of the prompt tokens' gradient over the answers'), measured on ``conversations``.
+
+    Token share is fixed by the data; the other two change as the model trains: a fixed system prompt and
+    the chat markup are learned within a few steps and then ask for little (lesson 00, section 4)."""
+    import torch
+    import torch.nn.functional as F
+
+    validate.model("model", model)
+    validate.tokenizer("tokenizer", tokenizer)
+    if not isinstance(conversations, list) or not conversations:
+        raise ValueError("conversations must be a non-empty list of conversations — the shares are measured "
+                         "on them — pass e.g. make_messages('mixed', 32, seed=1).")
+    rows = [tokenize_chat(tokenizer, validate.messages(f"conversations[{i}]", c))
+            for i, c in enumerate(conversations)]
+    was_training = model.training
+    model.eval()
+    summed, norms, counts = {}, {}, {}
+    for part, graded in (("prompt", 0), ("answer", 1)):
+        model.zero_grad()
+        loss, count = 0.0, 0
+        for row in rows:  # the target at t+1 is graded by the mask at t+1 (the shift is explicit)
+            ids = torch.tensor([row["input_ids"]])
+            chosen = torch.tensor(row["assistant_mask"][1:]) == graded
+            nll = F.cross_entropy(model(input_ids=ids).logits[0, :-1], ids[0, 1:], reduction="none")
+            loss = loss + nll[chosen].sum()
+            count += int(chosen.sum())
+        loss.backward()
+        grads = [p.grad.flatten() for p in model.parameters() if p.grad is not None]
+        summed[part], counts[part], norms[part] = float(loss.detach()), count, float(torch.cat(grads).norm())
+    model.zero_grad()
+    model.train(was_training)
+    return {"token_share": counts["prompt"] / (counts["prompt"] + counts["answer"]),
+            "loss_share": summed["prompt"] / (summed["prompt"] + summed["answer"]),
+            "gradient_ratio": norms["prompt"] / max(norms["answer"], 1e-30)}

@@ -69,21 +69,36 @@ def graded_on_tokenizer(check) -> Callable:
     return lambda fn, fixture: check(fn, fixture("tokenizer"))
 
 
-# The longest files first, so that two workers finish together (make test runs pytest-xdist with
-# --dist loadfile --no-loadscope-reorder: each file goes whole to the next free worker, in this order).
-# In xdist's default order (most tests first) the solution notebooks, one test per cell, ran first and
-# the exercise-notebook files and the browser test (each over a minute, few tests) last, leaving one
-# core idle for their length.
+# Scheduling for make test (pytest-xdist, --dist loadgroup --no-loadscope-reorder): each group goes whole to
+# the next free worker, in this order — the longest first, so that the two workers finish together. A
+# group is a file (a solution notebook's cells share one kernel and must stay together; a unit-test file
+# shares its fixtures), except the exercise notebooks: each Run All is a group of its own (15-45 s), so
+# that they spread over both workers instead of two ~150 s files. In xdist's default order the solution
+# notebooks ran first and the long groups last, leaving one core idle for their length.
+HEAVY_UNIT_FILES = ("test_doctor.py", "test_doctor_families.py", "test_bad_input.py", "test_shipping.py",
+                    "test_checkers.py", "test_exercises_lesson10.py")
+
+
 def _weight(item) -> int:
     path = item.path.name
     if path.startswith("test_exercise_notebooks"):
         return 0       # every exercise notebook, Run All with its stubs
     if path == "test_browser.py":
         return 1       # JupyterLab, Chromium and two notebooks
+    if path in HEAVY_UNIT_FILES:
+        return 2       # tens of seconds each
     if path.endswith(".ipynb"):
-        return 2       # one solution notebook
-    return 3           # unit tests: seconds
+        return 3       # one solution notebook
+    return 4           # unit tests: seconds
+
+
+def _group(item) -> str:
+    if item.path.name.startswith("test_exercise_notebooks") and hasattr(item, "callspec"):
+        return f"exercise:{item.callspec.id}"
+    return item.path.name
 
 
 def pytest_collection_modifyitems(config, items):
     items.sort(key=_weight)  # stable: within a group, collection order
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))

@@ -143,3 +143,15 @@ def test_uncached_imports_are_a_warning_never_a_failed_environment(monkeypatch, 
     rows = tour.environment_report(load_model=False)
     assert dict((name, ok) for name, ok, _ in rows)["imports are cached (bytecode)"] is True
     assert "[WARN] imports are cached (bytecode)" in capsys.readouterr().out
+
+
+def test_prompt_shares_split_the_whole_sequence_loss_into_prompt_and_answer(course):
+    from course_utils import make_messages
+
+    model, tok = course
+    chats = make_messages("mixed", 4, seed=3)
+    shares = tour.prompt_shares(model, tok, chats)
+    assert 0.5 < shares["token_share"] < 1 and 0 < shares["loss_share"] < 1 and shares["gradient_ratio"] > 0
+    assert all(p.grad is None for p in model.parameters()), "the caller's model keeps no gradient"
+    with pytest.raises(ValueError, match=".+ — .+ — .+"):
+        tour.prompt_shares(model, tok, [])

@@ -25,6 +25,7 @@ import functools
 import json
 import logging
 import math
+import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -536,11 +537,27 @@ def _eos_both(ctx):
     }
     ids = trainer.model.generation_config.eos_token_id
     wrote = end_id in (ids if isinstance(ids, list) else [ids])
+    # the other side: the same run as a LoRA adapter, saved by trainer.save_model() and reloaded on its base
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    lora = get_peft_model(ctx.model(), LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM"))
+    adapter_trainer = make_sft_trainer(lora, copy.deepcopy(tok), Dataset.from_dict(
+        {"messages": make_messages("add", 8)}), eos_token="<|im_end|>", max_steps=1, progress=False)
+    directory = tempfile.mkdtemp(prefix="claim8-")
+    adapter_trainer.save_model(directory)
+    reloaded = PeftModel.from_pretrained(ctx.model(), directory).eval()
+    numbers["LoRA adapter: generation_config.json saved"] = os.path.exists(
+        os.path.join(directory, "generation_config.json"))
+    numbers["reloaded base + adapter: eos"] = reloaded.generation_config.eos_token_id
+    numbers["new tokens, generate() without eos: reloaded adapter"] = adapter_after = new_tokens(reloaded)
+    full_ok = wrote and after == 3 and before == 12
     return Result(
-        "false" if wrote and after == 3 and before == 12 else "true",
+        "depends" if full_ok and adapter_after == before else "false" if full_ok else "true",
         numbers,
-        "TRL 1.16: SFTTrainer writes eos_token into the generation config, so a plain generate() "
-        "then stops at <|im_end|>; a <|im_end|> forced as the 3rd token",
+        "TRL 1.16 writes eos_token into the generation config, so after the run a plain generate() stops at "
+        "<|im_end|> (a <|im_end|> forced as the 3rd token), and a full-model save or a merge keeps it; a "
+        "LoRA adapter saved by trainer.save_model() has no generation_config.json, and base + adapter "
+        "reloaded generate with the base's eos again (lesson 10)",
     )
 
 
