@@ -15,8 +15,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 TEST_STAMP := $(VENV)/.test-extra-stamp
 PORT   ?= 8888
-# Test processes: each notebook runs whole in one of them (--dist loadgroup: tests/conftest.py groups
-# the tests). 2 = the CI machine's cores.
+# Test processes: each notebook runs whole in one of them (--dist loadfile). 2 = the CI machine's cores.
 JOBS   ?= 2
 LAB_ARGS ?=
 ROBUSTNESS_ARGS ?=
@@ -61,7 +60,7 @@ lab: install
 test: install $(TEST_STAMP)
 	$(PY) -m pytest tests solutions --nbval-lax --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300 \
-	  -n $(JOBS) --dist loadgroup --no-loadscope-reorder --durations=12 -q
+	  -n $(JOBS) --dist loadfile --no-loadscope-reorder --durations=12 -q
 
 test-slow: install $(TEST_STAMP)  # the slow checks: model rebuilds, every claim, bad input, SFTWatch, doctor timing
 	$(PY) -m pytest tests -m slow -n $(JOBS) -q

@@ -69,12 +69,12 @@ def graded_on_tokenizer(check) -> Callable:
     return lambda fn, fixture: check(fn, fixture("tokenizer"))
 
 
-# Scheduling for make test (pytest-xdist, --dist loadgroup --no-loadscope-reorder): each group goes whole to
-# the next free worker, in this order — the longest first, so that the two workers finish together. A
-# group is a file (a solution notebook's cells share one kernel and must stay together; a unit-test file
-# shares its fixtures), except the exercise notebooks: each Run All is a group of its own (15-45 s), so
-# that they spread over both workers instead of two ~150 s files. In xdist's default order the solution
-# notebooks ran first and the long groups last, leaving one core idle for their length.
+# The longest files first, so that two workers finish together (make test runs pytest-xdist with
+# --dist loadfile --no-loadscope-reorder: each file goes whole to the next free worker, in this order).
+# In xdist's default order (most tests first) the solution notebooks, one test per cell, ran first and
+# the exercise-notebook files and the browser test (each over a minute, few tests) last, leaving one
+# core idle for their length; the unit-test files of tens of seconds go before the notebooks too, so that
+# the last files to be handed out take seconds.
 HEAVY_UNIT_FILES = ("test_doctor.py", "test_doctor_families.py", "test_bad_input.py", "test_shipping.py",
                     "test_checkers.py", "test_exercises_lesson10.py")
 
@@ -92,13 +92,5 @@ def _weight(item) -> int:
     return 4           # unit tests: seconds
 
 
-def _group(item) -> str:
-    if item.path.name.startswith("test_exercise_notebooks") and hasattr(item, "callspec"):
-        return f"exercise:{item.callspec.id}"
-    return item.path.name
-
-
 def pytest_collection_modifyitems(config, items):
     items.sort(key=_weight)  # stable: within a group, collection order
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
