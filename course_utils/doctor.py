@@ -293,19 +293,24 @@ def read_config(config=None) -> dict:
     """A dict of SFTConfig fields from a dict, a JSON file path, or ``None`` (all defaults)."""
     if config is None:
         return {}
-    if isinstance(config, (str, Path)):
-        path = _existing_file("config file", config, "it holds your SFTConfig fields",
-                              "pass the path of a JSON file, or leave --config out for TRL's defaults")
+    return _json_object(config, "config", "SFTConfig", "--config", "TRL's defaults",
+                        '{"max_length": 512, "learning_rate": 2e-5}')
+
+
+def _json_object(value, name: str, fields_of: str, flag: str, without: str, example: str) -> dict:
+    """``value`` as a dict of ``fields_of``'s fields: a dict as it is, or a JSON file holding one object."""
+    if isinstance(value, (str, Path)):
+        path = _existing_file(f"{name} file", value, f"it holds your {fields_of} fields",
+                              f"pass the path of a JSON file, or leave {flag} out for {without}")
         try:
-            config = json.loads(path.read_text(encoding="utf-8"))
+            value = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
-            raise DoctorInputError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}) — the config is "
-                                   "one JSON object of SFTConfig fields — fix the file.") from None
-    if not isinstance(config, dict):
-        raise DoctorInputError(f"the config is a {type(config).__name__}, not a JSON object — it maps "
-                               "SFTConfig field names to values — write e.g. "
-                               "{\"max_length\": 512, \"learning_rate\": 2e-5}.")
-    return dict(config)
+            raise DoctorInputError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}) — the {name} is "
+                                   f"one JSON object of {fields_of} fields — fix the file.") from None
+    if not isinstance(value, dict):
+        raise DoctorInputError(f"the {name} is a {type(value).__name__}, not a JSON object — it maps "
+                               f"{fields_of} field names to values — write e.g. {example}.")
+    return dict(value)
 
 
 def _check_config(config: dict) -> None:
@@ -1174,18 +1179,8 @@ def read_peft_config(peft_config=None):
 
     if peft_config is None or isinstance(peft_config, PeftConfig):
         return peft_config
-    if isinstance(peft_config, (str, Path)):
-        path = _existing_file("peft config file", peft_config, "it holds your LoraConfig fields",
-                              "pass the path of a JSON file, or leave --peft-config out for full fine-tuning")
-        try:
-            peft_config = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise DoctorInputError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}) — the peft "
-                                   "config is one JSON object of LoraConfig fields — fix the file.") from None
-    if not isinstance(peft_config, dict):
-        raise DoctorInputError(f"peft_config is a {type(peft_config).__name__}, not a LoraConfig or a JSON "
-                               "object of its fields — the doctor trains the adapters it describes — pass "
-                               "e.g. {\"r\": 16, \"lora_alpha\": 32, \"target_modules\": \"all-linear\"}.")
+    peft_config = _json_object(peft_config, "peft config", "LoraConfig", "--peft-config", "full fine-tuning",
+                               '{"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}')
     fields = LoraConfig.__dataclass_fields__
     for key in peft_config:
         if key not in fields:
