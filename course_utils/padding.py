@@ -268,6 +268,39 @@ def packed_drift(model, batch: dict, logits: torch.Tensor) -> float:
     return max(float(d.max()) for d in _drift_per_token(model, batch, logits, _packed_spans(batch)))
 
 
+# The layouts of lesson 03's summary, each judged against every example alone: the fixes, then the leaks
+LAYOUT_FIXES = ("right pad + attention_mask", "left pad + attention_mask",
+                "packed, reset positions, no cache", "packed, explicit 4D mask")
+LAYOUT_LEAKS = ("left pad, no mask", "packed, all-ones mask")
+
+
+@torch.no_grad()
+def layout_drifts(model, examples: list[dict], pad_id: int) -> dict[str, float]:
+    """Max |Δlogit| vs each example alone for the summary's layouts (``LAYOUT_FIXES`` + ``LAYOUT_LEAKS``),
+    measured on ``model`` as it is — pass a bfloat16 copy to see what of lesson 03 holds in bf16."""
+    validate.model("model", model)
+    if not isinstance(examples, list) or len(examples) < 2:
+        raise ValueError("examples must be a list of at least 2 tokenize_chat() results — padding and "
+                         "packing need other rows to sit beside — pass e.g. [tokenize_chat(tok, m) for m in "
+                         "chats].")
+    validate.integer("pad_id", pad_id, minimum=0, why="it is the token id that fills the padded positions")
+    right, left = collate_padded(examples, pad_id, "right"), collate_padded(examples, pad_id, "left")
+    packed = collate_packed(examples)
+    ids, pos = packed["input_ids"], packed["position_ids"]
+    lengths = [len(e["input_ids"]) for e in examples]
+    return {
+        "right pad + attention_mask": padded_drift(model, right, model(**right).logits),
+        "left pad + attention_mask": padded_drift(model, left, model(**left).logits),
+        "packed, reset positions, no cache": packed_drift(model, packed, model(
+            input_ids=ids, position_ids=pos, use_cache=False).logits),
+        "packed, explicit 4D mask": packed_drift(model, packed, model(
+            input_ids=ids, attention_mask=block_causal_mask(lengths)).logits),
+        "left pad, no mask": padded_drift(model, left, model(input_ids=left["input_ids"]).logits),
+        "packed, all-ones mask": packed_drift(model, packed, model(
+            input_ids=ids, position_ids=pos, attention_mask=torch.ones_like(ids), use_cache=False).logits),
+    }
+
+
 @torch.no_grad()
 def allowed_attention(model, input_ids, attention_mask=None, position_ids=None, *,
                       use_cache: bool = False) -> torch.Tensor:
