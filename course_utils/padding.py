@@ -334,8 +334,20 @@ def allowed_attention(model, input_ids, attention_mask=None, position_ids=None, 
     return _allowed_attention(model, input_ids, attention_mask, position_ids, use_cache)
 
 
+def materialised_mask_shape(model, input_ids, attention_mask=None, position_ids=None, *,
+                            use_cache: bool = False) -> tuple[int, ...] | None:
+    """The shape of the mask tensor transformers builds for this call, or ``None`` when it builds none and
+    leaves plain causal masking to the attention kernel. On ``sdpa``/``eager`` a padding-free packed row
+    (restarted ``position_ids``, no mask, no cache) gets a dense ``[batch, 1, ΣL, ΣL]`` mask: memory
+    quadratic in the row's length, which is why TRL documents ``padding_free`` for FlashAttention (whose
+    kernel takes the boundaries from ``position_ids`` and needs no mask at all)."""
+    allowed_attention(model, input_ids, attention_mask, position_ids, use_cache=use_cache)  # checks the call
+    mask = _built_mask(model, input_ids, attention_mask, position_ids, use_cache)
+    return None if mask is None else tuple(mask.shape)
+
+
 @torch.no_grad()
-def _allowed_attention(model, input_ids, attention_mask, position_ids, use_cache: bool) -> torch.Tensor:
+def _built_mask(model, input_ids, attention_mask, position_ids, use_cache: bool):
     # Deferred: transformers' masking utilities take ~1.6 s to import on top of torch (measured with
     # python -X importtime), and the collates above, used without a model, should not pay for it.
     from transformers import DynamicCache
@@ -343,8 +355,13 @@ def _allowed_attention(model, input_ids, attention_mask, position_ids, use_cache
 
     embeds = model.get_input_embeddings()(input_ids)
     cache = DynamicCache(config=model.config) if use_cache else None
-    mask = create_causal_mask(config=model.config, inputs_embeds=embeds, attention_mask=attention_mask,
+    return create_causal_mask(config=model.config, inputs_embeds=embeds, attention_mask=attention_mask,
                               cache=cache, position_ids=position_ids)
+
+
+@torch.no_grad()
+def _allowed_attention(model, input_ids, attention_mask, position_ids, use_cache: bool) -> torch.Tensor:
+    mask = _built_mask(model, input_ids, attention_mask, position_ids, use_cache)
     batch, length = input_ids.shape
     if mask is None:
         return torch.ones(length, length, dtype=torch.bool).tril().expand(batch, -1, -1).clone()

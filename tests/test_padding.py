@@ -260,3 +260,16 @@ def test_bad_input_on_the_model_is_refused(course, call, phrase):
     with torch.no_grad(), pytest.raises((ValueError, TypeError), match=phrase) as error:
         call(model, tok, batch)
     assert " — " in str(error.value), "what — why — fix"
+
+
+def test_padding_free_on_sdpa_materialises_a_dense_mask_and_a_plain_call_none():
+    from course_utils.padding import materialised_mask_shape
+
+    model, tok = load_course_model()
+    examples = [tokenize_chat(tok, m) for m in make_messages("mixed", 3, seed=2)]
+    packed = collate_packed(examples)
+    ids, pos = packed["input_ids"], packed["position_ids"]
+    assert materialised_mask_shape(model, ids[:, :len(examples[0]["input_ids"])]) is None
+    assert materialised_mask_shape(model, ids, position_ids=pos) == (1, 1, ids.shape[1], ids.shape[1])
+    with pytest.raises(ValueError, match=".+ — .+ — .+"):
+        materialised_mask_shape(model, ids, position_ids=pos[:, :-1])
