@@ -324,8 +324,7 @@ def _check_config(config: dict) -> None:
     known = {*fields, *ModelConfig.__dataclass_fields__, *ScriptArguments.__dataclass_fields__, *PEFT_KEYS}
     for key in config:
         if key not in known:
-            close = difflib.get_close_matches(str(key), sorted(fields), n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = _did_you_mean(key, fields)
             raise DoctorInputError(f"config key {key!r} is not an SFTConfig field{hint} — "
                                    "SFTConfig(**config) raises TypeError on it, and the doctor would measure "
                                    "with the default instead — fix the spelling against SFTConfig's fields, "
@@ -333,6 +332,12 @@ def _check_config(config: dict) -> None:
     for key, value in config.items():
         if key in fields:
             _check_config_value(key, value, fields[key])
+
+
+def _did_you_mean(key, names) -> str:
+    """`` (did you mean 'x'?)`` with the closest of ``names``, or nothing when none is close."""
+    close = difflib.get_close_matches(str(key), sorted(names), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 _TYPES = {"<class 'bool'>": (bool,), "<class 'int'>": (int,), "<class 'float'>": (int, float),
@@ -352,8 +357,7 @@ def _check_config_value(key: str, value, field) -> None:
                                f"that type — write it as {names} in the JSON.")
     choices = field.metadata.get("choices")
     if choices and value not in choices:
-        close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = _did_you_mean(value, choices)
         raise DoctorInputError(f"config {key}={value!r} is not one of {choices}{hint} — TRL knows only these "
                                f"— pass one of them.")
     if key in _AT_LEAST_1 and value is not None and value < 1:
@@ -1184,8 +1188,7 @@ def read_peft_config(peft_config=None):
     fields = LoraConfig.__dataclass_fields__
     for key in peft_config:
         if key not in fields:
-            close = difflib.get_close_matches(str(key), sorted(fields), n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = _did_you_mean(key, fields)
             raise DoctorInputError(f"peft config key {key!r} is not a LoraConfig field{hint} — "
                                    "LoraConfig(**it) raises TypeError — fix the spelling against "
                                    "LoraConfig's fields.")
