@@ -237,15 +237,28 @@ def end_of_turn_token(tokenizer) -> str:
                 {"role": "user", "content": _PROBE_USER}]
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     after = text[text.index(_PROBE_ANSWER) + len(_PROBE_ANSWER):]
-    added = set(tokenizer.get_added_vocab().values())
-    for token in tokenizer(after, add_special_tokens=False)["input_ids"]:
-        if token in added:
-            return tokenizer.convert_ids_to_tokens(token)
-        if tokenizer.decode([token]).strip():
-            break
+    token = first_special_after(tokenizer, after)
+    if token is not None:
+        return tokenizer.convert_ids_to_tokens(token)
     raise ValueError(f"no special token follows the assistant message in {after[:40]!r} — this template "
                      "ends turns with plain text, so there is no single stop id — pass stop strings to "
                      "generate() instead (stop_strings=..., tokenizer=...).")
+
+
+def first_special_after(tokenizer, text: str) -> int | None:
+    """The id of the first added (special) token of ``text`` when only whitespace comes before it, else
+    ``None``: what a template writes right after an answer, if it closes the turn with a token."""
+    validate.tokenizer("tokenizer", tokenizer)
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a string, got {type(text).__name__} — it is the rendered text after "
+                        "an answer — pass the part of apply_chat_template(..., tokenize=False) after it.")
+    added = set(tokenizer.get_added_vocab().values())
+    for token in tokenizer(text, add_special_tokens=False)["input_ids"]:
+        if token in added:
+            return token
+        if tokenizer.decode([token]).strip():
+            break
+    return None
 
 
 def end_of_turn_id(tokenizer) -> int:

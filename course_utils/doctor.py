@@ -58,7 +58,7 @@ from pathlib import Path
 from . import doctor_precision as P
 from . import doctor_trainer as DT
 from . import internals, validate
-from .data import end_of_turn_id
+from .data import end_of_turn_id, first_special_after
 from .model import _not_available_offline, _offline, _resolve_source
 from .quiet import no_progress_bars
 
@@ -524,12 +524,9 @@ def _end_of_turn_or_none(tokenizer) -> int | None:
         after = text[text.rindex(probe) + len(probe):]
     except Exception:  # noqa: BLE001 — a template that rejects the probe: the lessons' rule below
         after = ""
-    added = set(tokenizer.get_added_vocab().values())
-    for token in tokenizer(after, add_special_tokens=False)["input_ids"]:
-        if token in added:
-            return token
-        if tokenizer.decode([token]).strip():
-            break
+    token = first_special_after(tokenizer, after)
+    if token is not None:
+        return token
     try:
         return end_of_turn_id(tokenizer)  # a template that closes a turn only when another one starts
     except Exception:  # noqa: BLE001 — no template, or one that ends turns with text
