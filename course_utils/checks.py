@@ -7,7 +7,8 @@ misconception ("your loss is K times too large: the division by K is missing"). 
 the rest.
 
 Hints come in levels (``Hints``): a question first, then a pointer (which cell, which tool), and the
-answer only at the last level and only when the learner asks for it with ``result.hint()``. A
+answer only at the last level, only when the learner asks for it with ``result.hint()``, and only after
+two failed checks of that exercise. A
 diagnosis exercise (``check_diagnosis``) asks the learner for a *function* that reads a broken
 artefact and returns a ``Diagnosis(cause, evidence)``; the checker grades it on freshly generated
 artefacts, so one memorised answer fails.
@@ -92,18 +93,36 @@ class CheckResult:
         """Show nothing: the checker already printed its message (no duplicate ``Out[]``)."""
 
     def hint(self) -> str:
-        """Print (and return) the next hint level; the answer comes last, only on request."""
+        """Print (and return) the next hint level. The answer level opens only after two failed checks
+        of this exercise: a learner who has not tried twice gets the pointer again, not the answer."""
         if self.hints is None:
             text = "No hints for this exercise: read the checker's message above."
         else:
             levels = self.hints.levels()
             names = ("question", "pointer", "answer")
             i = min(self._level, len(levels) - 1)
+            failed = failed_checks(self.name)
+            if i == len(levels) - 1 and not self.passed and failed < ANSWER_AFTER_FAILURES:
+                print(f"Hint {i}/{len(levels)} ({names[i - 1]}): {levels[i - 1]}\n"
+                      f"The answer opens after {ANSWER_AFTER_FAILURES} failed checks of this exercise "
+                      f"(so far: {failed}) — try once more with the pointer above, then ask again.")
+                return levels[i - 1]
             self._level += 1
             more = " (call .hint() again for more)" if i < len(levels) - 1 else ""
             text = f"Hint {i + 1}/{len(levels)} ({names[i]}): {levels[i]}{more}"
         print(text)
         return text
+
+
+# Failed checks per exercise in this kernel: the answer hint opens only after ANSWER_AFTER_FAILURES of them,
+# because an answer read before trying teaches the answer, not the skill.
+ANSWER_AFTER_FAILURES = 2
+_FAILURES: dict[str, int] = {}
+
+
+def failed_checks(name: str) -> int:
+    """How many times the checker ``name`` has failed (not counting "not implemented yet") in this kernel."""
+    return _FAILURES.get(name, 0)
 
 
 def close(got, expected, rtol: float = 1e-4, atol: float = 1e-6) -> str | None:
@@ -248,6 +267,8 @@ def check_diagnosis(name: str, fn: Callable, make_case: Callable[[int], tuple[ob
 
 
 def _report(name: str, passed: bool, message: str, quiet: bool, hints: Hints | None = None) -> CheckResult:
+    if not passed and not message.startswith("⏳"):  # an unfinished stub is not a try
+        _FAILURES[name] = _FAILURES.get(name, 0) + 1
     if not quiet:
         print(message)
     return CheckResult(name, passed, message, hints)

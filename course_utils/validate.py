@@ -168,6 +168,14 @@ def seeds(name: str, value) -> list[int]:
     return [seed(f"{name}[{i}]", s) for i, s in enumerate(value)]
 
 
+def non_empty_string(name: str, value, *, why: str = "the helper reads it as text") -> str:
+    """One non-empty string (a name, a label): not a number, not a list, not blank."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{name}={value!r:.60} is not a non-empty string — {why} — pass a short text, "
+                         f"e.g. {name}='grad-norm ratio'.")
+    return value
+
+
 def function(name: str, value) -> object:
     """A callable (the learner's function, a loss, a hook)."""
     if not callable(value):

@@ -50,6 +50,27 @@ def stub(*args, **kwargs):
     raise NotImplementedError("Exercise: write your solution here")
 
 
+def wrong(*args, **kwargs):
+    """A learner's wrong attempt (it raises): a failed check, unlike the untouched ``stub``."""
+    raise ValueError("a wrong attempt")
+
+
+def tried_twice(check, *args):
+    """The checker's result on the second failed attempt: the answer hint opens only after two."""
+    check(wrong, *args)
+    return check(wrong, *args)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_learner_state():
+    """Each test starts as a fresh kernel would: no failed checks counted, no predictions recorded."""
+    from course_utils import checks, predictions
+
+    checks._FAILURES.clear()
+    predictions.forget()
+    yield
+
+
 class Row(NamedTuple):
     """One exercise checker in its lesson's ``CHECKERS`` table (tests/test_exercises_lessonNN.py); the generic
     checker tests of tests/test_checkers.py run over every lesson's rows."""

@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from conftest import stub
 
 from course_utils import losses, validate
 from course_utils.checks import Case, Diagnosis, Hints, check_diagnosis, run_check
@@ -131,8 +132,17 @@ def test_graded_hints_give_the_answer_last_and_only_when_asked(capsys):
     first = capsys.readouterr().out
     assert not result and "Which labels" in first and "!= -100" not in first
     levels = [result.hint() for _ in range(4)]
-    assert "question" in levels[0] and "pointer" in levels[1] and "answer" in levels[2]
+    assert "question" in levels[0] and "pointer" in levels[1]
+    assert "!= -100" not in "".join(levels) and "opens after 2 failed checks" in capsys.readouterr().out, \
+        "one failed check: the answer stays closed, the pointer repeats"
+    result = run_check("demo", lambda x: 0, [Case((1,), 1)], hint=hints)  # the second failed try
+    levels = [result.hint() for _ in range(4)]
+    assert "answer" in levels[2] and "!= -100" in levels[2]
     assert levels[3] == levels[2], "the last level repeats"
+    unfinished = run_check("stub", stub, [Case((1,), 1)], hint=hints, quiet=True)
+    unfinished2 = run_check("stub", stub, [Case((1,), 1)], hint=hints, quiet=True)
+    assert not unfinished and "!= -100" not in "".join(unfinished2.hint() for _ in range(3)), \
+        "an untouched stub is not a try: it never opens the answer"
 
 
 def test_diagnosis_checker_grades_fresh_cases():

@@ -3,7 +3,7 @@ second correct answer, each known wrong answer with its misconception: tests/tes
 the hints; the diagnosis generator covers every cause; bad non-learner arguments are refused."""
 
 import pytest
-from conftest import Row, graded_on_tokenizer, stub
+from conftest import Row, graded_on_tokenizer, stub, tried_twice
 
 from course_utils.checks import Diagnosis
 from course_utils.data import IGNORE_INDEX
@@ -106,7 +106,7 @@ WRONG = [
 # ---- hints ------------------------------------------------------------------------------------------
 
 def test_the_first_hint_holds_no_code_and_the_last_level_does(tokenizer, capsys):
-    result = ex.check_assistant_only_labels(stub, tokenizer)
+    result = tried_twice(ex.check_assistant_only_labels, tokenizer)
     levels = [result.hint() for _ in range(3)]
     assert "labels[i] = input_ids[i]" not in levels[0] and "labels[i] = input_ids[i]" in levels[2]
 

@@ -4,7 +4,7 @@ the hints; the broken-run generator covers every cause; bad non-learner argument
 
 import pytest
 import torch
-from conftest import Row, graded, stub
+from conftest import Row, graded, stub, tried_twice
 
 from course_utils.checks import Diagnosis
 from course_utils.exercises import lesson01 as ex
@@ -163,7 +163,7 @@ WRONG = [
 # ---- hints, and answers that raise ----------------------------------------------------------------
 
 def test_accumulation_step_first_hint_holds_no_code_and_the_last_level_does(capsys):
-    result = ex.check_accumulation_step(stub)
+    result = tried_twice(ex.check_accumulation_step)
     levels = [result.hint() for _ in range(3)]
     assert "zero_grad" not in levels[0] and "summed /" not in levels[0]
     assert "zero_grad" in levels[2]

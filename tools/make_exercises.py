@@ -8,6 +8,9 @@ Solutions are the single source. In a code cell, the lines between ``### BEGIN S
 ``### END SOLUTION`` (the nbgrader convention) become a stub that raises ``NotImplementedError``,
 indented like the fenced code; all outputs and execution counts are cleared.
 
+A prediction line — ``predict("name", guess)  # your prediction: ...`` — keeps its call and comment and
+loses its guess (``None``): the solution carries a recorded prediction, the learner writes their own.
+
 Each copy says which copy it is: the generator writes a header line under the title of the first
 cell — "Solution copy" in ``solutions/`` (written in place, outputs untouched), "Exercise copy" in
 ``notebooks/`` — and ``--check`` fails when a header is missing, stale, or the first cell names a
@@ -37,6 +40,15 @@ def strip_solutions(source: str) -> str:
         raise ValueError(f"unbalanced solution fences in cell starting {source[:60]!r} — every "
                          f"{BEGIN} needs its {END} — add the missing marker.")
     return _FENCE.sub(lambda m: f"{m.group(1)}{STUB}", source)
+
+
+_PREDICTION = re.compile(  # predict("name", guess)  # your prediction ...   (one line)
+    r"""^([ \t]*predict\((?:"[^"\n]*"|'[^'\n]*'),[ \t]*)(.+?)(\)[ \t]*# your prediction.*)$""", re.MULTILINE)
+
+
+def blank_predictions(source: str) -> str:
+    """Replace the guess of every ``predict(name, guess)  # your prediction`` line with ``None``."""
+    return _PREDICTION.sub(lambda m: f"{m.group(1)}None{m.group(3)}", source)
 
 
 HEADER_PREFIXES = ("> **Solution copy**", "> **Exercise copy**")
@@ -96,7 +108,7 @@ def exercise_notebook(solution_path: Path):
         nb.cells[0].source = with_header(nb.cells[0].source, "exercise", solution_path.name)
     for cell in nb.cells:
         if cell.cell_type == "code":
-            cell.source = strip_solutions(cell.source)
+            cell.source = blank_predictions(strip_solutions(cell.source))
             cell.outputs = []
             cell.execution_count = None
             cell.metadata.pop("execution", None)  # timestamps of the solution's run
