@@ -159,10 +159,107 @@ def test_a_wrong_answer_that_raises_or_gives_a_degenerate_gradient_is_reported(a
 # ---- the generator ----------------------------------------------------------------------------------
 
 def test_traces_cover_every_cause_and_the_public_one_hands_out_the_trace_only():
-    assert {ex._accumulation_trace_case(s)[1].cause for s in range(10)} == set(ex.TRACE_CAUSES)
+    assert {lesson07.accumulation_trace_case(s)[1].cause for s in range(10)} == set(ex.TRACE_CAUSES)
     trace = ex.accumulation_trace(7)
     assert set(trace) == {"world_size", "accum_steps", "rows"}, "the public function names no cause"
-    assert trace == ex._accumulation_trace_case(7)[0]
+    assert trace == lesson07.accumulation_trace_case(7, graded=False)[0]
+    assert trace != lesson07.accumulation_trace_case(7, graded=True)[0], "the graded stream is drawn apart"
+    assert not hasattr(ex, "_accumulation_trace_case"), "the truth lives with the answers"
+
+
+def test_healthy_controls_share_the_look_alikes_surface():
+    """Healthy traces on several ranks (like per_rank_mean) and with equal counts (like the missing ÷ K)."""
+    cases = map(lesson07.accumulation_trace_case, range(4, 400, 5))
+    healthy = [t for t, d in cases if d.cause == "token_weighted"]
+    assert any(t["world_size"] > 1 for t in healthy)
+    assert any(len({r["n_tokens"] for r in t["rows"]}) == 1 for t in healthy)
+
+
+# ---- shortcuts a learner has at each exercise: each fails the checker (issue 33) ----------------------
+
+def _match_shown_traces(trace):
+    """Exercise 1: look the trace up among accumulation_trace(seed) and read the cause off the seed."""
+    for seed in range(20_000):
+        if ex.accumulation_trace(seed) == trace:
+            return Diagnosis(ex.TRACE_CAUSES[seed % len(ex.TRACE_CAUSES)], None)
+    return Diagnosis("token_weighted", None)
+
+
+def _counts_only(trace):
+    """Exercise 1: reads n_tokens and NaN only, never backward_loss: unequal -> a mean, equal -> no ÷ K."""
+    rows = trace["rows"]
+    nan = [r for r in rows if math.isnan(r["backward_loss"])]
+    if nan:
+        return Diagnosis("empty_micro_batch", nan[0]["micro_step"])
+    smallest = min(rows, key=lambda r: r["n_tokens"])
+    if len({r["n_tokens"] for r in rows}) == 1:
+        return Diagnosis("missing_division_by_k", trace["accum_steps"])
+    if trace["world_size"] > 1:
+        return Diagnosis("per_rank_mean", smallest["rank"])
+    return Diagnosis("per_micro_batch_mean", smallest["micro_step"])
+
+
+def _several_ranks_is_the_bug(trace):
+    """Exercise 1: any world_size > 1 is the per-rank mean (section 6.1 as a rule), else the reference."""
+    if trace["world_size"] > 1:
+        return Diagnosis("per_rank_mean", min(trace["rows"], key=lambda r: r["n_tokens"])["rank"])
+    return lesson07.diagnose_accumulation_trace(trace)
+
+
+def _always_healthy(trace):
+    """Exercise 1: a constant answer."""
+    return Diagnosis("token_weighted", None)
+
+
+def _course_token_weighting(model, micro_batches):
+    """Exercise 2: the lesson's own fix (training.micro_batch_loss, normalise='token') where per-sequence
+    averaging was asked."""
+    from course_utils.training import micro_batch_loss
+
+    n = sum(count_supervised(b) for b in micro_batches)
+    for b in micro_batches:
+        summed, count = token_losses(model, b)
+        micro_batch_loss(summed, count, normalise="token", accum_steps=len(micro_batches),
+                         divide_by_accum=True, step_tokens=n).backward()
+
+
+def _hint_per_row_mean_per_micro_batch(model, micro_batches):
+    """Exercise 2: the hint's F.cross_entropy(reduction='none'), row means averaged per micro-batch, ÷ K."""
+    _per_micro_batch_sequence_mean(model, micro_batches)
+
+
+SHORTCUTS = [
+    ("trace_diagnosis", "match the shown traces over seeds", _match_shown_traces),
+    ("trace_diagnosis", "read the token counts, never the weights", _counts_only),
+    ("trace_diagnosis", "several ranks means the per-rank mean", _several_ranks_is_the_bug),
+    ("trace_diagnosis", "always healthy", _always_healthy),
+    ("sequence_weighted", "the lesson's token-weighted fix", _course_token_weighting),
+    ("sequence_weighted", "per-row means averaged per micro-batch", _hint_per_row_mean_per_micro_batch),
+]
+
+
+@pytest.mark.parametrize("exercise, description, function", SHORTCUTS, ids=[s[1] for s in SHORTCUTS])
+def test_each_shortcut_fails_the_checker(exercise, description, function, capsys):
+    checks = {"trace_diagnosis": ex.check_trace_diagnosis, "sequence_weighted": ex.check_sequence_weighted}
+    check = checks[exercise]
+    assert not check(function), f"{description} passes exercise {exercise}"
+
+
+# ---- the self-test's cases (issue 33) -------------------------------------------------------------------
+
+def test_self_test_cases_draw_every_cause_and_never_name_it():
+    import time
+
+    causes = set()
+    for seed in range(20):
+        start = time.perf_counter()
+        text, cause, choices = lesson07.self_test_case(seed)
+        assert time.perf_counter() - start < 0.5
+        assert cause in choices and choices == tuple(lesson07.SELF_TEST_CAUSES.values())
+        assert cause.lower() not in text.lower() and len(text.splitlines()) <= 25
+        assert (text, cause) == lesson07.self_test_case(seed)[:2], "deterministic per seed"
+        causes.add(cause)
+    assert causes == set(lesson07.SELF_TEST_CAUSES.values())
 
 
 # ---- bad input: what / why / fix (issue 36) ---------------------------------------------------------

@@ -7,12 +7,11 @@ across micro-batches (fix).
 - ``check_sequence_weighted``: grades ``fn(model, micro_batches)`` against the reference answer
   (``answers/lesson07.py``) on hidden steps of the course model.
 
-The traces are generated together with their cause (``_accumulation_trace_case``); only the checker reads it.
+The traces are generated together with their cause in ``answers/lesson07.py`` (``accumulation_trace_case``);
+only the checker reads it, on a stream of traces the public ``accumulation_trace`` never shows.
 """
 
 from __future__ import annotations
-
-import random
 
 import torch
 
@@ -21,19 +20,14 @@ from ..checks import Case, Diagnosis, Hints, check_diagnosis, fresh_seeds, run_c
 from ..data import IGNORE_INDEX, collate_right, tokenize_chat
 from ..model import load_course_model
 from ..token_weighting import _accumulated_grad, _flat_grad, _relative_error, multi_turn_conversations
+from .answers import lesson07 as _answers
 from .answers.lesson07 import accumulate_sequence_weighted as _reference
 
 # ------------------------------------------------------------------------------------------------
 # Exercise 7.1 (diagnosis): an accumulation trace from one of several causes
 # ------------------------------------------------------------------------------------------------
 
-TRACE_CAUSES = (
-    "per_micro_batch_mean",     # each micro-batch's mean ÷ K with unequal token counts (this lesson)
-    "per_rank_mean",            # each rank's own mean, DDP averages the ranks (section 8.2)
-    "missing_division_by_k",    # lesson 01's look-alike: means summed over K micro-batches, no ÷ K
-    "empty_micro_batch",        # lesson 05's look-alike: a micro-batch with no supervised token, 0/0
-    "token_weighted",           # healthy: summed loss ÷ the step's (global) token count
-)
+TRACE_CAUSES = _answers.TRACE_CAUSES  # what can have set a step's token weights (the learner picks one)
 
 
 def accumulation_trace(seed: int) -> dict:
@@ -42,50 +36,16 @@ def accumulation_trace(seed: int) -> dict:
     The trace is what a ``print`` in the training loop would show: ``world_size``, ``accum_steps`` and one
     row per ``.backward()`` call with ``rank``, ``micro_step``, ``n_tokens`` (supervised tokens of that
     micro-batch), ``summed_loss`` (its summed cross-entropy) and ``backward_loss`` (the number that was
-    back-propagated). DDP averages the ranks' gradients. The checker grades your diagnosis on other seeds,
-    so read the trace, not this function.
+    back-propagated). DDP averages the ranks' gradients. The checker grades your diagnosis on traces drawn
+    apart from these (no seed of this function gives one of them), so read the trace, not this function.
     """
-    return _accumulation_trace_case(validate.seed("seed", seed))[0]
+    return _answers.accumulation_trace_case(validate.seed("seed", seed), graded=False)[0]
 
 
-def _accumulation_trace_case(seed: int) -> tuple[dict, Diagnosis]:
-    """The trace of ``seed`` and its true ``Diagnosis``. Evidence: the ``micro_step`` or ``rank`` whose
-    tokens weigh the most (``per_micro_batch_mean``, ``per_rank_mean``), the ``micro_step`` that gave NaN
-    (``empty_micro_batch``), the factor by which the step is too large (``missing_division_by_k``) or
-    ``None`` (``token_weighted``)."""
-    rng = random.Random(seed)
-    cause = TRACE_CAUSES[seed % len(TRACE_CAUSES)]
-    many_ranks = cause == "per_rank_mean" or (cause == "token_weighted" and rng.random() < 0.5)
-    world = rng.randint(2, 4) if many_ranks else 1
-    k = 1 if cause == "per_rank_mean" else rng.randint(2, 5)
-    slots = [(r, m) for r in range(world) for m in range(k)]
-    if cause == "missing_division_by_k":
-        same = rng.randint(8, 60)
-        counts = [same] * len(slots)  # equal counts: the ONLY fault is the missing ÷ K
-    else:
-        counts = rng.sample(range(5, 90), len(slots))  # distinct, so one micro-batch is clearly the smallest
-    if cause == "empty_micro_batch":
-        counts[rng.randrange(len(counts))] = 0
-    total = sum(counts)
-    rows = []
-    for (rank, micro), n in zip(slots, counts):
-        summed = round(n * rng.uniform(1.5, 4.0), 4)
-        if cause == "token_weighted":
-            backward = summed / total * world  # × world undoes DDP's average
-        elif cause == "missing_division_by_k":
-            backward = summed / n
-        elif cause == "empty_micro_batch":
-            backward = summed / n / k if n else float("nan")
-        else:  # per_micro_batch_mean, per_rank_mean
-            backward = summed / n / k
-        rows.append({"rank": rank, "micro_step": micro, "n_tokens": n, "summed_loss": summed,
-                     "backward_loss": backward})
-    trace = {"world_size": world, "accum_steps": k, "rows": rows}
-    smallest = min(rows, key=lambda r: r["n_tokens"])
-    evidence = {"per_micro_batch_mean": smallest["micro_step"], "per_rank_mean": smallest["rank"],
-                "missing_division_by_k": k, "token_weighted": None,
-                "empty_micro_batch": smallest["micro_step"]}[cause]
-    return trace, Diagnosis(cause, evidence)
+def _graded_case(seed: int):
+    """The checker's case: a trace from the graded stream (never one ``accumulation_trace`` shows) and its
+    truth, which lives with the reference answers."""
+    return _answers.accumulation_trace_case(seed, graded=True)
 
 
 def _trace_evidence_ok(got, truth: Diagnosis) -> bool:
@@ -109,6 +69,9 @@ _TRACE_MISCONCEPTIONS = {
         "world_size is 1: there are no ranks to average, only micro-batches.",
     ("per_micro_batch_mean", "token_weighted"):
         "every token has the same weight 1/N (DDP's average included): this step is the big batch.",
+    ("missing_division_by_k", "token_weighted"):
+        "equal token counts alone are no fault: add up the weights (backward_loss / summed_loss / "
+        "world_size) times the tokens — here they make 1, the big batch.",
     ("per_rank_mean", "token_weighted"):
         "the ranks multiplied by world_size and divided by the GLOBAL count: after DDP's average every "
         "token weighs 1/N.",
@@ -121,7 +84,7 @@ def check_trace_diagnosis(fn, seeds=None):
     validate.function("fn", fn)  # not an answer yet: a value the checker cannot call
     seeds = fresh_seeds(3 * len(TRACE_CAUSES)) if seeds is None else validate.seeds("seeds", seeds)
     return check_diagnosis(
-        "accumulation_trace", fn, _accumulation_trace_case, seeds=seeds, evidence_ok=_trace_evidence_ok,
+        "accumulation_trace", fn, _graded_case, seeds=seeds, evidence_ok=_trace_evidence_ok,
         misconceptions=_TRACE_MISCONCEPTIONS,
         hint=Hints(question="What weight does ONE token of each row get in the step's gradient, once DDP has "
                             "averaged the ranks? Is it the same for every row, and do the weights add up "
