@@ -56,9 +56,7 @@ def _diagnose_other_order(example):
     n = sum(label != IGNORE_INDEX for label in example["labels"])
     rows = zip(example["tokens"], example["labels"], example["input_ids"])
     pairs = [(tok, lab == i) for tok, lab, i in rows if lab != IGNORE_INDEX]
-    if n == 0:
-        cause = "nothing_graded"
-    elif not all(same for _, same in pairs):
+    if not all(same for _, same in pairs):
         cause = "shifted_labels"
     elif "<|im_start|>" in [tok for tok, _ in pairs]:
         cause = "whole_sequence"
@@ -114,11 +112,74 @@ def test_the_first_hint_holds_no_code_and_the_last_level_does(tokenizer, capsys)
 # ---- the generator ----------------------------------------------------------------------------------
 
 def test_diagnosis_generator_covers_every_cause_and_hands_out_the_artefact_only(tokenizer):
-    causes = {ex._labelled_case(tokenizer, seed)[1].cause for seed in range(1000, 1010)}
+    causes = {lesson00.labelled_case(tokenizer, seed)[1].cause for seed in range(1000, 1010)}
     assert causes == set(ex.LABEL_CAUSES)
+    assert "nothing_graded" not in ex.LABEL_CAUSES, "lesson 05's look-alike is not drawn before lesson 05"
     example = ex.unseen_labelled_example(tokenizer, 3)
     assert set(example) == {"input_ids", "labels", "tokens"}, "the public function names no cause"
-    assert example == ex._labelled_case(tokenizer, 3)[0]
+    assert example == lesson00.labelled_case(tokenizer, 3, graded=False)[0]
+    shown = [ex.unseen_labelled_example(tokenizer, seed)["input_ids"] for seed in range(40)]
+    graded = [lesson00.labelled_case(tokenizer, seed)[0]["input_ids"] for seed in range(1000, 1012)]
+    assert not [ids for ids in graded if ids in shown], "the checker grades examples the notebook never shows"
+    assert not hasattr(ex, "_labelled_case") and not hasattr(ex, "labelled_case"), "truth: answers"
+
+
+# ---- shortcuts a learner has at each exercise (issue 33): each fails the checker ----------------------
+
+def _last_graded_token_is_the_stop(example):
+    """The stop token decides: looks at the last graded token only (the newline after <|im_end|> may be
+    graded in a healthy example, and a shifted example ends on <|im_end|> too)."""
+    graded = [tok for tok, lab in zip(example["tokens"], example["labels"]) if lab != -100]
+    cause = "whole_sequence" if graded and graded[0] == "<|im_start|>" else \
+        "correct" if graded and graded[-1] == "<|im_end|>" else "stop_token_not_graded"
+    return Diagnosis(cause, len(graded))
+
+
+def _many_graded_is_the_whole_sequence(example):
+    """Counts instead of reading the labels: over half graded -> whole sequence; never checks the shift."""
+    graded = [tok for tok, lab in zip(example["tokens"], example["labels"]) if lab != -100]
+    cause = "whole_sequence" if 2 * len(graded) > len(example["labels"]) else \
+        "correct" if "<|im_end|>" in graded else "stop_token_not_graded"
+    return Diagnosis(cause, len(graded))
+
+
+def _whole_sequence_labels(tokenizer, input_ids):
+    """The blanket fix: labels = input_ids (what TRL does by default for messages)."""
+    return list(input_ids)
+
+
+def _after_the_first_assistant_header(tokenizer, input_ids):
+    """Grades everything after the first '<|im_start|>assistant': a second exchange's user turn too."""
+    tokens = tokenizer.convert_ids_to_tokens(input_ids)
+    start = next(i for i, t in enumerate(tokens) if t == "<|im_start|>"
+                 and tokenizer.decode(input_ids[i + 1:i + 2]) == "assistant") + 2
+    return [IGNORE_INDEX] * start + list(input_ids[start:])
+
+
+def _from_the_last_assistant_header(tokenizer, input_ids):
+    """Grades the last assistant turn only (the one a generation would produce)."""
+    tokens = tokenizer.convert_ids_to_tokens(input_ids)
+    start = max(i for i, t in enumerate(tokens) if t == "<|im_start|>"
+                and tokenizer.decode(input_ids[i + 1:i + 2]) == "assistant") + 2
+    return [IGNORE_INDEX] * start + list(input_ids[start:])
+
+
+SHORTCUTS = [
+    ("label_diagnosis", "always correct", always_correct),
+    ("label_diagnosis", "the last graded token decides", _last_graded_token_is_the_stop),
+    ("label_diagnosis", "count the graded tokens, never compare them with input_ids",
+     _many_graded_is_the_whole_sequence),
+    ("assistant_only_labels", "labels = input_ids (the blanket default)", _whole_sequence_labels),
+    ("assistant_only_labels", "all after the first assistant header", _after_the_first_assistant_header),
+    ("assistant_only_labels", "the last assistant turn only", _from_the_last_assistant_header),
+]
+
+
+@pytest.mark.parametrize("exercise, description, function", SHORTCUTS, ids=[s[1] for s in SHORTCUTS])
+def test_each_shortcut_fails_the_checker(exercise, description, function, tokenizer, capsys):
+    check = {"label_diagnosis": ex.check_label_diagnosis,
+             "assistant_only_labels": ex.check_assistant_only_labels}[exercise]
+    assert not check(function, tokenizer), f"{description} passes exercise {exercise}"
 
 
 # ---- bad input: what / why / fix (issue 36) ---------------------------------------------------------

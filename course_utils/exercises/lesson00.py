@@ -6,22 +6,22 @@ yourself, assistant tokens only (fix).
   artefact only; ``check_label_diagnosis``: grades a diagnosis function on fresh ones;
 - ``check_assistant_only_labels``: grades a labelling function on conversations the notebook never shows.
 
-The examples are generated together with their cause (``_labelled_case``); only the checker reads it.
+The examples are generated together with their cause in ``answers/lesson00.py`` (``labelled_case``); only
+the checker reads it, on a stream of examples the public ``unseen_labelled_example`` never shows.
 """
 
 from __future__ import annotations
 
-import random
-
 from .. import validate
-from ..checks import Case, Diagnosis, Hints, check_diagnosis, fresh_seeds, run_check
-from ..data import IGNORE_INDEX, end_of_turn_id, make_messages, tokenize_chat
+from ..checks import Case, Hints, check_diagnosis, fresh_seeds, run_check
+from ..data import IGNORE_INDEX, end_of_turn_id, tokenize_chat
+from .answers import lesson00 as _answers
 
 # ------------------------------------------------------------------------------------------------
 # Exercise 1 (diagnosis): which tokens carry loss in a labelled example you have not seen?
 # ------------------------------------------------------------------------------------------------
 
-LABEL_CAUSES = ("correct", "whole_sequence", "stop_token_not_graded", "nothing_graded", "shifted_labels")
+LABEL_CAUSES = _answers.LABEL_CAUSES  # what can be wrong with a labelled example (the learner picks one)
 _LABEL_MISCONCEPTIONS = {
     ("correct", "stop_token_not_graded"): "every assistant word is graded, but is <|im_end|>? Without it "
                                           "the model never learns to stop (lesson 02).",
@@ -30,38 +30,9 @@ _LABEL_MISCONCEPTIONS = {
     ("whole_sequence", "shifted_labels"): "many tokens carry a label, but do the labels equal the tokens "
                                           "at their positions?",
     ("correct", "whole_sequence"): "look at the system and user turns: do they carry labels?",
-    ("stop_token_not_graded", "correct"): "find <|im_end|> right after the answer: it is graded here.",
-    ("nothing_graded", "correct"): "count again: labels that are not -100 exist here.",
+    ("stop_token_not_graded", "correct"): "find <|im_end|> right after the answer: it is graded here (the "
+                                          "newline after it may or may not be: both are correct).",
 }
-
-
-def _messages_for(seed: int) -> list[dict]:
-    rng = random.Random(seed)
-    task = rng.choice(("add", "reverse"))
-    conversation = make_messages(task, 1, seed=seed)[0]
-    if rng.random() < 0.5:  # some examples carry their own system prompt
-        conversation = [{"role": "system", "content": "You answer briefly."}] + conversation
-    return conversation
-
-
-def _labelled_case(tokenizer, seed: int) -> tuple[dict, Diagnosis]:
-    """A labelled example broken in one of ``LABEL_CAUSES`` ways, and its true ``Diagnosis``."""
-    cause = LABEL_CAUSES[seed % len(LABEL_CAUSES)]
-    messages = _messages_for(seed)
-    example = tokenize_chat(tokenizer, messages, train_on_eos=cause != "stop_token_not_graded")
-    ids, labels = list(example["input_ids"]), list(example["labels"])
-    if cause == "whole_sequence":
-        labels = list(ids)
-    elif cause == "nothing_graded":
-        labels = [IGNORE_INDEX] * len(ids)
-    elif cause == "shifted_labels":  # "I shift the labels myself": each label is the *next* token
-        labels = [ids[i + 1] if i + 1 < len(ids) and lab != IGNORE_INDEX else IGNORE_INDEX
-                  for i, lab in enumerate(labels)]
-    artefact = {"input_ids": ids, "labels": labels, "tokens": tokenizer.convert_ids_to_tokens(ids)}
-    # the evidence counts the labels that are set, position by position, as the learner reads them in the
-    # token viewer (unshifted: a whole-sequence example grades position 0 too)
-    graded = sum(label != IGNORE_INDEX for label in labels)
-    return artefact, Diagnosis(cause, graded)
 
 
 def unseen_labelled_example(tokenizer, seed: int) -> dict:
@@ -71,25 +42,25 @@ def unseen_labelled_example(tokenizer, seed: int) -> dict:
     diagnosis on other seeds, so look at the labels, not at this function.
     """
     validate.tokenizer("tokenizer", tokenizer)
-    return _labelled_case(tokenizer, validate.seed("seed", seed))[0]
+    return _answers.labelled_case(tokenizer, validate.seed("seed", seed), graded=False)[0]
 
 
 def check_label_diagnosis(fn, tokenizer, seeds=None):
     """Checker for exercise 1: ``fn(example) -> Diagnosis(cause, evidence)`` with ``cause`` one of
     ``LABEL_CAUSES`` and ``evidence`` the number of tokens that carry loss. ``seeds``: the cases to
-    grade on (default: ten fresh ones, two per cause)."""
+    grade on (default: twelve fresh ones, three per cause, healthy controls included)."""
     validate.function("fn", fn)  # not an answer yet: a value the checker cannot call
     validate.tokenizer("tokenizer", tokenizer)
-    seeds = fresh_seeds(2 * len(LABEL_CAUSES)) if seeds is None else validate.seeds("seeds", seeds)
+    seeds = fresh_seeds(3 * len(LABEL_CAUSES)) if seeds is None else validate.seeds("seeds", seeds)
     return check_diagnosis(
-        "diagnose_labels", fn, lambda seed: _labelled_case(tokenizer, seed), seeds=seeds,
+        "diagnose_labels", fn, lambda seed: _answers.labelled_case(tokenizer, seed), seeds=seeds,
         misconceptions=_LABEL_MISCONCEPTIONS,
         hint=Hints("Which positions have a label that is not -100, and is each label the token at its own "
                    "position? Is <|im_end|> among them?",
                    "Compare example['labels'] with example['input_ids'] position by position; the token "
                    "viewer of §2 shows what a correct example looks like.",
-                   "graded = [i for i, l in enumerate(labels) if l != -100]; no graded -> nothing_graded; "
-                   "a graded label != input_ids[i] -> shifted_labels; a graded <|im_start|> -> "
+                   "graded = [i for i, l in enumerate(labels) if l != -100]; a label != input_ids[i] -> "
+                   "shifted_labels; a graded <|im_start|> -> "
                    "whole_sequence; <|im_end|> after the answer not graded -> stop_token_not_graded; "
                    "else correct. Evidence: len(graded)."))
 
@@ -105,9 +76,7 @@ def _whitespace(tokenizer, token_id: int) -> bool:
 def _label_cases(tokenizer) -> list[Case]:
     cases = []
     for seed, extra_turn in ((2001, False), (2002, True), (2003, False), (2004, True)):
-        messages = _messages_for(seed)
-        if extra_turn:  # a second exchange: every assistant turn carries loss
-            messages = messages + make_messages("add", 1, seed=seed + 7)[0]
+        messages = _answers._messages_for(seed, two_exchanges=extra_turn)  # a second exchange: both graded
         example = tokenize_chat(tokenizer, messages)
         tag = "multi_turn" if extra_turn else "single_turn"
         ids = list(example["input_ids"])
