@@ -127,7 +127,7 @@ WRONG = [
 
 
 def test_the_generator_draws_every_cause_and_healthy_look_alikes():
-    drawn = [ex._saved_directory(seed) for seed in range(200)]
+    drawn = [lesson10.saved_directory_case(seed) for seed in range(200)]
     causes = {truth.cause for _, truth in drawn}
     assert causes == set(ex.CAUSES)
     healthy = [a for a, truth in drawn if truth.cause == "healthy"]
@@ -139,6 +139,84 @@ def test_the_generator_draws_every_cause_and_healthy_look_alikes():
     broken_eos = [a for a, truth in drawn
                   if truth.cause == "eos_not_shipped" and a["saved"]["kind"] == "adapter"]
     assert any(a["saved"]["generation_eos"] for a in broken_eos), "a generation_config.json beside it, unread"
+
+
+def test_the_truth_lives_with_the_answers_on_a_stream_apart():
+    assert not hasattr(ex, "_saved_directory"), "the generator that knows the truth is in answers/lesson10.py"
+    assert ex.saved_directory(3) == lesson10.saved_directory_case(3, graded=False)[0]
+    assert ex.saved_directory(3) != lesson10.saved_directory_case(3, graded=True)[0]
+
+
+# ---- shortcuts a learner has at each exercise: each fails the checker (issue 33) ----------------------
+
+def save_adapter_with_tokenizer(model, tokenizer, out_dir):
+    """Exercise 1: what trainer.save_model() wrote in section 1 (the adapter and the tokenizer)."""
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def merge_the_reloaded_adapter(model, tokenizer, out_dir):
+    """Exercise 1: save the adapter, reload it as a user does (load_saved), merge that and save it."""
+    import tempfile
+
+    from course_utils.shipping import load_saved
+
+    adapter_dir = tempfile.mkdtemp()
+    model.save_pretrained(adapter_dir)
+    load_saved(adapter_dir)[0].merge_and_unload().save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def match_the_shown_directories(artefact):
+    """Exercise 2: look the artefact up among saved_directory(seed) and read the cause off the seed."""
+    for seed in range(3000):
+        if ex.saved_directory(seed) == artefact:
+            return Diagnosis(ex.CAUSES[seed % len(ex.CAUSES)], None)
+    return Diagnosis("healthy", None)
+
+
+def any_other_dtype_is_the_fault(artefact):
+    """Exercise 2: any saved dtype that is not float32 is the dtype change, also from a bf16 run."""
+    if artefact["saved"]["dtype"] not in (None, "float32"):
+        return Diagnosis("dtype_changed", artefact["saved"]["dtype"])
+    return lesson10.diagnose_saved(artefact)
+
+
+SHORTCUTS = [
+    ("save_for_serving", "what trainer.save_model() wrote", save_adapter_with_tokenizer),
+    ("save_for_serving", "the generation_config beside the adapter (section 3's patch)",
+     save_adapter_and_generation_config),
+    ("save_for_serving", "merge the adapter reloaded from disk", merge_the_reloaded_adapter),
+    ("save_for_serving", "merge, without the tokenizer", save_merged_without_tokenizer),
+    ("diagnose_saved", "match the shown directories over seeds", match_the_shown_directories),
+    ("diagnose_saved", "no generation_config.json means broken", no_generation_config_file_means_broken),
+    ("diagnose_saved", "no chat template means broken", no_tokenizer_means_broken),
+    ("diagnose_saved", "any dtype but float32 is the fault", any_other_dtype_is_the_fault),
+    ("diagnose_saved", "always healthy", always_healthy),
+]
+
+
+@pytest.mark.parametrize("exercise, description, function", SHORTCUTS, ids=[s[1] for s in SHORTCUTS])
+def test_each_shortcut_fails_the_checker(exercise, description, function, capsys):
+    checks = {"save_for_serving": ex.check_save_for_serving, "diagnose_saved": ex.check_diagnose_saved}
+    check = checks[exercise]
+    assert not check(function), f"{description} passes exercise {exercise}"
+
+
+def test_self_test_cases_draw_every_cause_and_never_name_it():
+    import time
+
+    causes = set()
+    for seed in range(20):
+        start = time.perf_counter()
+        text, cause, choices = lesson10.self_test_case(seed)
+        assert time.perf_counter() - start < 0.5
+        assert cause in choices and choices == tuple(lesson10.SELF_TEST_CAUSES.values())
+        assert cause.lower() not in text.lower() and len(text.splitlines()) <= 25
+        assert not any(key in text for key in lesson10.CAUSES), "no cause's name in what the learner reads"
+        assert (text, cause) == lesson10.self_test_case(seed)[:2], "deterministic per seed"
+        causes.add(cause)
+    assert causes == set(lesson10.SELF_TEST_CAUSES.values())
 
 
 def test_the_artefact_names_no_cause():

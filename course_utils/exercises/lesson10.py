@@ -8,15 +8,13 @@
    ``fn(artefact) -> Diagnosis(cause, evidence)``, one of ``CAUSES``, graded on fresh directories that
    include healthy look-alikes.
 
-The generator that knows a directory's cause (``_saved_directory``) is private: the notebook shows the
-artefact only. Reference answers: ``answers/lesson10.py``.
+The generator that knows a directory's cause lives with the reference answers (``answers/lesson10.py``,
+``saved_directory_case``), on a stream of directories apart from the ones ``saved_directory`` shows.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import random
 import tempfile
 import warnings
 from collections.abc import Sequence
@@ -24,10 +22,11 @@ from collections.abc import Sequence
 import torch
 
 from .. import validate
-from ..checks import Case, Diagnosis, Hints, check_diagnosis, run_check
+from ..checks import Case, Hints, check_diagnosis, run_check
 from ..data import end_of_turn_token, make_batches, make_messages
 from ..model import course_seed, load_course_model
 from ..shipping import LOGIT_TOLERANCE, _drift, _logits, load_saved, saved_files
+from .answers import lesson10 as _answers
 
 # ------------------------------------------------------------------------------------------------
 # Exercise 1 (fix): save what a user needs
@@ -133,79 +132,20 @@ def check_save_for_serving(fn):
 # Exercise 2 (diagnosis): what will break when this directory is served?
 # ------------------------------------------------------------------------------------------------
 
-CAUSES = ("healthy", "eos_not_shipped", "template_not_shipped", "token_rows_not_shipped", "dtype_changed")
-# (end-of-turn token, its id, the eos token id): families' conventions, on a small vocabulary
-_FAMILIES = (("<|im_end|>", 2, 0), ("<|eot_id|>", 128009, 128001), ("<end_of_turn>", 107, 1),
-             ("<|end|>", 32007, 32000))
-_ADAPTER_FILES = ["README.md", "adapter_config.json", "adapter_model.safetensors"]
-_TOKENIZER_FILES = ["chat_template.jinja", "tokenizer.json", "tokenizer_config.json"]
-_FULL_FILES = ["config.json", "model.safetensors"]
-
-
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def _saved_directory(seed: int) -> tuple[dict, Diagnosis]:
-    """A saved directory as a practitioner lists it, with what the run trained and the base it names, and
-    its truth. ``CAUSES[seed % 5]`` for the first seeds, then random; each healthy case is a look-alike
-    of a broken one (no generation_config.json beside an adapter whose base already stops; no tokenizer
-    where the base's template is the training one; a merged directory without modules_to_save; bf16 saved
-    from a bf16 run)."""
-    rng = random.Random(seed)
-    cause = CAUSES[seed % len(CAUSES)] if seed < len(CAUSES) else rng.choice(CAUSES)
-    eot, eot_id, eos_id = rng.choice(_FAMILIES)
-    base_template, train_template = _sha(f"base {seed}"), _sha(f"training {seed}")
-    trained_dtype = rng.choice(("float32", "bfloat16"))
-    if cause == "dtype_changed":
-        kind = "full"
-    elif cause in ("eos_not_shipped", "token_rows_not_shipped", "template_not_shipped"):
-        kind = "adapter"
-    else:
-        kind = rng.choice(("adapter", "full"))
-    # an adapter is served with its base's generation_config: only an instruct base (eos list with the
-    # end-of-turn id) stops — every adapter case but eos_not_shipped has one; a full directory brings its own
-    base_instruct = (cause != "eos_not_shipped") if kind == "adapter" else rng.random() < 0.5
-    base = {"generation_eos": [eot_id, eos_id] if base_instruct else [eos_id],
-            "chat_template_sha": base_template}
-    trained = {"generation_eos": [eot_id, eos_id], "chat_template_sha": train_template,
-               "modules_to_save": rng.choice((["embed_tokens", "lm_head"], None)) if kind == "full" else
-               ["embed_tokens", "lm_head"], "dtype": trained_dtype}
-    if kind == "adapter":
-        with_tokenizer = cause != "template_not_shipped" and rng.random() < 0.7
-        files = _ADAPTER_FILES + (_TOKENIZER_FILES if with_tokenizer else [])
-        if not with_tokenizer and cause != "template_not_shipped":
-            trained["chat_template_sha"] = base_template  # the look-alike: trained with the base's template
-        gen_file = cause == "eos_not_shipped" and rng.random() < 0.5  # written beside it, and still not read
-        if gen_file:
-            files.append("generation_config.json")
-        saved = {"files": sorted(files), "kind": "adapter", "base": "org/base-model",
-                 "modules_to_save": (None if cause == "token_rows_not_shipped"
-                                     else ["embed_tokens", "lm_head"]),
-                 "generation_eos": [eot_id, eos_id] if gen_file else None,
-                 "chat_template_sha": train_template if with_tokenizer else None, "dtype": None}
-    else:
-        merged_from_reload = cause == "eos_not_shipped"
-        saved = {"files": sorted(_FULL_FILES + ["generation_config.json"] + _TOKENIZER_FILES), "kind": "full",
-                 "base": None, "modules_to_save": None,
-                 "generation_eos": [eos_id] if merged_from_reload else [eot_id, eos_id],
-                 "chat_template_sha": train_template,
-                 "dtype": (("bfloat16" if trained_dtype == "float32" else "float16")
-                           if cause == "dtype_changed" else trained_dtype)}
-    artefact = {"saved": saved, "base": base, "trained": trained, "end_of_turn_token": eot,
-                "end_of_turn_id": eot_id}
-    served_eos = base["generation_eos"] if kind == "adapter" else saved["generation_eos"]
-    evidence = {"healthy": None, "eos_not_shipped": served_eos,
-                "template_not_shipped": base_template, "token_rows_not_shipped": ["embed_tokens", "lm_head"],
-                "dtype_changed": saved["dtype"]}[cause]
-    return artefact, Diagnosis(cause, evidence)
+CAUSES = _answers.CAUSES
 
 
 def saved_directory(seed: int) -> dict:
     """A saved model directory as a practitioner sees it (``saved``: its files and configs; ``base``: the base
-    it names; ``trained``: what the run had in memory), without its verdict: the exercise."""
+    it names; ``trained``: what the run had in memory), without its verdict: the exercise. The checker grades
+    directories drawn apart from these (no seed of this function gives one of them)."""
     validate.seed("seed", seed)
-    return _saved_directory(seed)[0]
+    return _answers.saved_directory_case(seed, graded=False)[0]
+
+
+def _graded_case(seed: int):
+    """The checker's case and its truth (which lives with the reference answers)."""
+    return _answers.saved_directory_case(seed, graded=True)
 
 
 _LOOK_ALIKES = {
@@ -222,7 +162,7 @@ def _look_alike_seeds(start: int) -> list[int]:
     found = []
     for check in _LOOK_ALIKES.values():
         seed = start
-        while not (_saved_directory(seed)[1].cause == "healthy" and check(_saved_directory(seed)[0])):
+        while not (_graded_case(seed)[1].cause == "healthy" and check(_graded_case(seed)[0])):
             seed += 1
         found.append(seed)
     return found
@@ -279,6 +219,6 @@ def check_diagnose_saved(fn, seeds: Sequence[int] | None = None):
         seeds = (list(range(len(CAUSES))) + [2000 + 13 * course_seed() + i for i in range(12)]
                  + _look_alike_seeds(5000 + 100 * course_seed()))
     seeds = validate.seeds("seeds", seeds)
-    return check_diagnosis("diagnose_saved", fn, _saved_directory, seeds=seeds, evidence_ok=_evidence_ok,
+    return check_diagnosis("diagnose_saved", fn, _graded_case, seeds=seeds, evidence_ok=_evidence_ok,
                            misconceptions=DIAGNOSIS_MISCONCEPTIONS, hint=DIAGNOSIS_HINTS)
 
