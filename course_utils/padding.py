@@ -11,8 +11,9 @@ Three ways to put several examples into one tensor, and what each lets a real to
   explicit block-diagonal mask (``block_causal_mask``) keeps them apart.
 
 ``padded_drift`` / ``packed_drift`` measure the leak as the max |Δlogit| of real tokens against each
-example run alone; ``allowed_attention`` returns the mask transformers really builds, and
-``plot_attention_layouts`` draws it. ``padding_explorer`` (built on ``padding_frame``) puts the layout,
+example run alone; ``allowed_attention`` returns the mask transformers really builds, ``layout_attention``
+classifies it for one row of each layout, and ``plot_attention_layouts`` draws it. ``padding_explorer``
+(built on ``padding_frame``) puts the layout,
 ``attention_mask``, ``position_ids`` and ``use_cache`` of one forward call on sliders and measures each
 setting. ``greedy_continuations`` shows what a right-padded batched ``generate`` continues from.
 The exercises (the incident diagnosis and the block-mask fix) are graded in
@@ -421,6 +422,34 @@ def leak_counts(cats: torch.Tensor) -> dict:
 
 def _leak_counts(cats: torch.Tensor) -> dict:
     return {"real->pad": int((cats == PAD).sum()), "real->other example": int((cats == OTHER).sum())}
+
+
+def layout_attention(model, examples: list[dict], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """The mask transformers builds for one row of each layout, as ``attention_categories``: {title: cats}.
+
+    Without the fix: right and left padding with no ``attention_mask`` (the shortest example's row, the one
+    with the most pads) and the packed row with an all-ones mask (TRL's "wrapped" packing); with it
+    (titles starting "fixed:"): left padding with its mask, the packed row with restarted ``position_ids``
+    only. Lesson 03 draws the first three (``plot_attention_layouts``) and counts the leak cells of all five
+    (``leak_counts``).
+    """
+    examples, pad_token_id = _examples(examples), _pad_id(pad_token_id)
+    _check_model_ids(model, torch.tensor([pad_token_id] + [t for e in examples for t in e["input_ids"]]))
+    short = min(range(len(examples)), key=lambda i: len(examples[i]["input_ids"]))
+    panels = {}
+    for title, layout, mask, positions in (
+            ("right padding, no attention_mask", "right", False, False),
+            ("left padding, no attention_mask", "left", False, False),
+            ("packed, all-ones attention_mask", "packed", True, True),
+            ("fixed: left padding + attention_mask", "left", True, False),
+            ("fixed: packed, position_ids only", "packed", False, True)):
+        _, call, example_of = _layout_call(examples, pad_token_id, layout, mask, positions)
+        row = 0 if layout == "packed" else short
+        owner = example_of[row] if layout == "packed" else torch.where(example_of[row] >= 0, 0, -1)
+        allowed = _allowed_attention(model, call["input_ids"], call.get("attention_mask"),
+                                     call.get("position_ids"), False)
+        panels[title] = _attention_categories(allowed[row], owner)
+    return panels
 
 
 def plot_attention_layouts(panels: dict):

@@ -23,19 +23,24 @@ def _diagnosis_variant(artefact):
         short = [r for r in range(len(ids)) if int(ids[r, -1]) == pad]
         if short:
             return Diagnosis("right_padded_generation", short)
-        return Diagnosis("never_stops", [r for r, g in enumerate(artefact["generated"])
-                                         if not any(t in artefact["stop_ids"] for t in g)])
+        stops = artefact["stop_ids"]
+        never = [r for r, g in enumerate(artefact["generated"]) if not any(t in stops for t in g)]
+        return Diagnosis("never_stops", never) if never else Diagnosis("no_leak", [])
     if ids.shape[0] == 1:
         pos = batch["position_ids"][0].tolist()
         if pos == list(range(len(pos))):
             cause = "packing_without_position_reset"
         elif "attention_mask" in batch:
             cause = "packing_with_all_ones_mask"
-        else:
+        elif artefact["call"].get("use_cache") is not False:
             cause = "packing_with_cache"
+        else:
+            return Diagnosis("no_leak", None)
         return Diagnosis(cause, pos.index(0, 1) if 0 in pos[1:] else artefact["cu_seq_lens"][1])
     rows = sorted({int(r) for r in (ids[:, 0] == pad).nonzero().flatten()})
-    return Diagnosis("left_padding_without_mask", rows) if rows else Diagnosis("no_leak", None)
+    if rows and "attention_mask" not in batch:
+        return Diagnosis("left_padding_without_mask", rows)
+    return Diagnosis("no_leak", None)
 
 
 def _always_left_padding(artefact):
@@ -127,8 +132,8 @@ ALSO_CORRECT = [
 WRONG = [
     ("padding_diagnosis", _always_left_padding, "is not what broke this run"),
     ("padding_diagnosis", _mask_means_safe, "generate() reads the first new token"),
-    ("padding_diagnosis", _any_pad_leaks, "causal mask already hides them"),
-    ("padding_diagnosis", _cache_is_harmless, "is not what broke this run"),
+    ("padding_diagnosis", _any_pad_leaks, "these pads are hidden"),
+    ("padding_diagnosis", _cache_is_harmless, "the call builds a cache"),
     ("block_mask", _causal_only, "plain causal mask"),
     ("block_mask", _blocks_without_causal, "AND with the causal mask"),
     ("block_mask", _inverted, "True must mean"),
@@ -142,19 +147,173 @@ WRONG = [
 # =================================================================================================
 
 def test_incidents_cover_every_cause_and_differ_by_seed():
-    causes = {L._padding_incident(s)[1].cause for s in range(14)}
+    causes = {lesson03.padding_incident_case(s)[1].cause for s in range(14)}
     assert causes == set(L.INCIDENT_CAUSES)
     a, b = L.padding_incident(0), L.padding_incident(7)
     assert not torch.equal(a["batch"]["input_ids"], b["batch"]["input_ids"])
 
 
-def test_the_public_incident_is_the_artefact_only():
-    """What a notebook may show: the artefact, never a Diagnosis (the exercise copy reaches no cause)."""
+def test_the_public_incident_is_the_artefact_only_and_the_graded_stream_is_apart():
+    """What a notebook may show: the artefact, never a Diagnosis; the truth lives with the answers."""
     artefact = L.padding_incident(3)
     assert isinstance(artefact, dict) and not any(isinstance(v, Diagnosis) for v in artefact.values())
-    truth_artefact = L._padding_incident(3)[0]
-    assert artefact.keys() == truth_artefact.keys()
-    assert all(torch.equal(v, truth_artefact["batch"][k]) for k, v in artefact["batch"].items())
+    shown = lesson03.padding_incident_case(3, graded=False)[0]
+    assert all(torch.equal(v, shown["batch"][k]) for k, v in artefact["batch"].items())
+    graded = lesson03.padding_incident_case(3, graded=True)[0]
+    assert not torch.equal(graded["batch"]["input_ids"], shown["batch"]["input_ids"]), "drawn apart"
+    assert not hasattr(L, "_padding_incident") and not hasattr(L, "padding_incident_case") or \
+        "padding_incident_case" not in L.__all__
+
+
+def test_healthy_controls_share_the_broken_causes_surface():
+    """Healthy incidents: right pads without a mask, left pads with their mask, a packed row with restarted
+    positions (use_cache=False), a left-padded generation whose rows all stop."""
+    healthy = [a for a, d in map(lesson03.padding_incident_case, range(1, 400, 7)) if d.cause == "no_leak"]
+    kinds = set()
+    for a in healthy:
+        ids = a["batch"]["input_ids"]
+        if a["kind"] == "generate":
+            kinds.add("generation that stops")
+        elif a["cu_seq_lens"]:
+            kinds.add("packed, restarted positions")
+        elif "attention_mask" in a["batch"]:
+            kinds.add("left pads with the mask")
+            assert bool((ids[:, 0] == a["pad_token_id"]).any())
+        else:
+            kinds.add("right pads, no mask")
+    assert len(kinds) == 4, kinds
+
+
+# =================================================================================================
+# Shortcuts a learner has at each exercise: each fails the checker (issue 33)
+# =================================================================================================
+
+def _match_shown_incidents(artefact):
+    """Exercise 1: look the incident up among padding_incident(seed) and read the cause off the seed."""
+    for seed in range(3000):
+        shown = L.padding_incident(seed)
+        if shown["kind"] == artefact["kind"] and shown["batch"]["input_ids"].shape == \
+                artefact["batch"]["input_ids"].shape and torch.equal(shown["batch"]["input_ids"],
+                                                                      artefact["batch"]["input_ids"]):
+            return Diagnosis(L.INCIDENT_CAUSES[seed % len(L.INCIDENT_CAUSES)], None)
+    return Diagnosis("no_leak", None)
+
+
+def _pads_first_means_a_leak(artefact):
+    """Exercise 1: pads at the start of a forward batch leak (section 2 as a rule), mask passed or not."""
+    ids, pad = artefact["batch"]["input_ids"], artefact["pad_token_id"]
+    left = [r for r in range(len(ids)) if int(ids[r, 0]) == pad]
+    if artefact["kind"] == "forward" and left:
+        return Diagnosis("left_padding_without_mask", left)
+    return lesson03.diagnose_padding_incident(artefact)
+
+
+def _restarted_positions_are_enough(artefact):
+    """Exercise 1: restarted position_ids and no mask is always fine (section 3b without the cache)."""
+    truth = lesson03.diagnose_padding_incident(artefact)
+    return Diagnosis("no_leak", None) if truth.cause == "packing_with_cache" else truth
+
+
+def _reset_positions_always_cached(artefact):
+    """Exercise 1: restarted position_ids without a mask is always the cache trap, whatever the call says."""
+    batch = artefact["batch"]
+    restarted = int((batch["position_ids"] == 0).sum()) > 1
+    if artefact["cu_seq_lens"] and "attention_mask" not in batch and restarted:
+        return Diagnosis("packing_with_cache", artefact["cu_seq_lens"][1])
+    return lesson03.diagnose_padding_incident(artefact)
+
+
+def _a_generation_is_never_fine(artefact):
+    """Exercise 1: a generation without right pads is lesson 02's never_stops (no healthy generation)."""
+    truth = lesson03.diagnose_padding_incident(artefact)
+    if artefact["kind"] == "generate" and truth.cause == "no_leak":
+        return Diagnosis("never_stops", [])
+    return truth
+
+
+def _always_no_leak(artefact):
+    """Exercise 1: a constant answer."""
+    return Diagnosis("no_leak", None)
+
+
+def _positions_compared(position_ids):
+    """Exercise 2: 'a key at an earlier position' compared across the row, ignoring which example it is in."""
+    return (position_ids[:, :, None] >= position_ids[:, None, :])[:, None]
+
+
+def _all_ones(position_ids):
+    """Exercise 2: the all-ones mask of TRL's wrapped packing (section 3b, call 2)."""
+    b, t = position_ids.shape
+    return torch.ones(b, 1, t, t, dtype=torch.bool)
+
+
+def _first_row_for_all(position_ids):
+    """Exercise 2: the boundaries of row 0 (one packed row, as in section 3b) used for every row."""
+    mask = lesson03.block_mask_from_position_ids(position_ids[:1])
+    return mask.expand(position_ids.shape[0], -1, -1, -1).clone()
+
+
+def _the_notebooks_row(position_ids):
+    """Exercise 2: the mask of the packed row the notebook showed (lengths 47, 50, 51), captured."""
+    shown = torch.tensor([[p for n in (47, 50, 51) for p in range(n)]])
+    return lesson03.block_mask_from_position_ids(shown)
+
+
+SHORTCUTS = [
+    ("padding_diagnosis", "match the shown incidents over seeds", _match_shown_incidents),
+    ("padding_diagnosis", "pads first means a leak, mask or not", _pads_first_means_a_leak),
+    ("padding_diagnosis", "restarted position_ids are enough", _restarted_positions_are_enough),
+    ("padding_diagnosis", "restarted position_ids without a mask is always the cache trap",
+     _reset_positions_always_cached),
+    ("padding_diagnosis", "a generation without right pads never stops", _a_generation_is_never_fine),
+    ("padding_diagnosis", "always healthy", _always_no_leak),
+    ("block_mask", "the plain causal mask (the default call)", _causal_only),
+    ("block_mask", "the all-ones mask", _all_ones),
+    ("block_mask", "compare positions across the row", _positions_compared),
+    ("block_mask", "row 0's boundaries for every row", _first_row_for_all),
+    ("block_mask", "the notebook's packed row, captured", _the_notebooks_row),
+]
+
+
+@pytest.mark.parametrize("exercise, description, function", SHORTCUTS, ids=[s[1] for s in SHORTCUTS])
+def test_each_shortcut_fails_the_checker(exercise, description, function, capsys):
+    check = {"padding_diagnosis": L.check_padding_diagnosis, "block_mask": L.check_block_mask}[exercise]
+    assert not check(function), f"{description} passes exercise {exercise}"
+
+
+def test_the_finished_mask_helpers_are_out_of_the_exercises_reach():
+    """Exercise 2 is built from position_ids by hand: before it, the copy neither imports nor names the
+    helpers that give its answer (block_causal_mask + packed_segments, allowed_attention with the model)."""
+    import json
+    from pathlib import Path
+
+    cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "03_padding_packing.ipynb")
+                       .read_text(encoding="utf-8"))["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    exercise_2 = next(i for i, t in enumerate(text) if "### Exercise 2" in t)
+    before = "\n".join(text[:exercise_2 + 3])
+    for name in ("block_causal_mask", "packed_segments", "allowed_attention"):
+        assert name not in before, f"{name} is in reach of exercise 2"
+    assert "block_causal_mask" not in "\n".join(L.check_block_mask.__doc__ or "")
+
+
+# =================================================================================================
+# The self-test's cases (issue 33)
+# =================================================================================================
+
+def test_self_test_cases_draw_every_cause_and_never_name_it():
+    import time
+
+    causes = set()
+    for seed in range(20):
+        start = time.perf_counter()
+        text, cause, choices = lesson03.self_test_case(seed)
+        assert time.perf_counter() - start < 0.5
+        assert cause in choices and choices == tuple(lesson03.SELF_TEST_CAUSES.values())
+        assert cause.lower() not in text.lower() and len(text.splitlines()) <= 25
+        assert (text, cause) == lesson03.self_test_case(seed)[:2], "deterministic per seed"
+        causes.add(cause)
+    assert causes == set(lesson03.SELF_TEST_CAUSES.values())
 
 
 # =================================================================================================

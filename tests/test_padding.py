@@ -273,3 +273,20 @@ def test_padding_free_on_sdpa_materialises_a_dense_mask_and_a_plain_call_none():
     assert materialised_mask_shape(model, ids, position_ids=pos) == (1, 1, ids.shape[1], ids.shape[1])
     with pytest.raises(ValueError, match=".+ — .+ — .+"):
         materialised_mask_shape(model, ids, position_ids=pos[:, :-1])
+
+
+def test_layout_attention_classifies_one_row_of_each_layout(course):
+    """Lesson 03's pictures: right padding hides the pads, left padding and an all-ones packed row leak, and
+    both fixes leak nothing — the same counts allowed_attention + attention_categories give by hand."""
+    from course_utils.padding import layout_attention
+
+    model, tok, examples = course
+    panels = layout_attention(model, examples, tok.pad_token_id)
+    counts = {title: leak_counts(cats) for title, cats in panels.items()}
+    assert sum(counts["right padding, no attention_mask"].values()) == 0
+    assert counts["left padding, no attention_mask"]["real->pad"] > 0
+    assert counts["packed, all-ones attention_mask"]["real->other example"] > 0
+    fixed = [c for title, c in counts.items() if title.startswith("fixed")]
+    assert len(fixed) == 2 and all(sum(c.values()) == 0 for c in fixed)
+    with pytest.raises(ValueError, match=".+ — .+ — .+"):
+        layout_attention(model, examples, -1)

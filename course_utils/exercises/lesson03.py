@@ -1,9 +1,8 @@
 """Lesson 03's exercises: the padding-incident diagnosis (7.1) and the block-mask fix (7.2), graded.
 
-``padding_incident(seed)`` is the broken batch (or batched generation) a notebook shows: the artefact
-only. The generator that also knows its cause (``_padding_incident``) stays private to this module,
-with the misconceptions and the cases of ``check_padding_diagnosis`` and ``check_block_mask``.
-Reference answers: ``answers/lesson03.py``.
+``padding_incident(seed)`` is the broken (or healthy) batch or batched generation a notebook shows: the
+artefact only. The generator that also knows its cause, and the reference answers, live in
+``answers/lesson03.py``, which no notebook imports; the graded incidents are drawn apart from the shown ones.
 """
 
 from __future__ import annotations
@@ -14,94 +13,24 @@ import torch
 
 from .. import validate
 from ..checks import Case, Diagnosis, Hints, check_diagnosis, fresh_seeds, run_check
-from ..padding import collate_padded
+from .answers.lesson03 import INCIDENT_CAUSES, padding_incident_case
 from .answers.lesson03 import block_mask_from_position_ids as _reference_mask
+
+__all__ = ["INCIDENT_CAUSES", "check_block_mask", "check_padding_diagnosis", "padding_incident"]
 
 # ------------------------------------------------------------------------------------------------
 # Exercise 7.1 (diagnosis): a broken batch or a batched generation, from one of several causes
 # ------------------------------------------------------------------------------------------------
 
-INCIDENT_CAUSES = (
-    "left_padding_without_mask",        # forward: pads before real tokens, no attention_mask
-    "no_leak",                          # forward: right padding, no attention_mask (looks alarming, is exact)
-    "packing_without_position_reset",   # forward: one packed row, position_ids 0..T-1
-    "packing_with_all_ones_mask",       # forward: reset position_ids plus an all-ones attention_mask
-    "packing_with_cache",               # forward: reset position_ids, no mask, default call (use_cache=True)
-    "right_padded_generation",          # generate: pads after the prompt, mask passed
-    "never_stops",                      # generate: lesson 02's look-alike, left padding is fine
-)
-
-
-def _content(rng: random.Random, n: int, avoid: set) -> list[int]:
-    return [t for t in (rng.randrange(10, 500) for _ in range(4 * n)) if t not in avoid][:n]
-
-
 def padding_incident(seed: int) -> dict:
-    """A broken (or look-alike) batch or batched generation, as you would have it when debugging:
-    what the diagnosis exercise (7.1) gives your ``diagnose``. ``seed`` picks cause and contents; the
-    artefact never names its cause (see ``_padding_incident`` for its fields)."""
-    return _padding_incident(validate.seed("seed", seed))[0]
-
-
-def _padding_incident(seed: int) -> tuple[dict, Diagnosis]:
-    """A broken (or look-alike) artefact and its true ``Diagnosis``; ``seed`` picks cause and contents.
-
-    The artefact is what you would have in hand when debugging: ``kind`` ("forward" or "generate"),
-    the ``batch`` exactly as passed to the model, the ``call`` keyword arguments (``use_cache``; absent
-    means the default, ``model.config.use_cache=True``), ``pad_token_id``, ``stop_ids``, for packed rows
-    the ``cu_seq_lens`` the data pipeline knows (where each example starts), and for generation the
-    ``generated`` token lists and ``max_new_tokens``. Evidence of the truth: the sorted list of affected
-    rows (padding and generation causes), the index of the first token that can see another example
-    (packing causes), or ``None`` (nothing leaks).
-    """
-    rng = random.Random(seed)
-    cause = INCIDENT_CAUSES[seed % len(INCIDENT_CAUSES)]
-    pad, im_end = rng.sample(range(0, 8), 2)
-    avoid = {pad, im_end}
-    art: dict = {"pad_token_id": pad, "stop_ids": (pad, im_end), "call": {}, "cu_seq_lens": None}
-    if cause.startswith("packing"):
-        lengths = [rng.randint(4, 12) for _ in range(rng.randint(2, 4))]
-        ids = _content(rng, sum(lengths), avoid)
-        starts = [sum(lengths[:i]) for i in range(len(lengths))]
-        reset = [p for n in lengths for p in range(n)]
-        batch = {"input_ids": torch.tensor([ids])}
-        if cause == "packing_without_position_reset":
-            batch["position_ids"] = torch.arange(len(ids))[None]
-            art["call"] = {"use_cache": False}
-        elif cause == "packing_with_all_ones_mask":
-            batch["position_ids"] = torch.tensor([reset])
-            batch["attention_mask"] = torch.ones(1, len(ids), dtype=torch.long)
-            art["call"] = {"use_cache": False}
-        else:
-            batch["position_ids"] = torch.tensor([reset])  # the default call: config.use_cache=True
-        art.update(kind="forward", batch=batch, cu_seq_lens=starts + [len(ids)])
-        return art, Diagnosis(cause, starts[1])
-    rows = rng.randint(3, 5)
-    lengths = [rng.randint(3, 9) for _ in range(rows)]
-    lengths[rng.randrange(rows)] = 10  # one longest row, so at least one row has no pads
-    prompts = [_content(rng, n, avoid) for n in lengths]
-    padded_rows = [i for i, n in enumerate(lengths) if n < 10]
-    side = "right" if cause in ("no_leak", "right_padded_generation") else "left"
-    batch = collate_padded([{"input_ids": p, "labels": p} for p in prompts], pad, side)
-    del batch["labels"]
-    if cause in ("left_padding_without_mask", "no_leak"):
-        del batch["attention_mask"]
-        art.update(kind="forward", batch=batch)
-        return art, Diagnosis(cause, padded_rows if cause != "no_leak" else None)
-    max_new = 8
-    art.update(kind="generate", batch=batch, max_new_tokens=max_new)
-    if cause == "right_padded_generation":
-        first = rng.randrange(10, 500)  # every padded row continues from the pad token: the same first token
-        generated = []
-        for i in range(rows):
-            body = ([first] if i in padded_rows else []) + _content(rng, rng.randint(2, 5), avoid)
-            generated.append(body + [im_end])
-        art["generated"] = generated
-        return art, Diagnosis(cause, padded_rows)
-    never = sorted(rng.sample(range(rows), rng.randint(1, rows)))
-    art["generated"] = [_content(rng, max_new, avoid) if i in never else
-                        _content(rng, rng.randint(1, max_new - 1), avoid) + [im_end] for i in range(rows)]
-    return art, Diagnosis(cause, never)
+    """A broken (or healthy) batch or batched generation, as you would have it when debugging: what the
+    diagnosis exercise (7.1) gives your ``diagnose``. ``seed`` picks cause and contents; the artefact never
+    names its cause. Fields: ``kind`` ("forward" or "generate"), ``batch`` (the tensors passed to the model),
+    ``call`` (extra keyword arguments; no ``use_cache`` means the config's ``True``), ``pad_token_id``,
+    ``stop_ids``, ``cu_seq_lens`` (packed rows: where each example starts, as the data pipeline knows) and,
+    for generations, ``generated`` (the new token ids of each row) and ``max_new_tokens``. The checker grades
+    incidents drawn apart from these."""
+    return padding_incident_case(validate.seed("seed", seed), graded=False)[0]
 
 
 def _evidence_ok(got, truth: Diagnosis) -> bool:
@@ -116,8 +45,6 @@ def _evidence_ok(got, truth: Diagnosis) -> bool:
 
 
 _INCIDENT_MISCONCEPTIONS = {
-    ("left_padding_without_mask", "no_leak"):
-        "the pads come AFTER every real token here: a causal mask already hides them (section 2).",
     ("no_leak", "left_padding_without_mask"):
         "pads BEFORE real tokens are visible to them unless attention_mask hides them (section 2).",
     ("right_padded_generation", "never_stops"):
@@ -134,30 +61,44 @@ _INCIDENT_MISCONCEPTIONS = {
         "position_ids never restart at 0: nothing marks where an example begins.",
     ("packing_with_all_ones_mask", "packing_without_position_reset"):
         "position_ids never restart at 0: nothing marks where an example begins.",
+    ("packing_with_cache", "no_leak"):
+        "this call passes use_cache=False and no mask: transformers infers the boundaries from position_ids.",
+    ("left_padding_without_mask", "no_leak"):
+        "these pads are hidden: pads AFTER every real token are hidden by the causal mask alone, pads before "
+        "them by the attention_mask, if it is passed (section 2).",
+    ("never_stops", "no_leak"):
+        "every row emits a stop id before max_new_tokens: this generation stops.",
+    ("no_leak", "packing_with_cache"):
+        "the call builds a cache (no use_cache=False, and the config says True): section 3b's trap.",
+    ("no_leak", "never_stops"):
+        "count each row's stop ids: a row without one ran to max_new_tokens.",
 }
 
 
 def check_padding_diagnosis(fn, seeds=None):
     """Checker for exercise 7.1: ``fn(artefact) -> Diagnosis(cause, evidence)`` on fresh incidents.
 
-    ``seeds`` default to two rounds through every cause, offset by the course seed.
+    ``seeds`` default to four rounds through every cause (the healthy one in several layouts), offset by the
+    course seed.
     """
     validate.function("fn", fn)  # not an answer yet: a value the checker cannot call
-    seeds = fresh_seeds(2 * len(INCIDENT_CAUSES)) if seeds is None else validate.seeds("seeds", seeds)
+    seeds = fresh_seeds(4 * len(INCIDENT_CAUSES)) if seeds is None else validate.seeds("seeds", seeds)
     return check_diagnosis(
-        "padding_incident", fn, _padding_incident, seeds=seeds, evidence_ok=_evidence_ok,
+        "padding_incident", fn, padding_incident_case, seeds=seeds, evidence_ok=_evidence_ok,
         misconceptions=_INCIDENT_MISCONCEPTIONS,
         hint=Hints(question="Which tensor tells you where each example (or each prompt) begins, and what "
                             "was passed with it: a mask, reset positions, a cache?",
-                   pointer="Sections 2 and 3 list the forward calls that leak; section 1 shows where "
-                           "generate() reads its first new token. Look at artefact['batch'], "
-                           "artefact['call'] and, for generations, whether each row contains a stop id.",
+                   pointer="Sections 2 and 3 list the forward calls that leak and the ones that are exact; "
+                           "section 3a says where generate() reads its first new token. Look at "
+                           "artefact['batch'], artefact['call'] and, for generations, whether each row "
+                           "contains a stop id. Some incidents are healthy.",
                    answer="generate: a pad in the last prompt column -> right_padded_generation (rows "
-                          "with a pad), else rows without a stop id -> never_stops. Forward, one packed row: "
-                          "position_ids without a reset -> packing_without_position_reset; an attention_mask "
-                          "-> packing_with_all_ones_mask; else packing_with_cache (evidence cu_seq_lens[1]). "
-                          "Padded rows: pads at the start -> left_padding_without_mask (rows with pads), "
-                          "at the end -> no_leak (None)."))
+                          "with a pad); else rows without a stop id -> never_stops; else no_leak. Forward, "
+                          "one packed row: position_ids without a reset -> packing_without_position_reset; "
+                          "an attention_mask -> packing_with_all_ones_mask; use_cache not False -> "
+                          "packing_with_cache (evidence cu_seq_lens[1]); else no_leak. Padded rows: pads at "
+                          "the start and no attention_mask -> left_padding_without_mask (rows with pads); "
+                          "else no_leak (None)."))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -227,7 +168,8 @@ def check_block_mask(fn):
                      hint=Hints(
                          question="For a query at position i of a row, which keys belong to its own example "
                                   "and come no later than i?",
-                         pointer="position_ids restart at 0 where an example begins (section 3's "
-                                 "packed_segments); block_causal_mask builds the same picture from lengths.",
+                         pointer="position_ids restart at 0 where an example begins (section 3b); a "
+                                 "running count of those restarts numbers each token's example, and a "
+                                 "lower-triangular matrix is the causal part (section 4's pictures).",
                          answer="example = (position_ids == 0).cumsum(-1); mask = (example[:, :, None] == "
                                 "example[:, None, :]) & causal (tril); return mask[:, None]."))
