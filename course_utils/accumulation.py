@@ -9,6 +9,7 @@ What the lesson measures with these helpers:
 - ``median_norm`` / ``threshold_between``: a clip threshold chosen from the run's *measured* norms.
 - ``clip_grid`` / ``plot_clip_setting`` / ``clip_explorer``: precomputed runs over accumulation steps
   and thresholds, and the ipywidgets explorer that browses them instantly.
+- ``MysteryRun``: a run you did not make: its log, its arguments, and its step to run the split test on.
 - ``custom_loss_trainer`` / ``sft_run_log``: what TRL's ``SFTTrainer`` logs with its own loss or
   with a hand-written ``compute_loss`` (mean per micro-batch, or divided twice).
 
@@ -432,3 +433,31 @@ def sft_run_log(model, tokenizer, dataset, *, accum_steps: int, batch_size: int,
         warnings.simplefilter("ignore")
         trainer.train()
     return {"grad_norm": logged(trainer, "grad_norm"), "loss": logged(trainer, "loss")}
+
+
+# ------------------------------------------------------------------------------------------------
+# A run you did not make: its log, its arguments, and its training step to probe with the split test
+# ------------------------------------------------------------------------------------------------
+
+class MysteryRun:
+    """A training run someone sends you when it "looks off" (lesson 01's diagnosis exercise).
+
+    ``log``: what the Trainer logged, one ``{"step", "loss", "grad_norm"}`` per optimizer step
+    (``grad_norm`` before clipping, as ``clip_grad_norm_`` returns it); ``args``: its
+    ``gradient_accumulation_steps``, ``max_grad_norm`` and ``learning_rate``. ``grad_norm(k)`` runs the
+    run's own training step on step 1's examples cut into ``k`` micro-batches and returns the pre-clip
+    norm: the split test of §3, on code you cannot read.
+    """
+
+    def __init__(self, log: list[dict], args: dict, step_norm):
+        self.log = log
+        self.args = args
+        self._step_norm = step_norm  # k -> pre-clip norm of the same examples in k micro-batches
+
+    def grad_norm(self, k: int) -> float:
+        """The pre-clip gradient norm of step 1's examples cut into ``k`` micro-batches (1 = one batch)."""
+        validate.positive_int("k", k, why="it is how many micro-batches the step's examples are cut into")
+        return self._step_norm(k)
+
+    def __repr__(self) -> str:
+        return f"MysteryRun({len(self.log)} logged steps, args={self.args})"

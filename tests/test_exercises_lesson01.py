@@ -99,40 +99,115 @@ def clips_after_the_step(model, optimizer, micro_batches, max_grad_norm):
     return float(torch.nn.utils.clip_grad_norm_(_params(model), max_grad_norm))
 
 
-def by_median_and_k(artefact):
+def by_median_and_k(run):
     """A second correct reading: reports K itself as the evidence of a missing division."""
-    answer = lesson01.diagnose_run(artefact)
+    answer = lesson01.diagnose_run(run)
     if answer.cause == "missing_division":
-        return Diagnosis(answer.cause, artefact["config"]["accum_steps"])
+        return Diagnosis(answer.cause, run.args["gradient_accumulation_steps"])
     return answer
 
 
-def memorised_missing_division(artefact):
+def memorised_missing_division(run):
     """Memorised: every run is a missing division, whatever its log shows."""
     return Diagnosis("missing_division", 4.0)
 
 
-def by_clip_rate(artefact):
+def by_clip_rate(run):
     """The threshold-dependent reading: a clip that fires on every step must be a missing / K."""
-    log, c = artefact["log"], artefact["config"]["max_grad_norm"]
-    rate = sum(r["grad_norm"] > c for r in log) / len(log)
-    if rate > 0.9:
-        return Diagnosis("missing_division", artefact["config"]["accum_steps"])
-    return lesson01.diagnose_run(artefact)
+    c = run.args["max_grad_norm"]
+    if sum(r["grad_norm"] > c for r in run.log) / len(run.log) > 0.9:
+        return Diagnosis("missing_division", run.args["gradient_accumulation_steps"])
+    return lesson01.diagnose_run(run)
 
 
-def ratio_is_not_one(artefact):
-    """Any change under the split is taken for a missing / K (misses lesson 07's look-alike)."""
-    k = artefact["config"]["accum_steps"]
-    ratio = artefact["split_test"][k] / artefact["split_test"][1]
-    if abs(ratio - 1) > 0.1:
-        return Diagnosis("missing_division", ratio)
-    return lesson01.diagnose_run(artefact)
+def log_only(run):
+    """Reads the log and never runs the split test: a missing / K under a high threshold looks healthy."""
+    lowest = min(run.log, key=lambda r: r["loss"])
+    if run.log[-1]["loss"] > 1.5 * lowest["loss"]:
+        return Diagnosis("lr_too_high", lowest["step"])
+    median = sorted(r["grad_norm"] for r in run.log)[len(run.log) // 2]
+    if median > run.args["max_grad_norm"]:
+        return Diagnosis("clip_far_below_norm", median / run.args["max_grad_norm"])
+    return Diagnosis("healthy", None)
 
 
-def cause_without_evidence(artefact):
+def grad_norm_spikes_mean_missing_division(run):
+    """A grad_norm far over the threshold late in the run taken for the bug (a high lr spikes it too)."""
+    if max(r["grad_norm"] for r in run.log[10:]) > 3 * run.args["max_grad_norm"]:
+        return Diagnosis("missing_division", run.args["gradient_accumulation_steps"])
+    return lesson01.diagnose_run(run)
+
+
+def always_healthy(run):
+    """The blanket answer: nothing is wrong."""
+    return Diagnosis("healthy", None)
+
+
+def cause_without_evidence(run):
     """Right cause, no evidence: the checker wants what shows it."""
-    return Diagnosis(lesson01.diagnose_run(artefact).cause, None)
+    return Diagnosis(lesson01.diagnose_run(run).cause, 0)
+
+
+def _match_shown_runs(run):
+    """Matches the run against the notebook's mystery_run(seed) over many seeds: they never repeat."""
+    for seed in range(60):
+        if ex.mystery_run(seed).log == run.log:
+            return lesson01.diagnose_run(ex.mystery_run(seed))
+    return Diagnosis("healthy", None)
+
+
+def _lessons_own_train(model, optimizer, micro_batches, max_grad_norm):
+    """The lesson's train() loop for one step: its own fresh optimizer, not the one it is handed."""
+    from course_utils.training import train
+
+    lr = optimizer.param_groups[0]["lr"]
+    records = train(model, micro_batches, steps=1, accum_steps=len(micro_batches), lr=lr, optimizer="sgd",
+                    max_grad_norm=max_grad_norm, progress=False)
+    model.train()
+    return records[0]["grad_norm"]
+
+
+def _mean_then_clip_each(model, optimizer, micro_batches, max_grad_norm):
+    """The divided mean, but clipped after every .backward() (a blanket 'clip early')."""
+    optimizer.zero_grad()
+    for batch in micro_batches:
+        summed, n = token_losses(model, batch)
+        (summed / n / len(micro_batches)).backward()
+        norm = torch.nn.utils.clip_grad_norm_(_params(model), max_grad_norm)
+    optimizer.step()
+    return float(norm)
+
+
+SHORTCUTS = [
+    ("diagnose_run", "read the log only, never the split test", log_only),
+    ("diagnose_run", "clip fires every step -> missing / K", by_clip_rate),
+    ("diagnose_run", "late grad_norm spikes -> missing / K", grad_norm_spikes_mean_missing_division),
+    ("diagnose_run", "always healthy", always_healthy),
+    ("diagnose_run", "match the shown runs over seeds", _match_shown_runs),
+    ("accumulation_step", "the lesson's train() for one step", _lessons_own_train),
+    ("accumulation_step", "clip after every backward", _mean_then_clip_each),
+]
+
+
+@pytest.mark.parametrize("exercise, description, function", SHORTCUTS, ids=[s[1] for s in SHORTCUTS])
+def test_each_shortcut_fails_the_checker(exercise, description, function, capsys):
+    check = {"diagnose_run": ex.check_diagnose_run, "accumulation_step": ex.check_accumulation_step}[exercise]
+    assert not check(function), f"{description} passes exercise {exercise}"
+
+
+def test_self_test_cases_draw_every_cause_and_never_name_it():
+    import time
+
+    causes = set()
+    for seed in range(20):
+        start = time.perf_counter()
+        text, cause, choices = lesson01.self_test_case(seed)
+        assert time.perf_counter() - start < 0.5
+        assert cause in choices and choices == tuple(lesson01.SELF_TEST_CAUSES.values())
+        assert cause.lower() not in text.lower() and len(text.splitlines()) <= 25
+        assert (text, cause) == lesson01.self_test_case(seed)[:2], "deterministic per seed"
+        causes.add(cause)
+    assert causes == set(lesson01.SELF_TEST_CAUSES.values())
 
 
 # ---- the tables (tests/test_checkers.py runs them) ----------------------------------------------------
@@ -155,7 +230,7 @@ WRONG = [
     ("accumulation_step", clips_after_the_step, "clip once"),
     ("diagnose_run", memorised_missing_division, "is not what broke this run"),
     ("diagnose_run", by_clip_rate, "the split test"),
-    ("diagnose_run", ratio_is_not_one, "lesson 07"),
+    ("diagnose_run", log_only, "the split test grows"),
     ("diagnose_run", cause_without_evidence, "does not show it"),
 ]
 
@@ -174,18 +249,22 @@ def test_a_wrong_answer_that_raises_or_returns_nonsense_is_reported_not_raised(c
     assert not result and "your function raised IndexError" in result.message
     result = ex.check_accumulation_step(lambda model, opt, micro, c: "a string")
     assert not result and "as a float" in result.message
-    result = ex.check_diagnose_run(lambda artefact: artefact["cause"])
-    assert not result and "your function raised KeyError" in result.message
+    result = ex.check_diagnose_run(lambda run: run.cause)
+    assert not result and "your function raised AttributeError" in result.message
 
 
 # ---- the generator ----------------------------------------------------------------------------------
 
-def test_broken_run_covers_every_cause_is_deterministic_and_hands_out_the_artefact_only():
-    causes = {ex._broken_run_case(seed)[1].cause for seed in range(8)}
-    assert causes == set(ex.CAUSES)
-    assert ex.broken_run(5) == ex.broken_run(5) == ex._broken_run_case(5)[0]
-    assert ex.broken_run(5) != ex.broken_run(9)
-    assert set(ex.broken_run(5)) == {"config", "log", "split_test", "tokens_per_micro_batch"}
+def test_mystery_run_covers_every_cause_is_deterministic_and_hands_out_the_run_only():
+    causes = {lesson01.mystery_run_case(seed)[1].cause for seed in range(8)}
+    assert causes == set(ex.CAUSES) and "unequal_token_counts" not in ex.CAUSES, "lesson 07 comes later"
+    assert ex.mystery_run(5).log == ex.mystery_run(5).log == lesson01.mystery_run_case(5, graded=False)[0].log
+    assert ex.mystery_run(5).log != ex.mystery_run(9).log
+    shown = [ex.mystery_run(seed).log for seed in range(60)]
+    assert not [s for s in range(1000, 1012) if lesson01.mystery_run_case(s)[0].log in shown]
+    assert not hasattr(ex, "_broken_run_case") and not hasattr(ex, "mystery_run_case"), "truth: answers"
+    with pytest.raises(ValueError, match="k=0"):
+        ex.mystery_run(1).grad_norm(0)
 
 
 # ---- bad input: what / why / fix (issue 36) ---------------------------------------------------------
@@ -210,6 +289,6 @@ def test_diagnose_run_grades_the_seeds_it_is_given(capsys):
 
 
 @pytest.mark.parametrize("seed, words", [(None, "seed=None"), (-1, "seed=-1"), (2.0, "seed=2.0")])
-def test_broken_run_refuses_a_seed_that_is_not_one(seed, words):
+def test_mystery_run_refuses_a_seed_that_is_not_one(seed, words):
     with pytest.raises(ValueError, match=words):
-        ex.broken_run(seed)
+        ex.mystery_run(seed)

@@ -1,25 +1,25 @@
 """Lesson 01's exercises: diagnose a broken run from its log (diagnosis), and write one optimizer step
 with accumulation and clipping (fix).
 
-- ``CAUSES``: what can have broken a run (the learner picks one); ``broken_run(seed)``: a broken run's
-  artefacts, without its cause; ``check_diagnose_run``: grades a diagnosis function on fresh runs;
+- ``CAUSES``: what can be behind a run (the learner picks one); ``mystery_run(seed)``: a run's log, its
+  arguments and its training step to probe (``accumulation.MysteryRun``), without its cause;
+  ``check_diagnose_run``: grades a diagnosis function on fresh runs;
 - ``check_accumulation_step``: grades ``fn(model, optimizer, micro_batches, max_grad_norm)`` against the
   reference answers (``answers/lesson01.py``) on micro-batches the notebook never shows.
 
-The runs are generated together with their cause (``_broken_run_case``); only the checker reads it.
+The runs are generated together with their cause in ``answers/lesson01.py`` (``mystery_run_case``); only the
+checker reads it, on a stream of runs the public ``mystery_run`` never shows.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import random
-import statistics
 
 import torch
 
 from .. import validate
-from ..accumulation import flat_params
+from ..accumulation import MysteryRun, flat_params
 from ..checks import Case, Diagnosis, Hints, check_diagnosis, run_check
 from ..data import collate_right, make_messages, tokenize_chat
 from ..model import course_seed, load_course_model
@@ -29,88 +29,23 @@ from .answers import lesson01 as answers
 # Exercise 1 (diagnosis): a training log from one of four causes
 # ------------------------------------------------------------------------------------------------
 
-CAUSES = ("missing_division", "clip_far_below_norm", "lr_too_high", "unequal_token_counts")
-LOG_STEPS = 30
+CAUSES = answers.CAUSES  # what can be behind a run that "looks off" (the learner picks one)
 
 
-def _loss_curve(rng: random.Random, n: int) -> list[float]:
-    start, floor, tau = rng.uniform(2.5, 4.0), rng.uniform(0.3, 0.9), rng.uniform(4, 9)
-    return [floor + (start - floor) * math.exp(-t / tau) * (1 + rng.gauss(0, 0.02)) for t in range(n)]
+def mystery_run(seed: int) -> MysteryRun:
+    """A run a colleague sends you because it "looks off", for the diagnosis exercise.
 
-
-def _natural_norms(rng: random.Random, n: int, typical: float) -> list[float]:
-    # the first steps train untrained token rows: large norms that decay, then noise around `typical`
-    return [typical * (1 + 6 * math.exp(-t / 1.5)) * math.exp(rng.gauss(0, 0.2)) for t in range(n)]
-
-
-def broken_run(seed: int) -> dict:
-    """A broken run's artefacts, for the diagnosis exercise; the cause is picked by ``seed``.
-
-    Returns ``{"config": {accum_steps, max_grad_norm, lr}, "log": [{step, loss, grad_norm}, ...],
-    "split_test": {1: norm, K: norm}, "tokens_per_micro_batch": [...]}``: what a trainer logged
-    (``grad_norm`` before clipping), and the threshold-free test of §3 run on the same examples
-    cut into 1 and K micro-batches, with the supervised tokens of each of the K micro-batches.
-    Causes: a missing ``/ K`` with clipping; ``max_grad_norm`` far below the natural norm; a
-    learning rate too high; and lesson 07's look-alike, micro-batches with very unequal token counts.
-    The numbers are generated (a fresh case per seed), shaped like the lesson's measured runs.
+    ``run.log``: the logged ``loss`` and pre-clip ``grad_norm`` per step; ``run.args``: its
+    ``gradient_accumulation_steps``, ``max_grad_norm`` and ``learning_rate``; ``run.grad_norm(k)``: its own
+    training step on step 1's examples cut into ``k`` micro-batches (the split test, on code you cannot
+    read). The checker grades your diagnosis on runs drawn apart from these: read the run, not this function.
     """
-    return _broken_run(validate.seed("seed", seed))
-
-
-def _broken_run(seed: int) -> dict:
-    rng = random.Random(seed)
-    cause = CAUSES[seed % len(CAUSES)]
-    k = rng.choice((4, 8)) if cause == "unequal_token_counts" else rng.choice((2, 4, 8))
-    typical = math.exp(rng.uniform(math.log(0.5), math.log(40)))  # any model: norms vary by orders
-    loss, norms = _loss_curve(rng, LOG_STEPS), _natural_norms(rng, LOG_STEPS, typical)
-    threshold = typical * rng.uniform(1.5, 3.0)  # a sane clip: above the natural norm
-    tokens = [rng.randint(40, 80) for _ in range(k)]
-    ratio = rng.uniform(0.98, 1.02)  # the split changes nothing when the loss is normalised right
-    if cause == "missing_division":
-        norms = [k * g for g in norms]  # .backward() summed K micro-batch means
-        ratio *= k
-    elif cause == "clip_far_below_norm":
-        threshold = typical / rng.uniform(8, 30)
-    elif cause == "lr_too_high":
-        turn = rng.randint(6, 18)  # the loss falls, then the updates overshoot and it climbs for good
-        for t in range(turn, LOG_STEPS):
-            growth = 1.25 ** (t - turn + 1)
-            loss[t] = loss[turn - 1] * (1 + 0.15 * (t - turn + 1)) * growth ** 0.5
-            norms[t] = norms[t] * growth
-    else:  # unequal_token_counts: one micro-batch holds a handful of tokens but gets 1/K of the weight
-        tokens[rng.randrange(k)] = rng.randint(2, 8)
-        ratio = rng.uniform(1.2, 1.7) if rng.random() < 0.5 else rng.uniform(0.6, 0.85)
-    n1 = typical * rng.uniform(0.9, 1.1)
-    return {
-        "config": {"accum_steps": k, "max_grad_norm": round(threshold, 4), "lr": 1e-3},
-        "log": [{"step": t + 1, "loss": round(loss[t], 4), "grad_norm": round(norms[t], 4)}
-                for t in range(LOG_STEPS)],
-        "split_test": {1: round(n1, 4), k: round(n1 * ratio, 4)},
-        "tokens_per_micro_batch": tokens,
-    }
-
-
-def _truth(artefact: dict, cause: str) -> Diagnosis:
-    """The evidence each cause leaves, read from the artefact itself."""
-    k = artefact["config"]["accum_steps"]
-    if cause == "missing_division":
-        return Diagnosis(cause, artefact["split_test"][k] / artefact["split_test"][1])  # ≈ K
-    if cause == "clip_far_below_norm":
-        norms = [r["grad_norm"] for r in artefact["log"]]
-        return Diagnosis(cause, statistics.median(norms) / artefact["config"]["max_grad_norm"])
-    if cause == "lr_too_high":
-        return Diagnosis(cause, min(artefact["log"], key=lambda r: r["loss"])["step"])
-    tokens = artefact["tokens_per_micro_batch"]
-    return Diagnosis(cause, tokens.index(min(tokens)))
-
-
-def _broken_run_case(seed: int) -> tuple[dict, Diagnosis]:
-    """``(artefact, true Diagnosis)`` for ``seed`` — what ``check_diagnose_run`` grades against."""
-    artefact = _broken_run(seed)
-    return artefact, _truth(artefact, CAUSES[seed % len(CAUSES)])
+    return answers.mystery_run_case(validate.seed("seed", seed), graded=False)[0]
 
 
 def _evidence_ok(got, truth: Diagnosis) -> bool:
+    if truth.evidence is None:  # a healthy run: nothing to point at
+        return got is None
     if isinstance(truth.evidence, float):  # a measured ratio: any fair reading within 5 % passes
         ok = isinstance(got, (int, float)) and not isinstance(got, bool) and math.isfinite(got)
         return ok and abs(got - truth.evidence) <= 0.05 * truth.evidence
@@ -124,11 +59,15 @@ _DIAGNOSIS_MISCONCEPTIONS = {
     ("missing_division", "clip_far_below_norm"):
         "the clip fires on every step, but the split test shows the same norm for 1 and K micro-batches: "
         "the scaling is right, the threshold is simply far below the natural norm",
-    ("missing_division", "unequal_token_counts"):
-        "the K-split norm differs from the K = 1 norm, but not by a factor K: a mean of micro-batch means "
-        "weights a micro-batch with few tokens up (lesson 07), the / K is there",
-    ("unequal_token_counts", "missing_division"):
-        "the split test's ratio is K itself, not an uneven weighting: the / K is missing",
+    ("healthy", "missing_division"):
+        "nothing clips and the loss falls, yet the split test grows K×: the / K is missing, and a threshold "
+        "high above the norm hides it from the log",
+    ("missing_division", "healthy"):
+        "the split test gives the same norm for 1 and K micro-batches (a few % apart: a mean of means): the "
+        "scaling is right",
+    ("clip_far_below_norm", "healthy"):
+        "a few early steps over the threshold are the untrained rows learning; is the MEDIAN grad_norm above "
+        "max_grad_norm?",
     ("clip_far_below_norm", "lr_too_high"):
         "the clip fires more once the run diverges, but the loss climbing after it had fallen is the "
         "learning rate's signature",
@@ -138,31 +77,30 @@ _DIAGNOSIS_MISCONCEPTIONS = {
 
 
 def check_diagnose_run(fn, seeds=None):
-    """Checker: ``fn(artefact) -> Diagnosis(cause, evidence)`` names what broke fresh runs.
+    """Checker: ``fn(run) -> Diagnosis(cause, evidence)`` names what is behind fresh runs.
 
-    Evidence per cause: ``missing_division`` the split test's norm ratio (≈ K);
+    Evidence per cause: ``missing_division`` the split test's norm ratio at the run's K (≈ K);
     ``clip_far_below_norm`` the median logged norm over ``max_grad_norm``; ``lr_too_high`` the step
-    with the lowest loss (where the run turned); ``unequal_token_counts`` the index of the
-    micro-batch with the fewest supervised tokens. Cases are generated from seeds the notebook
-    never shows (two per cause); ``seeds`` replaces them.
+    with the lowest loss (where the run turned); ``healthy`` ``None``. Cases are drawn from a stream
+    the notebook never shows (three per cause, healthy controls and look-alikes included); ``seeds``
+    replaces them.
     """
     validate.function("fn", fn)  # not an answer yet: a value the checker cannot call
     if seeds is None:
-        base = 1000 + 8 * course_seed()
-        seeds = range(base, base + 2 * len(CAUSES))
+        base = 1000 + 12 * course_seed()
+        seeds = range(base, base + 3 * len(CAUSES))
     else:
         seeds = validate.seeds("seeds", seeds)
     hints = Hints(
-        question="Which number in the artefact does not depend on any threshold, and what value would it "
-                 "take if the / K were missing?",
-        pointer="§3's split test: the same examples in 1 and K micro-batches. Then read the loss column "
-                "(does it turn upward?), the clip threshold against the median norm, and the token counts.",
-        answer="r = split_test[K] / split_test[1]: r ≈ K → missing_division (evidence r); r far from 1 → "
-               "unequal_token_counts (evidence: index of the smallest token count); loss rising after its "
-               "minimum → lr_too_high (evidence: step of the lowest loss); else the median grad_norm is "
-               "many times max_grad_norm → clip_far_below_norm (evidence: that ratio).")
-    return check_diagnosis("diagnose_run", fn, _broken_run_case, seeds=seeds, evidence_ok=_evidence_ok,
-                           misconceptions=_DIAGNOSIS_MISCONCEPTIONS, hint=hints)
+        question="Which number does not depend on any threshold, and what value would it take if the / K "
+                 "were missing? Which two causes make the clip fire on every step?",
+        pointer="§3's split test: run.grad_norm(1) against run.grad_norm(K). Then read the loss column (does "
+                "it turn upward?) and the median grad_norm against max_grad_norm.",
+        answer="r = run.grad_norm(K) / run.grad_norm(1): r ≈ K → missing_division (evidence r); loss rising "
+               "after its minimum → lr_too_high (evidence: step of the lowest loss); median grad_norm above "
+               "max_grad_norm → clip_far_below_norm (evidence: that ratio); else healthy (None).")
+    return check_diagnosis("diagnose_run", fn, answers.mystery_run_case, seeds=seeds,
+                           evidence_ok=_evidence_ok, misconceptions=_DIAGNOSIS_MISCONCEPTIONS, hint=hints)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -170,7 +108,7 @@ def check_diagnose_run(fn, seeds=None):
 # ------------------------------------------------------------------------------------------------
 
 _STEP_DATA: dict = {}
-_SGD_LR = 0.05  # plain SGD: every scaling mistake shows in the parameters (AdamW would hide some)
+_SGD_LR = 0.05  # SGD: every scaling mistake shows in the parameters (AdamW would hide some)
 
 
 def _step_setup():
@@ -191,7 +129,9 @@ def _observe_steps(fn, model, groups, max_grad_norm) -> dict:
     """Run ``fn`` once per group on a fresh copy with a fresh SGD; return norms and final weights."""
     work = copy.deepcopy(model)
     work.train()
-    opt = torch.optim.SGD([p for p in work.parameters() if p.requires_grad], lr=_SGD_LR)
+    # momentum: the optimizer carries state from step to step, so a step made with a fresh optimizer (the
+    # lesson's own train(), a shortcut) differs from one made with the optimizer the checker hands in
+    opt = torch.optim.SGD([p for p in work.parameters() if p.requires_grad], lr=_SGD_LR, momentum=0.9)
     norms = []
     for group in groups:
         got = fn(work, opt, group, max_grad_norm)
