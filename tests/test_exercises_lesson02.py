@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import Row, graded, graded_on_tokenizer, stub, tried_twice
+from conftest import Row, graded, graded_on_tokenizer, tried_twice
 
 from course_utils.checks import Diagnosis
 from course_utils.data import IGNORE_INDEX
