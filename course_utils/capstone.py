@@ -22,7 +22,8 @@ import trl  # its package is lazy (0.1 s): the trainer stack loads only when a t
 @dataclass
 class Setup:
     """A set-up on disk: ``model_dir``, ``data_path`` (JSONL), ``config_path`` (JSON); the ``config``
-    and ``rows`` they hold, in memory; and the ``seed`` it was drawn with."""
+    and ``rows`` they hold, in memory; the ``seed`` it was drawn with; and ``trainer``, the colleague's own
+    trainer class when they train with one."""
 
     seed: int
     model_dir: Path
@@ -30,11 +31,14 @@ class Setup:
     config_path: Path
     config: dict = field(repr=False)
     rows: list[dict] = field(repr=False)
+    trainer: str | None = None  # the colleague's own SFTTrainer subclass, as the doctor's "module:Class"
 
     def cli(self) -> str:
-        """The doctor's command line for this set-up (``python -m course_utils.doctor ...``)."""
+        """The doctor's command line for this set-up (``python -m course_utils.doctor ...``; with a trainer
+        class, run it from the set-up's folder, where its module imports)."""
+        trainer = f" --trainer {self.trainer}" if self.trainer else ""
         return (f"python -m course_utils.doctor --model {self.model_dir} --data {self.data_path} "
-                f"--config {self.config_path}")
+                f"--config {self.config_path}{trainer}")
 
 
 def trl_training_template_path() -> str:

@@ -3,6 +3,7 @@ oracle is the doctor (the reference answer in answers/lesson08.py, a second corr
 wrong answer with its misconception: tests/test_checkers.py runs them); the reference is the solution
 notebook's; and the checker's own bad input."""
 
+import functools
 import inspect
 import json
 from pathlib import Path
@@ -18,15 +19,23 @@ WHAT_WHY_FIX = r".+ — .+ — .+"
 SOLUTION = Path(__file__).resolve().parents[1] / "solutions" / "08_capstone.ipynb"
 
 
-def fix_setup_bfd_whole_conversation(config, rows, tokenizer):
-    """A second correct answer: keeps packing on with bfd (boundaries kept), drops the fp16 key, sets the
-    base rate, and keeps a row only when its whole conversation fits max_length."""
-    config = dict(config, chat_template_path=trl_training_template_path(), eos_token="<|im_end|>",
-                  learning_rate=3e-3)
-    config.pop("fp16", None)
-    if config.get("packing"):
-        config["packing_strategy"] = "bfd"
-    template = Path(config["chat_template_path"]).read_text(encoding="utf-8")
+def fix_setup_bfd_whole_conversation(config, rows, tokenizer, report):
+    """A second correct answer: reads the findings' fix column as a person would — turns packing off only when
+    the packing is the finding, drops the fp16 key, sets the base rate — and keeps a row only when its whole
+    conversation fits max_length."""
+    found = {f.check for f in report if f.severity in ("error", "warning")}
+    config = dict(config)
+    if "template-unpatchable" in found:
+        config["chat_template_path"] = trl_training_template_path()
+    if "eos-mismatch" in found:
+        config["eos_token"] = "<|im_end|>"
+    if "fp16-overflow-risk" in found:
+        config.pop("fp16", None)
+        config["learning_rate"] = 3e-3
+    if found & {"packing-no-boundaries", "answers-packed-apart"}:
+        config["packing"] = False
+    path = config.get("chat_template_path")
+    template = Path(path).read_text(encoding="utf-8") if path else tokenizer.chat_template
     fixed = []
     for row in rows:
         messages = [dict(m, role="assistant" if m["role"] == "gpt" else m["role"]) for m in row["messages"]]
@@ -36,45 +45,152 @@ def fix_setup_bfd_whole_conversation(config, rows, tokenizer):
     return config, fixed
 
 
-def changes_nothing(config, rows, tokenizer):
+def changes_nothing(config, rows, tokenizer, report):
     """Hands the set-up back unchanged: the doctor's first finding is the rows that say 'gpt'."""
     return config, rows
 
 
-def assistant_only_loss_off(config, rows, tokenizer):
+def assistant_only_loss_off(config, rows, tokenizer, report):
     """Turns assistant_only_loss off to silence the template error (then trains on the prompts)."""
-    return lesson08.fix_setup(dict(config, assistant_only_loss=False), rows, tokenizer)[:1] + \
-        (lesson08.fix_setup(config, rows, tokenizer)[1],)
+    return lesson08.fix_setup(dict(config, assistant_only_loss=False), rows, tokenizer, report)[:1] + \
+        (lesson08.fix_setup(config, rows, tokenizer, report)[1],)
 
 
-def raises_max_length(config, rows, tokenizer):
+def raises_max_length(config, rows, tokenizer, report):
     """Raises max_length so long prompts fit: breaks the set-up's memory budget."""
-    fixed_config, fixed_rows = lesson08.fix_setup(config, rows, tokenizer)
+    fixed_config, fixed_rows = lesson08.fix_setup(config, rows, tokenizer, report)
     return dict(fixed_config, max_length=512), fixed_rows
 
 
-def keeps_only_100_good_rows(config, rows, tokenizer):
+def keeps_only_100_good_rows(config, rows, tokenizer, report):
     """Drops the renamed rows and all but 100 of the rest: throws good data away with the broken rows."""
-    return lesson08.fix_setup(config, rows, tokenizer)[0], \
+    return lesson08.fix_setup(config, rows, tokenizer, report)[0], \
         [x for x in rows if x["messages"][1]["role"] == "assistant"][:100]
 
 
-def keeps_wrapped_packing(config, rows, tokenizer):
+# ---- shortcuts a learner has at each exercise: each fails its checker (issue 33) ------------------------
+
+def fix_everything_blindly(config, rows, tokenizer, report):
+    """Exercise 2: every fix of the walk-through, whatever the findings (the reference of before issue 33)."""
+    config = dict(config, chat_template_path=trl_training_template_path(), eos_token="<|im_end|>",
+                  fp16=False, learning_rate=min(config["learning_rate"], 3e-3), packing=False)
+    template = Path(config["chat_template_path"]).read_text(encoding="utf-8")
+    fixed = []
+    for row in rows:
+        messages = [dict(m, role="assistant" if m["role"] == "gpt" else m["role"]) for m in row["messages"]]
+        tokens = tokenizer.apply_chat_template(messages, chat_template=template,
+                                               return_dict=True)["input_ids"]
+        if len(tokens) <= config["max_length"]:
+            fixed.append({"messages": messages})
+    return config, fixed
+
+
+def drop_rows_by_first_word(config, rows, tokenizer, report):
+    """Exercise 2: the config fixes, then drops every row whose prompt opens with "Context:", unmeasured."""
+    fixed_config, _ = lesson08.fix_setup(config, rows, tokenizer, report)
+    kept = [{"messages": [dict(m, role="assistant" if m["role"] == "gpt" else m["role"])
+                          for m in r["messages"]]}
+            for r in rows if not r["messages"][0]["content"].startswith("Context:")]
+    return fixed_config, kept
+
+
+def apply_fixes_of_the_walk_through(config, rows, tokenizer, report):
+    """Exercise 2: the notebook's own apply_fixes (section 5) — raises max_length where the doctor says so."""
+    import copy
+
+    config, rows, found = copy.deepcopy(config), copy.deepcopy(rows), report.checks()
+    if "template-unpatchable" in found:
+        config["chat_template_path"] = trl_training_template_path()
+    for row in rows:
+        for message in row["messages"]:
+            message["role"] = "assistant" if message["role"] == "gpt" else message["role"]
+    if "fully-truncated" in found:
+        finding = next(f for f in report if f.check == "fully-truncated")
+        config["max_length"] = int(finding.fix.split("max_length >= ")[1].split()[0])
+    if "fp16-overflow-risk" in found:
+        config.update(fp16=False, learning_rate=3e-3)
+    if "packing-no-boundaries" in found:
+        config["packing"] = False
+    if "eos-mismatch" in found:
+        config["eos_token"] = "<|im_end|>"
+    return config, rows
+
+
+def findings_without_the_trainer(setup):
+    """Exercise 1: the doctor on the files alone, without the colleague's trainer class."""
+    from course_utils.doctor import diagnose
+
+    report = diagnose(str(setup.model_dir), setup.data_path, setup.config_path)
+    stated = {f.check: None for f in report if f.severity in ("error", "warning")}
+    stated["no-assistant-turns"] = lesson08.findings(setup).get("no-assistant-turns")
+    return stated
+
+
+def findings_with_the_quoted_row_ids(setup):
+    """Exercise 1: the row ids the doctor's evidence quotes (the first few), not all of them."""
+    stated = lesson08.findings(setup)
+    stated["no-assistant-turns"] = stated["no-assistant-turns"][:5]
+    return stated
+
+
+def every_check_i_know(setup):
+    """Exercise 1: a blanket statement — every check a planted failure can fire, and the trainer's."""
+    stated = lesson08.findings(setup)
+    return {**{check: None for _, check in ex.FAILURES.values()}, **stated}
+
+
+SHORTCUTS = [
+    ("fix_setup", "every fix, whatever the findings", fix_everything_blindly),
+    ("fix_setup", "drop rows by their first word", drop_rows_by_first_word),
+    ("fix_setup", "the walk-through's apply_fixes", apply_fixes_of_the_walk_through),
+    ("findings", "the doctor without the trainer class", findings_without_the_trainer),
+    ("findings", "the row ids the evidence quotes", findings_with_the_quoted_row_ids),
+    ("findings", "every check I know", every_check_i_know),
+]
+
+
+@pytest.fixture(scope="module")
+def another():
+    return _another_setup()
+
+
+@pytest.mark.parametrize("exercise, description, function", SHORTCUTS, ids=[s[1] for s in SHORTCUTS])
+def test_each_shortcut_fails_the_checker(exercise, description, function, another, capsys):
+    if exercise == "fix_setup":
+        result = ex.check_fix_setup(function)
+    else:
+        result = ex.check_findings(function, another)
+    assert not result, f"{description} passes exercise {exercise}"
+
+
+def test_the_reference_findings_pass_and_name_the_trainer(another, capsys):
+    stated = lesson08.findings(another)
+    assert "trainer-accumulation" in stated and ex.check_findings(lesson08.findings, another)
+    assert another.cli().endswith(f"--trainer {another.trainer}")
+
+
+def test_the_control_setup_is_healthy_for_the_doctor():
+    setup, report = ex._hidden_setup(ex.CONTROL_SEED, (), True)
+    assert not report.errors and report.checks("warning") <= ex.ALLOWED_WARNINGS
+    assert setup.config["packing_strategy"] == "bfd" and "chat_template_path" in setup.config
+
+
+def keeps_wrapped_packing(config, rows, tokenizer, report):
     """Keeps wrapped packing: examples in a packed row attend to each other."""
-    fixed_config, fixed_rows = lesson08.fix_setup(config, rows, tokenizer)
+    fixed_config, fixed_rows = lesson08.fix_setup(config, rows, tokenizer, report)
     return dict(fixed_config, packing=True, packing_strategy="wrapped"), fixed_rows
 
 
-def misspelt_eos_key(config, rows, tokenizer):
+def misspelt_eos_key(config, rows, tokenizer, report):
     """Writes 'eos_tokn': SFTConfig would refuse the key, and the eos stays unset (the doctor refuses it)."""
-    fixed_config, fixed_rows = lesson08.fix_setup(config, rows, tokenizer)
+    fixed_config, fixed_rows = lesson08.fix_setup(config, rows, tokenizer, report)
     fixed_config["eos_tokn"] = fixed_config.pop("eos_token")
     return fixed_config, fixed_rows
 
 
-def learning_rate_as_text(config, rows, tokenizer):
+def learning_rate_as_text(config, rows, tokenizer, report):
     """Writes the rate as text, '3e-3': SFTConfig stores it, training cannot use it (graded, not a crash)."""
-    fixed_config, fixed_rows = lesson08.fix_setup(config, rows, tokenizer)
+    fixed_config, fixed_rows = lesson08.fix_setup(config, rows, tokenizer, report)
     return dict(fixed_config, learning_rate="3e-3"), fixed_rows
 
 
@@ -82,16 +198,35 @@ def learning_rate_as_text(config, rows, tokenizer):
 # The tables (tests/test_checkers.py runs them)
 # =================================================================================================
 
-CHECKERS = [Row("fix_setup", graded(ex.check_fix_setup), lesson08.fix_setup)]
-ALSO_CORRECT = [("fix_setup", fix_setup_bfd_whole_conversation)]
+@functools.lru_cache(maxsize=1)
+def _another_setup():
+    return ex.another_setup(0)
+
+
+def findings_rows_first(setup):
+    """A second correct answer for the findings: the rows' roles first, then the doctor with the trainer."""
+    from course_utils.doctor import diagnose
+
+    renamed = [i for i, row in enumerate(setup.rows) if any(m["role"] == "gpt" for m in row["messages"])]
+    report = diagnose(str(setup.model_dir), setup.rows, setup.config, trainer=setup.trainer)
+    warnings = {f.check: None for f in report if f.severity == "warning" and f.check != "learning-rate"}
+    return {**{f.check: None for f in report.errors}, **warnings, "no-assistant-turns": renamed}
+
+
+CHECKERS = [Row("fix_setup", graded(ex.check_fix_setup), lesson08.fix_setup),
+            Row("findings", lambda fn, fixture: ex.check_findings(fn, _another_setup()), lesson08.findings)]
+ALSO_CORRECT = [("fix_setup", fix_setup_bfd_whole_conversation), ("findings", findings_rows_first)]
 WRONG = [
     ("fix_setup", changes_nothing, "'gpt' is not 'assistant'"),
     ("fix_setup", assistant_only_loss_off, "hides the template error"),
     ("fix_setup", raises_max_length, "memory budget"),
-    ("fix_setup", keeps_only_100_good_rows, "only the broken rows"),
+    ("fix_setup", keeps_only_100_good_rows, "only the rows that do not fit may go"),
     ("fix_setup", keeps_wrapped_packing, "attend to each other"),
     ("fix_setup", misspelt_eos_key, "(did you mean 'eos_token'?)"),
     ("fix_setup", learning_rate_as_text, "learning_rate='3e-3' has type str"),
+    ("findings", findings_without_the_trainer, "trainer=setup.trainer"),
+    ("findings", findings_with_the_quoted_row_ids, "the first few ids"),
+    ("findings", every_check_i_know, "not fire on this set-up"),
 ]
 
 

@@ -36,6 +36,7 @@ import copy
 import functools
 import json
 import random
+import sys
 import tempfile
 from pathlib import Path
 
@@ -43,7 +44,7 @@ from transformers import AutoTokenizer
 
 from .. import validate
 from ..capstone import Setup, trl_training_template_path
-from ..checks import Case, run_check
+from ..checks import Case, Hints, run_check
 from ..data import filler_text, make_messages
 from ..doctor import DoctorInputError, Report, diagnose
 from ..model import load_course_model
@@ -61,10 +62,12 @@ DATA_FAILURES = ("long_prompts", "renamed_roles")  # the failures that live in t
 N_PLANTED = 3
 N_ROWS = 240
 BROKEN_SHARE = 0.15  # of the rows, for the data failures
+SHORT_CONTEXT_SHARE = 0.1  # of the rows: a one-word context line that fits (look-alikes of the long prompts)
 BASE_CONFIG = {"assistant_only_loss": True, "max_length": 64, "per_device_train_batch_size": 8,
                "learning_rate": 3e-3, "max_steps": 60, "lr_scheduler_type": "constant"}
 INSTRUCT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 BASE_SYSTEM = "You are a helpful assistant."
+CONTROL_SYSTEM = "You are a concise assistant."  # the control set-up's own (healthy) training template
 ALLOWED_WARNINGS = {"learning-rate"}  # a 0.6 M-parameter model wants a rate a real one would not take
 _TRL_REFUSES = {"base_template": ValueError, "renamed_roles": RuntimeError}  # TRL checks these two itself
 
@@ -93,19 +96,28 @@ def _broken_rows(seed: int, planted) -> list[dict]:
         for i in rng.sample(range(N_ROWS), n_broken):
             user = rows[i]["messages"][0]
             user["content"] = f"Context: {filler_text(rng, rng.randint(40, 80))}.\n{user['content']}"
+    long_ids = set()
+    if "long_prompts" in planted:
+        long_ids = {i for i, r in enumerate(rows) if r["messages"][0]["content"].startswith("Context:")}
     if "renamed_roles" in planted:
         for i in rng.sample(range(N_ROWS), n_broken):
             for message in rows[i]["messages"]:
                 if message["role"] == "assistant":
                     message["role"] = "gpt"  # ShareGPT's name for the assistant
+    # Look-alikes of the long prompts that fit: a one-word context line. A row is dropped for its length,
+    # measured, never for how it starts (their own random stream: the planted rows stay where they were).
+    look = random.Random(f"short-context-{seed}")
+    for i in look.sample(range(N_ROWS), int(SHORT_CONTEXT_SHARE * N_ROWS)):
+        if i not in long_ids:
+            user = rows[i]["messages"][0]
+            user["content"] = f"Context: {filler_text(look, 1)}.\n{user['content']}"
     return rows
 
 
 def _max_length(tokenizer, seed: int) -> int:
-    """The set-up's ``max_length``: 64 on the shipped models, where every ordinary row fits whole (at
-    most 46 tokens with TRL's training template) and every long prompt does not (81 and more); on a
-    tokenizer that spends more tokens per word, as many more as its ordinary rows need — a budget from the
-    model's own token counts, so the ordinary rows always fit and the long ones never do."""
+    """The set-up's ``max_length``: 18 tokens more than the longest ordinary row with TRL's training template
+    (66 on tiny-qwen; at least 64), so every ordinary row fits whole — the short-context look-alikes too —
+    and every long prompt does not (81 tokens and more) — a budget from the model's own token counts."""
     template = Path(trl_training_template_path()).read_text(encoding="utf-8")
     longest = max(len(tokenizer.apply_chat_template(r["messages"], chat_template=template,
                                                     return_dict=True)["input_ids"])
@@ -139,8 +151,42 @@ def broken_setup(seed: int = 0, directory=None, planted=None) -> Setup:
     return _broken_setup(seed, directory, planted)[0]
 
 
-def _broken_setup(seed: int, directory=None, planted=None) -> tuple[Setup, tuple[str, ...]]:
-    """``(setup, planted)``: ``broken_setup`` and the names of the failures planted in it."""
+# A colleague's own trainer class (exercise 1's set-up): its compute_loss takes each micro-batch's mean and
+# ignores num_items_in_batch — lesson 01's and 07's failure, which only the doctor's split test can see.
+TRAINER_MODULE, TRAINER_CLASS = "colleague_trainer", "ColleagueTrainer"
+TRAINER_SOURCE = '''"""Our trainer: SFTTrainer with a loss we can read."""
+
+import torch
+from trl import SFTTrainer
+
+
+class ColleagueTrainer(SFTTrainer):
+    """The mean cross-entropy over the answer tokens of the batch."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        labels = inputs["labels"][:, 1:]
+        outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"))
+        logits = outputs.logits[:, :-1].float()
+        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100)
+        return (loss, outputs) if return_outputs else loss
+'''
+
+
+def _write_trainer(root: Path) -> str:
+    """Write the colleague's trainer module into the set-up's folder and make it importable, as it is from
+    their repository; returns the doctor's ``module:Class`` spec."""
+    (root / f"{TRAINER_MODULE}.py").write_text(TRAINER_SOURCE, encoding="utf-8")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return f"{TRAINER_MODULE}:{TRAINER_CLASS}"
+
+
+def _broken_setup(seed: int, directory=None, planted=None, trainer: bool = False,
+                  control: bool = False) -> tuple[Setup, tuple[str, ...]]:
+    """``(setup, planted)``: ``broken_setup`` and the names of the failures planted in it. ``trainer``: the
+    colleague trains with their own trainer class (``setup.trainer``), under gradient accumulation;
+    ``control``: a healthy set-up with settings a blanket fix would break (bfd packing, its own training
+    template, the eos fix already made)."""
     if planted is None:
         planted = random.Random(seed).sample(sorted(FAILURES), N_PLANTED)
     planted = tuple(sorted(set(planted)))
@@ -151,9 +197,19 @@ def _broken_setup(seed: int, directory=None, planted=None) -> tuple[Setup, tuple
     model.save_pretrained(root / "model")
     tokenizer.save_pretrained(root / "model")
     rows, config = _broken_rows(seed, planted), _broken_config(planted, _max_length(tokenizer, seed))
+    spec = None
+    if trainer:
+        spec = _write_trainer(root)
+        config.update(per_device_train_batch_size=4, gradient_accumulation_steps=2)  # the same 8 rows a step
+    if control:
+        template = Path(trl_training_template_path()).read_text(encoding="utf-8")
+        (root / "training_template.jinja").write_text(template.replace(INSTRUCT_SYSTEM, CONTROL_SYSTEM),
+                                                       encoding="utf-8")
+        config.update(packing=True, packing_strategy="bfd", eos_token="<|im_end|>",
+                      chat_template_path=str(root / "training_template.jinja"))
     (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     (root / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
-    setup = Setup(seed, root / "model", root / "data.jsonl", root / "config.json", config, rows)
+    setup = Setup(seed, root / "model", root / "data.jsonl", root / "config.json", config, rows, spec)
     _PLANTED[str(setup.config_path)] = planted
     return setup, planted
 
@@ -200,6 +256,83 @@ def all_planted_found(setup: Setup, report: Report) -> bool:
     """Whether the doctor's ``report`` on ``setup`` names every failure planted in it, each by its own
     check (and the eos mismatch every base config has). For the lesson's claim, no more."""
     return _expected_checks(_planted(setup)) <= _check_report(report).checks()
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 1: findings first — another colleague's set-up, with their own trainer class
+# ---------------------------------------------------------------------------------------------
+
+ROW_CHECKS = ("no-assistant-turns",)  # the findings whose rows the learner names (all of them)
+OPTIONAL_FINDINGS = {"learning-rate"}  # a toy model's rate: stating it or not is both fine
+
+
+def another_setup(seed: int = 0, directory=None) -> Setup:
+    """Exercise 1's set-up: rows with renamed roles, one of the config failures drawn by ``seed``, and the
+    colleague's own trainer class (``setup.trainer``, a ``"module:Class"`` the doctor can import). Returns the
+    set-up only: its findings are yours to state."""
+    validate.seed("seed", seed)
+    config_failures = ("base_template", "fp16_hot_lr", "wrapped_packing")
+    config_failure = random.Random(f"another-{seed}").choice(config_failures)
+    return _broken_setup(seed + 500, directory, ["renamed_roles", config_failure], trainer=True)[0]
+
+
+def _true_findings(setup: Setup) -> tuple[set[str], dict[str, list[int]]]:
+    """The checks that fire on ``setup`` (from what was planted, not from the doctor) and, for ``ROW_CHECKS``,
+    every row they concern."""
+    checks = _expected_checks(_planted(setup)) | ({"trainer-accumulation"} if setup.trainer else set())
+    renamed = [i for i, r in enumerate(setup.rows) if any(m["role"] == "gpt" for m in r["messages"])]
+    return checks, {"no-assistant-turns": renamed}
+
+
+def _compare_findings(got, setup: Setup) -> str | None:
+    if not isinstance(got, dict) or not all(isinstance(k, str) for k in got):
+        return (f"expected a dict {{check name: row ids or None}}, got {type(got).__name__} — e.g. "
+                "{'eos-mismatch': None, 'no-assistant-turns': [3, 7, ...]}")
+    checks, rows = _true_findings(setup)
+    stated = set(got) - OPTIONAL_FINDINGS
+    missing, extra = sorted(checks - stated), sorted(stated - checks)
+    if "trainer-accumulation" in missing:
+        return ("the colleague trains with their own class (setup.trainer): the doctor runs lesson 01's "
+                "split test on it only when you pass trainer=setup.trainer (--trainer on the command line)")
+    if missing:
+        return f"the doctor reports {missing} on this set-up: run it on the set-up's files and read every row"
+    if extra:
+        return (f"{extra} do(es) not fire on this set-up: state what the doctor measured here, not every "
+                "check you know")
+    for check in ROW_CHECKS:
+        if check not in checks:
+            continue
+        ids = got[check]
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple, set)) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            return f"{check}: expected the list of row ids it concerns, got {ids!r:.80}"
+        if set(ids) != set(rows[check]):
+            if set(ids) < set(rows[check]):
+                return (f"{check}: {len(ids)} of its {len(rows[check])} rows — the doctor's evidence quotes "
+                        "the first few ids; find them all in the rows (what do their messages share?)")
+            wrong = len(set(ids) - set(rows[check]))
+            return f"{check}: {wrong} of your row ids are not among the rows it concerns"
+    return None
+
+
+FINDINGS_HINTS = Hints(
+    question="Did the doctor see everything the colleague runs — their data, their config, and their trainer "
+             "class?",
+    pointer="diagnose(model_dir, data_path, config_path, trainer=...) — section 3, and the set-up's trainer "
+            "attribute; the row ids: the doctor quotes a few, the rows hold them all.",
+    answer="report = diagnose(str(s.model_dir), s.data_path, s.config_path, trainer=s.trainer); findings = "
+           "{f.check: None for f in report if f.severity in ('error', 'warning')}; findings['no-assistant-"
+           "turns'] = [i for i, r in enumerate(s.rows) if any(m['role'] == 'gpt' for m in r['messages'])].")
+
+
+def check_findings(fn, setup: Setup):
+    """Checker for exercise 1: ``fn(setup) -> {check name: row ids or None}`` must name every error and
+    warning the doctor reports on ``setup`` (``another_setup``'s), its trainer class included, and, for the
+    checks about rows, all the rows they concern. Graded against what was planted, not against the doctor."""
+    validate.function("fn", fn)
+    _planted(setup)
+    return run_check("findings", fn, [Case((setup,), setup, label="the set-up in front of you")],
+                     compare=_compare_findings, hint=FINDINGS_HINTS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,18 +464,25 @@ def _check_cases(cases) -> list[tuple[int, tuple[str, ...]]]:
     return checked
 
 
+CONTROL_SEED = 1003  # the control set-up: healthy, with settings a blanket "fix everything" breaks
+
+
 @functools.lru_cache(maxsize=4)
-def _hidden_setup(seed: int, planted: tuple) -> Setup:
-    """The checker's set-ups, written once per process (the checker deep-copies what it hands out)."""
-    return _broken_setup(seed, planted=list(planted))[0]
+def _hidden_setup(seed: int, planted: tuple, control: bool = False) -> tuple[Setup, Report]:
+    """The checker's set-ups and the doctor's report on each, written and measured once per process (the
+    checker deep-copies what it hands out)."""
+    setup = _broken_setup(seed, planted=list(planted), control=control)[0]
+    return setup, diagnose(str(setup.model_dir), setup.rows, setup.config)
 
 
-def _fix_cases(cases) -> list[Case]:
-    out = []
-    for seed, planted in cases:
-        setup = _hidden_setup(seed, tuple(planted))
-        label = f"seed {seed}: {', '.join(_planted(setup))}"
-        out.append(Case((setup.config, setup.rows), setup, label=label))
+def _fix_cases(cases, control: bool) -> list[Case]:
+    """One case per set-up, named by ``(seed, planted, control)``: the set-up is written and measured when the
+    checker reaches it (an unfinished answer stops at the first, and costs one doctor run, not three)."""
+    out = [Case((seed, tuple(planted), False), None, label=f"seed {seed}: {', '.join(sorted(set(planted)))}")
+           for seed, planted in cases]
+    if control:
+        out.append(Case((CONTROL_SEED, (), True), None, tag="control",
+                        label="a healthy set-up (bfd packing, its own training template)"))
     return out
 
 
@@ -363,9 +503,18 @@ def _evaluate(got, setup: Setup) -> tuple[str | None, str | None]:
     if isinstance(learning_rate, (int, float)) and learning_rate > 1e-2:
         return (f"learning_rate={config['learning_rate']}", "0.05 is the hot rate of lesson 06: fp32 only "
                 "postpones the divergence. Use the base config's 3e-3.")
-    if len(rows) < 0.8 * N_ROWS:
-        return (f"only {len(rows)} of {N_ROWS} rows left", "only the broken rows may go (or be repaired): "
-                "renaming roles keeps rows, and a larger max_length keeps long prompts.")
+    must_keep = N_ROWS - (int(BROKEN_SHARE * N_ROWS) if "long_prompts" in _planted(setup) else 0)
+    if len(rows) < must_keep:
+        return (f"{len(rows)} of {N_ROWS} rows left; {must_keep} fit max_length", "only the rows that do not "
+                "fit may go: measure each row's length with the template TRL trains with — a row's first "
+                "word says nothing about its length — and rename the 'gpt' roles, do not drop those rows.")
+    if not _planted(setup):  # the control: its healthy settings must survive the fix
+        for key in ("packing", "packing_strategy", "chat_template_path", "eos_token"):
+            if config.get(key) != setup.config[key]:
+                return (f"{key}={config.get(key)!r} (the set-up had {setup.config[key]!r})",
+                        f"the doctor found nothing wrong with this set-up's {key}: a blanket fix throws a "
+                        "healthy setting away (bfd packing keeps the boundaries; its training template is "
+                        "its own). Fix only what the findings name.")
     try:
         report = diagnose(str(setup.model_dir), rows, config)
     except DoctorInputError as exc:
@@ -381,30 +530,35 @@ def _evaluate(got, setup: Setup) -> tuple[str | None, str | None]:
     return None, None
 
 
-def check_fix_setup(fn, cases=CHECK_CASES):
-    """Checker: ``fn(config, rows, tokenizer) -> (config, rows)`` must leave the doctor with no error and
-    no warning beyond the learning rate, on set-ups the notebook has not shown. ``cases``: the
+def check_fix_setup(fn, cases=CHECK_CASES, control: bool = True):
+    """Checker: ``fn(config, rows, tokenizer, report) -> (config, rows)`` — ``report`` is the doctor's on that
+    set-up — must leave the doctor with no error and no warning beyond the learning rate, on set-ups the
+    notebook has not shown, and must keep every healthy setting and every row that fits. ``cases``: the
     ``(seed, planted failures)`` of the set-ups to grade on (default: two hidden ones that, together,
-    plant every failure)."""
+    plant every failure); ``control``: also grade a healthy set-up a blanket fix would break."""
     validate.function("fn", fn)  # not an answer yet (e.g. fix_setup(...) called): say so, do not grade it
-    cases = _fix_cases(_check_cases(cases))
-    for case in cases:  # the learner's function also gets the set-up's own tokenizer
-        case.args = (copy.deepcopy(case.args[0]), copy.deepcopy(case.args[1]),
-                     AutoTokenizer.from_pretrained(case.expected.model_dir))
+    cases = _fix_cases(_check_cases(cases), control)
+
+    def run_one(seed, planted, is_control):
+        """The learner's answer on one set-up, with the set-up itself for the comparison."""
+        setup, report = _hidden_setup(seed, planted, is_control)
+        tokenizer = AutoTokenizer.from_pretrained(setup.model_dir)  # the set-up's own tokenizer and findings
+        return fn(copy.deepcopy(setup.config), copy.deepcopy(setup.rows), tokenizer, report), setup
 
     results = {}  # the doctor runs once per answer: compare and diagnose share its verdict
 
-    def evaluate(got, setup):
-        key = (id(got), setup.seed)
+    def evaluate(got):
+        answer, setup = got
+        key = (id(answer), setup.seed)
         if key not in results:
-            results[key] = _evaluate(got, setup)
+            results[key] = _evaluate(answer, setup)
         return results[key]
 
-    def compare(got, setup):
-        return evaluate(got, setup)[0]
+    def compare(got, _expected):
+        return evaluate(got)[0]
 
-    def diagnose_answer(got, case):
-        return evaluate(got, case.expected)[1]
+    def diagnose_answer(got, _case):
+        return evaluate(got)[1]
 
-    return run_check("fix_setup", fn, cases, compare=compare, diagnose=diagnose_answer,
+    return run_check("fix_setup", run_one, cases, compare=compare, diagnose=diagnose_answer,
                      hint="run diagnose() on your fixed set-up and read each finding's fix column.")

@@ -9,12 +9,21 @@ from pathlib import Path
 from ...capstone import trl_training_template_path
 
 
-def fix_setup(config: dict, rows: list[dict], tokenizer) -> tuple[dict, list[dict]]:
-    """The exercise: TRL's training template, eos, fp32, packing off; rename 'gpt' rows, drop the rows that
-    do not fit whole (answer and end of turn) in max_length with that template — max_length stays."""
-    config = dict(config, chat_template_path=trl_training_template_path(), eos_token="<|im_end|>",
-                  fp16=False, learning_rate=min(config["learning_rate"], 3e-3), packing=False)
-    template = Path(config["chat_template_path"]).read_text(encoding="utf-8")
+def fix_setup(config: dict, rows: list[dict], tokenizer, report) -> tuple[dict, list[dict]]:
+    """Exercise 2: fix what the doctor's ``report`` names, and only that (a healthy setting stays); rename
+    'gpt' rows, drop the rows that do not fit whole in max_length with TRL's template; max_length stays."""
+    found = report.checks("error") | report.checks("warning")
+    config = dict(config)
+    if "template-unpatchable" in found:
+        config["chat_template_path"] = trl_training_template_path()
+    if "eos-mismatch" in found:
+        config["eos_token"] = "<|im_end|>"
+    if "fp16-overflow-risk" in found:
+        config.update(fp16=False, learning_rate=min(config["learning_rate"], 3e-3))
+    if found & {"packing-no-boundaries", "answers-packed-apart"}:
+        config["packing_strategy"] = "bfd"  # packing that keeps each example's boundaries
+    path = config.get("chat_template_path")
+    template = Path(path).read_text(encoding="utf-8") if path else tokenizer.chat_template
     fixed = []
     for row in rows:
         messages = [dict(m, role="assistant" if m["role"] == "gpt" else m["role"]) for m in row["messages"]]
@@ -23,3 +32,16 @@ def fix_setup(config: dict, rows: list[dict], tokenizer) -> tuple[dict, list[dic
         if len(tokens) <= config["max_length"]:  # the whole row, answer and <|im_end|> included
             fixed.append({"messages": messages})
     return config, fixed
+
+
+def findings(setup) -> dict:
+    """Exercise 1: every error and warning the doctor reports on the set-up, its trainer class included, and
+    every row without an assistant turn."""
+    from ...doctor import diagnose
+
+    report = diagnose(str(setup.model_dir), setup.data_path, setup.config_path, trainer=setup.trainer)
+    stated = {f.check: None for f in report if f.severity in ("error", "warning")}
+    if "no-assistant-turns" in stated:
+        stated["no-assistant-turns"] = [i for i, r in enumerate(setup.rows)
+                                        if any(m["role"] == "gpt" for m in r["messages"])]
+    return stated
