@@ -21,7 +21,7 @@ import os
 import tempfile
 
 from . import validate
-from .viz import what_if
+from .viz import figure, what_if
 
 # TRL (trl.chat_template_utils) is imported inside the functions that need it, not here: importing it
 # takes seconds (measured ~16 s on the course VM, after torch and transformers), while the template
@@ -31,11 +31,14 @@ from .viz import what_if
 INSTRUCT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 BASE_SYSTEM = "You are a helpful assistant."
 
-# Qwen2-Instruct's template (one line, no tools): the exercise's starting point.
+# Qwen2-Instruct's template (one line, no tools): exercise 1's family. Every role is rendered by one
+# expression, QWEN2_ROLE_EXPRESSION, so there is no assistant branch to put {% generation %} in.
+QWEN2_ROLE_EXPRESSION = ("{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>'"
+                         " + '\\n'}}")
 QWEN2_CHAT_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
     "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
-    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+    + QWEN2_ROLE_EXPRESSION +
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
@@ -211,6 +214,47 @@ def patch_cases(tokenizer) -> list[tuple[str, object]]:
         "Instruct template, CRLF line endings": qwen2_5_chat_template.replace("\n", "\r\n"),
     }
     return [(label, _with_template(tokenizer, t)) for label, t in templates.items()]
+
+
+def trl_accepts(tokenizer) -> bool:
+    """Whether ``SFTTrainer(assistant_only_loss=True)`` takes ``tokenizer``'s template: it has
+    ``{% generation %}`` markers, or it is, character for character, a template TRL can patch
+    (``get_training_chat_template``)."""
+    validate.tokenizer("tokenizer", tokenizer)
+    return _sft_template(tokenizer) is not None
+
+
+def patch_acceptance(tokenizer) -> list[tuple[str, int, bool]]:
+    """``(label, characters that differ from TRL's Qwen2.5 template, accepted)`` for each of ``patch_cases``:
+    the distance is the characters inserted, deleted or replaced to turn TRL's copy into the template."""
+    from trl.chat_template_utils import qwen2_5_chat_template  # TRL: see the top of the module
+
+    rows = []
+    for label, tok in patch_cases(tokenizer):
+        ops = difflib.SequenceMatcher(None, qwen2_5_chat_template, tok.chat_template,
+                                      autojunk=False).get_opcodes()
+        distance = sum(max(i2 - i1, j2 - j1) for op, i1, i2, j1, j2 in ops if op != "equal")
+        rows.append((label, distance, _sft_template(tok) is not None))
+    return rows
+
+
+def plot_patch_acceptance(rows: list[tuple[str, int, bool]]):
+    """Lesson 04's picture: each template's distance from TRL's Qwen2.5 copy (log scale), green if TRL takes
+    it for ``assistant_only_loss``, red if it refuses."""
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, tuple) and len(r) == 3 for r in rows):
+        raise ValueError(f"rows={rows!r:.80} is not patch_acceptance()'s list of (label, distance, "
+                         "accepted) — the plot draws one bar per template — pass patch_acceptance(tok).")
+    fig, ax = figure(8, 3.6)
+    labels, distance, accepted = zip(*rows)
+    ax.barh(labels, [d + 0.5 for d in distance], color=["#2a9d8f" if a else "#e76f51" for a in accepted])
+    ax.axvline(0.5, color="k", ls="--", lw=1, label="0 characters (exact copy)")
+    ax.set_xscale("log")
+    ax.set_xlabel("characters that differ from TRL's Qwen2.5 template (+0.5, log scale)")
+    ax.set_title("TRL accepts (green) or refuses (red) a template for assistant_only_loss")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    return fig
 
 
 # ---------------------------------------------------------------------------------------------

@@ -161,8 +161,8 @@ def test_the_public_incident_is_the_artefact_only_and_the_graded_stream_is_apart
     assert all(torch.equal(v, shown["batch"][k]) for k, v in artefact["batch"].items())
     graded = lesson03.padding_incident_case(3, graded=True)[0]
     assert not torch.equal(graded["batch"]["input_ids"], shown["batch"]["input_ids"]), "drawn apart"
-    assert not hasattr(L, "_padding_incident") and not hasattr(L, "padding_incident_case") or \
-        "padding_incident_case" not in L.__all__
+    assert not hasattr(L, "_padding_incident") and not hasattr(L, "padding_incident_case"), \
+        "the generator that knows the truth lives with the answers"
 
 
 def test_healthy_controls_share_the_broken_causes_surface():

@@ -1,117 +1,118 @@
 """Lesson 04's exercises (``course_utils.exercises.lesson04``): the tables of its checkers (the reference, a
 second correct answer, each known wrong answer with its misconception: ``tests/test_checkers.py`` runs
-them); the diagnosis generator draws every cause; the graders refuse bad set-up arguments.
+them); each shortcut a learner has fails; the rendering generator draws every cause, with healthy look-alikes,
+out of the exercise copy's reach; the self-test's cases; the graders refuse bad arguments.
 """
 
 import pytest
-from conftest import Row, graded_on_tokenizer
-from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+from conftest import Row, graded, graded_on_tokenizer
+from trl.chat_template_utils import qwen2_5_chat_template
 
 from course_utils.checks import Diagnosis
 from course_utils.exercises import lesson04 as ex
 from course_utils.exercises.answers import lesson04
-from course_utils.templates import QWEN2_CHAT_TEMPLATE, assistant_mask, masked_tokens
-
-# The same text as Qwen2's template, different marker placement.
-_HEAD = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-         "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
-         "{% if message['role'] == 'assistant' %}")
-_TAIL = ("{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-         "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-REFERENCE = (_HEAD + "{{ '<|im_start|>assistant' }}{% generation %}"
-             "{{ '\\n' + message['content'] + '<|im_end|>\\n' }}{% endgeneration %}" + _TAIL)
-EOT_OUTSIDE = (_HEAD + "{{ '<|im_start|>assistant' }}{% generation %}{{ '\\n' + message['content'] }}"
-               "{% endgeneration %}{{ '<|im_end|>\\n' }}" + _TAIL)
-HEADER_INSIDE = (_HEAD + "{% generation %}{{ '<|im_start|>assistant\\n' + message['content'] + "
-                 "'<|im_end|>\\n' }}{% endgeneration %}" + _TAIL)
-AFTER_NEWLINE = (_HEAD + "{{ '<|im_start|>assistant\\n' }}{% generation %}"
-                 "{{ message['content'] + '<|im_end|>\\n' }}{% endgeneration %}" + _TAIL)
+from course_utils.templates import (
+    QWEN2_CHAT_TEMPLATE,
+    QWEN2_ROLE_EXPRESSION,
+    add_generation_markers,
+    base_variant,
+)
 
 
-def whitespace_control_template():
-    """A second correct answer: the same mask, written with whitespace control and a loop-level role test."""
-    return (
-        "{%- for message in messages %}{%- if loop.first and messages[0]['role'] != 'system' %}"
-        "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
-        "{%- set is_assistant = message['role'] == 'assistant' %}"
+def _replace_role(branch: str):
+    """An answer to exercise 1 that puts ``branch`` (the assistant's rendering) in place of the role
+    expression; ``branch`` sits inside ``{% if message['role'] == 'assistant' %}``."""
+    def answer(template):
+        return template.replace(QWEN2_ROLE_EXPRESSION, "{% if message['role'] == 'assistant' %}" + branch +
+                                "{% else %}" + QWEN2_ROLE_EXPRESSION + "{% endif %}")
+    return answer
+
+
+# ---- exercise 1: a second correct answer and the wrong ones -------------------------------------------
+
+def whitespace_control_template(template):
+    """A second correct answer: whitespace control and the role header written once for every role."""
+    return template.replace(
+        QWEN2_ROLE_EXPRESSION,
         "{{- '<|im_start|>' + message['role'] }}"
-        "{%- if is_assistant %}{% generation %}{{- '\\n' + message['content'] + '<|im_end|>\\n' }}"
-        "{% endgeneration %}"
-        "{%- else %}{{- '\\n' + message['content'] + '<|im_end|>\\n' }}{%- endif %}"
-        "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+        "{%- if message['role'] == 'assistant' %}{% generation %}"
+        "{{- '\\n' + message['content'] + '<|im_end|>\\n' }}{% endgeneration %}"
+        "{%- else %}{{- '\\n' + message['content'] + '<|im_end|>\\n' }}{%- endif %}")
 
 
-def unmarked_template():
-    """Qwen2's template unchanged: without markers the assistant mask is all zeros."""
-    return QWEN2_CHAT_TEMPLATE
+def unmarked_template(template):
+    """The template unchanged: without markers the assistant mask is all zeros."""
+    return template
 
 
-def eot_outside():
-    """<|im_end|> left outside the markers: the model is never trained to end its turn."""
-    return EOT_OUTSIDE
+eot_outside = _replace_role("{{ '<|im_start|>assistant' }}{% generation %}{{ '\\n' + message['content'] }}"
+                            "{% endgeneration %}{{ '<|im_end|>\\n' }}")
+eot_outside.__doc__ = "<|im_end|> left outside the markers: never trained to end its turn."
+header_inside = _replace_role("{% generation %}{{ '<|im_start|>assistant\\n' + message['content'] + "
+                              "'<|im_end|>\\n' }}{% endgeneration %}")
+header_inside.__doc__ = "The '<|im_start|>assistant' header inside the markers: trained to write it."
+after_newline = _replace_role("{{ '<|im_start|>assistant\\n' }}{% generation %}"
+                              "{{ message['content'] + '<|im_end|>\\n' }}{% endgeneration %}")
+after_newline.__doc__ = "The markers open after the header's '\\n', which TRL trains: left out."
 
 
-def header_inside():
-    """The '<|im_start|>assistant' header inside the markers: the model is trained to write it."""
-    return HEADER_INSIDE
-
-
-def after_newline():
-    """The markers open after the header's '\\n': that newline, which TRL's convention trains, is left out."""
-    return AFTER_NEWLINE
-
-
-def content_only():
+def content_only(template):
     """A template that drops the role headers: the text no longer matches the original."""
     return "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 
-def markers_only():
+def markers_only(template):
     """A bare {% generation %} tag: the template does not render at all."""
     return "{% generation %}"
 
 
-def _diagnose_by_rendering_first(setup):
-    """A second correct diagnosis: renders with TRL's patched template inside a try, masks first."""
-    tok, conv = setup["tokenizer"], setup["conversation"]
-    if not setup["assistant_only_loss"]:
-        return Diagnosis("whole_sequence_graded", len(tok.apply_chat_template(conv, tokenize=True,
-                                                                               return_dict=True)["input_ids"]))
-    try:
-        template = tok.chat_template if has_generation_markers(tok.chat_template) else \
-            get_training_chat_template(tok)
-    except ValueError:
-        return Diagnosis("refused_exact_match", 0)
-    out = assistant_mask(tok, conv, chat_template=template)
-    kept = masked_tokens(tok, out["input_ids"], out["assistant_masks"])
-    cause = ("markers_mark_nothing" if not kept else
-             "trains_correctly" if "<|im_end|>" in kept else "stop_token_not_graded")
-    return Diagnosis(cause, len(kept))
+# ---- exercise 2: a second correct answer and the wrong ones -------------------------------------------
+
+def _diagnose_by_graded_text(rendering):
+    """A second correct diagnosis: reads the text of each graded run."""
+    tokens, mask = rendering["tokens"], rendering["loss_mask"]
+    runs, current = [], ""
+    for t, m in zip(tokens, mask):
+        if m:
+            current += t
+        elif current:
+            runs.append(current)
+            current = ""
+    runs += [current] if current else []
+    n = sum(mask)
+    if not runs:
+        return Diagnosis("markers_mark_nothing", 0)
+    if runs[0].startswith("<|im_start|>system"):
+        return Diagnosis("whole_sequence_graded", n)
+    if all("<|im_end|>" in r for r in runs):
+        return Diagnosis("trains_correctly", n)
+    return Diagnosis("stop_token_not_graded", n)
 
 
-def _eyeballs_the_template(setup):
-    """Judges by eye: anything that looks like Qwen's template trains correctly."""
-    looks_like_qwen = "<|im_start|>" in setup["tokenizer"].chat_template
-    return Diagnosis("trains_correctly" if looks_like_qwen else "refused_exact_match", 0)
+def _last_token_graded_means_healthy(rendering):
+    """Misconception: the turn is trained to its end only if the very last token carries loss."""
+    truth = lesson04.diagnose_mask(rendering)
+    if truth.cause == "trains_correctly" and not rendering["loss_mask"][-1]:
+        return Diagnosis("stop_token_not_graded", truth.evidence)
+    return truth
 
 
-def _trusts_markers(setup):
-    """Trusts any {% generation %} markers, without checking what they mark."""
-    if has_generation_markers(setup["tokenizer"].chat_template):
-        return Diagnosis("trains_correctly", 0)
-    return lesson04.diagnose_template(setup)
+def _any_loss_is_fine(rendering):
+    """Misconception: some tokens carry loss, so it trains (the stop token is never looked at)."""
+    truth = lesson04.diagnose_mask(rendering)
+    if truth.cause == "stop_token_not_graded":
+        return Diagnosis("trains_correctly", truth.evidence)
+    return truth
 
 
-def template_cause_as_a_string(setup):
+def mask_cause_as_a_string(rendering):
     """Returns a bare cause string instead of a Diagnosis."""
     return "trains_correctly"
 
 
-def template_evidence_minus_one(setup):
+def mask_evidence_minus_one(rendering):
     """Right cause, evidence -1 instead of the number of tokens that carry loss."""
-    return Diagnosis(lesson04.diagnose_template(setup).cause, -1)
-
-
+    return Diagnosis(lesson04.diagnose_mask(rendering).cause, -1)
 
 
 # =================================================================================================
@@ -120,13 +121,13 @@ def template_evidence_minus_one(setup):
 
 CHECKERS = [
     Row("generation_template", graded_on_tokenizer(ex.check_generation_template),
-        lesson04.qwen2_training_template),
-    Row("template_diagnosis", graded_on_tokenizer(ex.check_template_diagnosis), lesson04.diagnose_template),
+        lesson04.add_generation_block),
+    Row("mask_diagnosis", graded(ex.check_mask_diagnosis), lesson04.diagnose_mask),
 ]
 
 ALSO_CORRECT = [
     ("generation_template", whitespace_control_template),
-    ("template_diagnosis", _diagnose_by_rendering_first),
+    ("mask_diagnosis", _diagnose_by_graded_text),
 ]
 
 WRONG = [
@@ -136,63 +137,163 @@ WRONG = [
     ("generation_template", after_newline, "opens after the '\\n'"),
     ("generation_template", content_only, "render the original text exactly"),
     ("generation_template", markers_only, "does not render"),
-    ("template_diagnosis", _eyeballs_the_template, "is not what broke"),
-    ("template_diagnosis", _trusts_markers, "is not what broke"),
-    ("template_diagnosis", template_cause_as_a_string, "expected a Diagnosis"),
-    ("template_diagnosis", template_evidence_minus_one, "evidence"),
+    ("mask_diagnosis", _last_token_graded_means_healthy, "only the newline after it does not"),
+    ("mask_diagnosis", _any_loss_is_fine, "does it carry loss"),
+    ("mask_diagnosis", mask_cause_as_a_string, "expected a Diagnosis"),
+    ("mask_diagnosis", mask_evidence_minus_one, "evidence"),
 ]
 
 
 # =================================================================================================
-# The reference template, the diagnosis generator, and the graders' own arguments
+# Shortcuts a learner has at each exercise: each fails the checker (issue 33)
 # =================================================================================================
 
-def test_generation_template_reference_is_the_hand_written_one():
-    assert lesson04.qwen2_training_template() == REFERENCE
+_MARKED_BASE = add_generation_markers(base_variant(qwen2_5_chat_template))  # the notebook's marked_template
 
 
-def test_template_diagnosis_generator_covers_every_cause(tokenizer):
-    causes = {ex._template_case(tokenizer, seed)[1].cause for seed in range(3000, 3010)}
-    assert causes == set(ex.TEMPLATE_CAUSES)
+def _captured_marked_template(template):
+    """Exercise 1: the Fix B cell's marked_template (the base template with markers), whatever is passed."""
+    return _MARKED_BASE
 
 
-def test_unseen_setup_is_the_set_up_only(tokenizer):
-    setup = ex.unseen_setup(tokenizer, 3)
-    assert set(setup) == {"tokenizer", "assistant_only_loss", "conversation"}
-    assert setup["tokenizer"].chat_template == ex._template_case(tokenizer, 3)[0]["tokenizer"].chat_template
+def _lesson_marker_helper(template):
+    """Exercise 1: templates.add_generation_markers, the Fix B helper (made for Qwen2.5's message loop)."""
+    return add_generation_markers(template)
 
 
-@pytest.mark.parametrize("tokenizer_arg, seed, phrase", [
-    ("tok", -3, "seed=-3 must be an integer"),
-    ("tok", None, "seed=None — "),
-    (None, 0, "tokenizer must be a transformers tokenizer"),
-])
-def test_unseen_setup_refuses_bad_arguments(tokenizer, tokenizer_arg, seed, phrase):
+def _trl_training_template(template):
+    """Exercise 1: TRL's own patched Qwen2.5 training template, whatever is passed."""
+    from trl.chat_template_utils import qwen2_5_training_chat_template
+
+    return qwen2_5_training_chat_template
+
+
+def _qwen2_marked_once(template):
+    """Exercise 1: the marked version of the Qwen2 template the notebook printed, whatever is passed."""
+    return lesson04.add_generation_block(QWEN2_CHAT_TEMPLATE)
+
+
+def _wrap_everything(template):
+    """Exercise 1: a blanket fix — one generation block around the whole loop."""
+    return "{% generation %}" + template + "{% endgeneration %}"
+
+
+def _match_shown_examples(rendering):
+    """Exercise 2: look the example up among training_example(seed) and read the cause off the seed."""
+    for seed in range(400):
+        if ex.training_example(seed) == rendering:
+            return Diagnosis(ex.MASK_CAUSES[seed % len(ex.MASK_CAUSES)], sum(rendering["loss_mask"]))
+    return Diagnosis("trains_correctly", sum(rendering["loss_mask"]))
+
+
+def _last_token_only(rendering):
+    """Exercise 2: judge by the last token alone (graded: healthy; not: the stop token is missing)."""
+    mask = rendering["loss_mask"]
+    n = sum(mask)
+    if n == 0:
+        return Diagnosis("markers_mark_nothing", 0)
+    if mask[0]:
+        return Diagnosis("whole_sequence_graded", n)
+    return Diagnosis("trains_correctly" if mask[-1] else "stop_token_not_graded", n)
+
+
+def _any_im_end_graded(rendering):
+    """Exercise 2: a graded <|im_end|> anywhere means healthy, else the stop token is missing."""
+    graded = [t for t, m in zip(rendering["tokens"], rendering["loss_mask"]) if m]
+    if rendering["loss_mask"][0]:
+        return Diagnosis("whole_sequence_graded", len(graded))
+    return Diagnosis("trains_correctly" if "<|im_end|>" in graded else "stop_token_not_graded", len(graded))
+
+
+def _always_healthy(rendering):
+    """Exercise 2: a constant answer."""
+    return Diagnosis("trains_correctly", sum(rendering["loss_mask"]))
+
+
+SHORTCUTS = [
+    ("generation_template", "the marked_template an earlier cell computed", _captured_marked_template),
+    ("generation_template", "templates.add_generation_markers", _lesson_marker_helper),
+    ("generation_template", "TRL's Qwen2.5 training template", _trl_training_template),
+    ("generation_template", "the printed Qwen2 template, marked once", _qwen2_marked_once),
+    ("generation_template", "one block around everything", _wrap_everything),
+    ("mask_diagnosis", "match the shown examples over seeds", _match_shown_examples),
+    ("mask_diagnosis", "judge by the last token", _last_token_only),
+    ("mask_diagnosis", "a graded <|im_end|> anywhere", _any_im_end_graded),
+    ("mask_diagnosis", "always healthy", _always_healthy),
+]
+
+
+@pytest.mark.parametrize("exercise, description, function", SHORTCUTS, ids=[s[1] for s in SHORTCUTS])
+def test_each_shortcut_fails_the_checker(exercise, description, function, tokenizer, capsys):
+    if exercise == "generation_template":
+        result = ex.check_generation_template(function, tokenizer)
+    else:
+        result = ex.check_mask_diagnosis(function)
+    assert not result, f"{description} passes exercise {exercise}"
+
+
+# =================================================================================================
+# The generator, the self-test's cases, the graders' own arguments
+# =================================================================================================
+
+def test_renderings_cover_every_cause_and_the_public_one_is_the_rendering_only():
+    assert {lesson04.rendering_case(s)[1].cause for s in range(8)} == set(ex.MASK_CAUSES)
+    shown = ex.training_example(5)
+    assert set(shown) == {"tokens", "loss_mask"}, "the public function names no cause"
+    assert shown == lesson04.rendering_case(5, graded=False)[0]
+    assert shown != lesson04.rendering_case(5, graded=True)[0], "the graded stream is drawn apart"
+    assert not hasattr(ex, "rendering_case"), "the generator that knows the truth lives with the answers"
+
+
+def test_healthy_renderings_include_the_look_alike_with_an_ungraded_last_newline():
+    """A healthy template that closes the block right after <|im_end|>: its last token carries no loss,
+    as in stop_token_not_graded — but the stop token does."""
+    healthy = [r for r, d in map(lesson04.rendering_case, range(3, 60, 4)) if d.cause == "trains_correctly"]
+    assert any(not r["loss_mask"][-1] for r in healthy) and any(r["loss_mask"][-1] for r in healthy)
+
+
+def test_self_test_cases_draw_every_cause_and_never_name_it():
+    import time
+
+    causes = set()
+    lesson04.self_test_case(0)  # the tokenizer loads once
+    for seed in range(20):
+        start = time.perf_counter()
+        text, cause, choices = lesson04.self_test_case(seed)
+        assert time.perf_counter() - start < 0.5
+        assert cause in choices and choices == tuple(lesson04.SELF_TEST_CAUSES.values())
+        assert cause.lower() not in text.lower() and len(text.splitlines()) <= 25
+        assert (text, cause) == lesson04.self_test_case(seed)[:2], "deterministic per seed"
+        causes.add(cause)
+    assert causes == set(lesson04.SELF_TEST_CAUSES.values())
+
+
+@pytest.mark.parametrize("seed, phrase", [(-3, "seed=-3"), (None, "seed=None — ")])
+def test_training_example_refuses_bad_seeds(seed, phrase):
     with pytest.raises((TypeError, ValueError), match=phrase):
-        ex.unseen_setup(tokenizer if tokenizer_arg == "tok" else tokenizer_arg, seed)
+        ex.training_example(seed)
 
 
 @pytest.mark.parametrize("seeds", [[], (), range(0)])
-def test_the_diagnosis_checker_never_passes_with_zero_cases(tokenizer, seeds):
+def test_the_diagnosis_checker_never_passes_with_zero_cases(seeds):
     """A checker given no seeds would grade nothing and report every answer correct."""
     with pytest.raises(ValueError, match="seeds must be a non-empty list .* — .* would pass any answer — "):
-        ex.check_template_diagnosis(lesson04.diagnose_template, tokenizer, seeds=seeds)
+        ex.check_mask_diagnosis(lesson04.diagnose_mask, seeds=seeds)
 
 
-def test_the_diagnosis_checker_grades_on_the_seeds_it_is_given(tokenizer, capsys):
-    assert ex.check_template_diagnosis(lesson04.diagnose_template, tokenizer, seeds=[3000, 3001])
+def test_the_diagnosis_checker_grades_on_the_seeds_it_is_given(capsys):
+    assert ex.check_mask_diagnosis(lesson04.diagnose_mask, seeds=[3000, 3001])
     assert "all 2 cases pass" in capsys.readouterr().out
     with pytest.raises(ValueError, match="seeds\\[0\\]"):
-        ex.check_template_diagnosis(lesson04.diagnose_template, tokenizer, seeds=[-1])
+        ex.check_mask_diagnosis(lesson04.diagnose_mask, seeds=[-1])
 
 
-@pytest.mark.parametrize("check", [ex.check_generation_template, ex.check_template_diagnosis])
-def test_the_checkers_refuse_something_that_is_not_a_tokenizer(check):
+def test_the_template_checker_refuses_something_that_is_not_a_tokenizer():
     with pytest.raises(TypeError, match="tokenizer must be a transformers tokenizer, got str — "):
-        check(lesson04.diagnose_template, "Qwen/Qwen2.5-0.5B")
+        ex.check_generation_template(lesson04.add_generation_block, "Qwen/Qwen2.5-0.5B")
 
 
-@pytest.mark.parametrize("fn", [None, [], "diagnose_template"])
-def test_the_diagnosis_checker_refuses_what_is_not_a_function(tokenizer, fn):
+@pytest.mark.parametrize("fn", [None, [], "diagnose_mask"])
+def test_the_diagnosis_checker_refuses_what_is_not_a_function(fn):
     with pytest.raises(TypeError, match="fn must be a function, got .* — the helper calls it — "):
-        ex.check_template_diagnosis(fn, tokenizer)
+        ex.check_mask_diagnosis(fn)

@@ -160,3 +160,18 @@ def test_save_other_family_tokenizer_refuses_a_file(tokenizer, tmp_path):
     path = tmp_path / "a_file"
     path.write_text("x")
     _refused(ValueError, "must be a folder path", templates.save_other_family_tokenizer, tokenizer, str(path))
+
+
+def test_patch_acceptance_follows_the_exact_match_not_the_distance(tokenizer):
+    """Section 4's table: one newline away is refused, another family's shipped copy is accepted, and
+    trl_accepts says the same as SFTTrainer's own test (markers, else get_training_chat_template)."""
+    rows = {label: (d, accepted) for label, d, accepted in templates.patch_acceptance(tokenizer)}
+    assert rows["Qwen2.5-Instruct template"] == (0, True)
+    assert rows["Instruct template + trailing newline"] == (1, False)
+    assert rows["Llama-3 template"][1] and rows["base template with our generation markers"][1]
+    for label, tok in templates.patch_cases(tokenizer):
+        assert templates.trl_accepts(tok) == rows[label][1]
+    fig = templates.plot_patch_acceptance(templates.patch_acceptance(tokenizer))
+    assert len(fig.axes[0].patches) == len(rows)
+    with pytest.raises(ValueError, match=".+ — .+ — .+"):
+        templates.plot_patch_acceptance([("only a label",)])

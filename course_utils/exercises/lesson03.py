@@ -13,8 +13,9 @@ import torch
 
 from .. import validate
 from ..checks import Case, Diagnosis, Hints, check_diagnosis, fresh_seeds, run_check
-from .answers.lesson03 import INCIDENT_CAUSES, padding_incident_case
+from .answers.lesson03 import INCIDENT_CAUSES
 from .answers.lesson03 import block_mask_from_position_ids as _reference_mask
+from .answers.lesson03 import padding_incident_case as _incident_case  # knows the truth
 
 __all__ = ["INCIDENT_CAUSES", "check_block_mask", "check_padding_diagnosis", "padding_incident"]
 
@@ -30,7 +31,7 @@ def padding_incident(seed: int) -> dict:
     ``stop_ids``, ``cu_seq_lens`` (packed rows: where each example starts, as the data pipeline knows) and,
     for generations, ``generated`` (the new token ids of each row) and ``max_new_tokens``. The checker grades
     incidents drawn apart from these."""
-    return padding_incident_case(validate.seed("seed", seed), graded=False)[0]
+    return _incident_case(validate.seed("seed", seed), graded=False)[0]
 
 
 def _evidence_ok(got, truth: Diagnosis) -> bool:
@@ -84,7 +85,7 @@ def check_padding_diagnosis(fn, seeds=None):
     validate.function("fn", fn)  # not an answer yet: a value the checker cannot call
     seeds = fresh_seeds(4 * len(INCIDENT_CAUSES)) if seeds is None else validate.seeds("seeds", seeds)
     return check_diagnosis(
-        "padding_incident", fn, padding_incident_case, seeds=seeds, evidence_ok=_evidence_ok,
+        "padding_incident", fn, _incident_case, seeds=seeds, evidence_ok=_evidence_ok,
         misconceptions=_INCIDENT_MISCONCEPTIONS,
         hint=Hints(question="Which tensor tells you where each example (or each prompt) begins, and what "
                             "was passed with it: a mask, reset positions, a cache?",

@@ -1,37 +1,32 @@
-"""Lesson 04's exercises: their checkers, and the set-ups of the diagnosis exercise.
+"""Lesson 04's exercises: their checkers, and the training examples of the diagnosis exercise.
 
-1. ``check_generation_template(fn, tokenizer=None)``: ``fn()`` returns Qwen2's template with
-   ``{% generation %}`` markers; graded by rendering conversations the notebook never shows.
-2. ``unseen_setup(tokenizer, seed)`` (what a learner reads) + ``check_template_diagnosis(fn)``:
-   ``fn(setup) -> Diagnosis(cause, evidence)``, one of ``TEMPLATE_CAUSES``, graded on fresh set-ups.
+1. ``check_generation_template(fn, tokenizer=None)``: ``fn(template)`` returns that Qwen2-style template with
+   ``{% generation %}`` markers; graded on templates of the family the notebook never shows, by rendering
+   conversations it never shows either.
+2. ``training_example(seed)`` (what a learner reads: one example's tokens and loss mask) +
+   ``check_mask_diagnosis(fn)``: ``fn(rendering) -> Diagnosis(cause, evidence)``, one of ``MASK_CAUSES``,
+   graded on fresh renderings.
 
-The generator that knows a set-up's cause (``_template_case``) is private: the notebook shows the
-set-up only. Reference answers: ``answers/lesson04.py``.
+The generator that knows a rendering's cause, and the reference answers, live in ``answers/lesson04.py``,
+which no notebook imports; the graded renderings are drawn apart from the shown ones.
 """
 
 from __future__ import annotations
 
 import copy
-import random
 from collections.abc import Sequence
 
 from transformers import AutoTokenizer
-from trl.chat_template_utils import qwen2_5_chat_template
 
 from .. import validate
-from ..checks import Case, Diagnosis, Hints, check_diagnosis, fresh_seeds, run_check
-from ..data import make_messages, tokenize_chat
+from ..checks import Case, Hints, check_diagnosis, fresh_seeds, run_check
+from ..data import tokenize_chat
 from ..model import COURSE_MODEL_DIR
-from ..templates import (
-    INSTRUCT_SYSTEM,
-    QWEN2_CHAT_TEMPLATE,
-    _sft_template,  # the template SFTTrainer would render with: one copy, in the lesson module
-    assistant_mask,
-    base_variant,
-    masked_tokens,
-    template_variant,
-    with_template,
-)
+from ..templates import QWEN2_CHAT_TEMPLATE, QWEN2_ROLE_EXPRESSION, assistant_mask, masked_tokens
+from .answers.lesson04 import MASK_CAUSES
+from .answers.lesson04 import rendering_case as _rendering_case  # knows the truth
+
+__all__ = ["MASK_CAUSES", "check_generation_template", "check_mask_diagnosis", "training_example"]
 
 
 def _course_tokenizer():
@@ -54,11 +49,26 @@ def _hidden_conversations() -> list[list[dict]]:
     ]
 
 
-def _expected_render(tokenizer, messages: list[dict]) -> dict:
-    """The oracle: Qwen2's text, the mask on ``\\n + content + <|im_end|> + \\n`` of each assistant turn."""
+def _fresh_templates() -> list[tuple[str, str]]:
+    """Qwen2-style templates the notebook never shows: other default system prompts, or none at all. Each
+    renders every role with ``QWEN2_ROLE_EXPRESSION``."""
+    default = "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
+    no_system = QWEN2_CHAT_TEMPLATE.replace(
+        "{% if loop.first and messages[0]['role'] != 'system' %}" + default + "{% endif %}", "")
+    assert QWEN2_ROLE_EXPRESSION in no_system and no_system != QWEN2_CHAT_TEMPLATE
+    return [("another default system prompt",
+             QWEN2_CHAT_TEMPLATE.replace("You are a helpful assistant.", "You answer in one line.")),
+            ("no default system prompt", no_system),
+            ("a third default system prompt",
+             QWEN2_CHAT_TEMPLATE.replace("You are a helpful assistant.", "Be brief and exact."))]
+
+
+def _expected_render(tokenizer, template: str, messages: list[dict]) -> dict:
+    """The oracle: the template's text, the mask on ``\\n + content + <|im_end|> + \\n`` of each assistant
+    turn (``tokenize_chat`` locates the assistant spans by rendering prefixes, without markers)."""
     oracle = copy.deepcopy(tokenizer)
-    oracle.chat_template = QWEN2_CHAT_TEMPLATE
-    encoded = tokenize_chat(oracle, messages)  # locates assistant spans by rendering prefixes
+    oracle.chat_template = template
+    encoded = tokenize_chat(oracle, messages)
     return {"messages": messages, "input_ids": encoded["input_ids"], "mask": encoded["assistant_mask"]}
 
 
@@ -72,22 +82,25 @@ def _render_or_error(tokenizer, template, messages):
 
 
 def check_generation_template(fn, tokenizer=None):
-    """Checker for exercise 1: ``fn()`` returns QWEN2_CHAT_TEMPLATE with ``{% generation %}`` markers.
+    """Checker for exercise 1: ``fn(template)`` returns that Qwen2-style template with ``{% generation %}``.
 
-    Renders hidden conversations (multi-turn, with and without a system message) and requires the
-    same text as the original and a mask on exactly ``\\n + content + <|im_end|> + \\n`` of each assistant
+    Calls ``fn`` on templates of the family the notebook never shows (``_fresh_templates``), renders hidden
+    conversations (multi-turn, with and without a system message) with each result, and requires the same text
+    as the unmarked template and a mask on exactly ``\\n + content + <|im_end|> + \\n`` of each assistant
     turn (TRL's convention for Qwen templates, and ``data.tokenize_chat``'s).
     """
     tokenizer = _course_tokenizer() if tokenizer is None else validate.tokenizer("tokenizer", tokenizer)
-    cases = [Case((), _expected_render(tokenizer, m), label=f"{len(m)}-message conversation")
-             for m in _hidden_conversations()]
+    cases = [Case((template,), _expected_render(tokenizer, template, m),
+                  label=f"a template with {name}, a {len(m)}-message conversation")
+             for name, template in _fresh_templates() for m in _hidden_conversations()]
 
     def compare(got, expected):
         out, error = _render_or_error(tokenizer, got, expected["messages"])
         if error:
             return error
         if out["input_ids"] != expected["input_ids"]:
-            return "your template renders different text from Qwen2's (markers must not change the text)"
+            return ("your template renders different text from the template it was given (markers must not "
+                    "change the text; the checker passes templates you have not seen)")
         if out["assistant_masks"] != expected["mask"]:
             shown = masked_tokens(tokenizer, out["input_ids"], out["assistant_masks"])
             return f"the mask covers {shown!r}"
@@ -125,91 +138,54 @@ def check_generation_template(fn, tokenizer=None):
     return run_check("generation_template", fn, cases, compare=compare, diagnose=diagnose,
                      hint=Hints("Which part of an assistant turn does the model produce at inference, and "
                                 "which part does the prompt already contain?",
-                                "Compare with the Fix C cell: add_generation_markers(base_template) wraps "
-                                "the output of the assistant branch; print its diff there.",
-                                "split the loop: for assistant messages emit '<|im_start|>assistant', then "
-                                "{% generation %}'\\n' + content + '<|im_end|>\\n'{% endgeneration %}; other "
-                                "roles as before."))
+                                "Compare with the Fix B cell: add_generation_markers(base_template) wraps "
+                                "the output of the assistant branch; print its diff there. Your function "
+                                "gets the template as its argument: edit that string, where "
+                                "QWEN2_ROLE_EXPRESSION renders every role.",
+                                "replace QWEN2_ROLE_EXPRESSION in the template by an if: for assistant "
+                                "messages emit '<|im_start|>assistant', then {% generation %}'\\n' + content "
+                                "+ '<|im_end|>\\n'{% endgeneration %}; else the expression as it was."))
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 2: diagnose an assistant-only set-up you have not seen
+# Exercise 2: read a training example's loss mask
 # ---------------------------------------------------------------------------------------------
 
-TEMPLATE_CAUSES = ("refused_exact_match", "markers_mark_nothing", "stop_token_not_graded",
-                   "whole_sequence_graded", "trains_correctly")
-TEMPLATE_MISCONCEPTIONS = {
-    ("trains_correctly", "refused_exact_match"):
-        "it looks like Qwen2.5's template, but TRL compares strings exactly: ask get_training_chat_template, "
-        "don't eyeball it.",
-    ("refused_exact_match", "markers_mark_nothing"):
-        "this template has {% generation %} markers, so TRL does not look it up: render a conversation and "
-        "look at the mask.",
+MASK_MISCONCEPTIONS = {
+    ("stop_token_not_graded", "trains_correctly"):
+        "the <|im_end|> right after each answer carries loss here; only the newline after it does not, which "
+        "is harmless: the model learns to stop at <|im_end|>.",
     ("trains_correctly", "stop_token_not_graded"):
-        "the answer is graded, but is <|im_end|>? Lesson 02 shows what an ungraded stop token costs.",
+        "look at the <|im_end|> right after each answer: does it carry loss? (lesson 02: a stop token "
+        "that is never trained is never generated)",
+    ("stop_token_not_graded", "markers_mark_nothing"):
+        "no token carries loss at all: the markers wrap nothing these chats render.",
     ("trains_correctly", "whole_sequence_graded"):
-        "check assistant_only_loss first: without it TRL grades every token (lesson 00).",
+        "the system prompt and the user's turn carry loss too: assistant-only loss is off (lesson 00).",
+    ("stop_token_not_graded", "whole_sequence_graded"):
+        "the system prompt and the user's turn carry loss too: assistant-only loss is off (lesson 00).",
 }
 
 
-def _unmarked_near_miss(rng: random.Random) -> str:
-    return rng.choice([base_variant(qwen2_5_chat_template), qwen2_5_chat_template + "\n",
-                       qwen2_5_chat_template.replace("\n", "\r\n"),
-                       qwen2_5_chat_template.replace(INSTRUCT_SYSTEM, "You are a concise assistant.")])
+def training_example(seed: int) -> dict:
+    """One training example as you would inspect it (exercise 2): ``tokens`` (the token strings) and
+    ``loss_mask`` (1 = the token carries loss, i.e. its label is not -100). The checker grades your diagnosis
+    on examples drawn apart from these: read the mask, not this function."""
+    return _rendering_case(validate.seed("seed", seed), graded=False)[0]
 
 
-def _template_case(tokenizer, seed: int):
-    """An assistant-only SFT set-up broken (or not) in one of ``TEMPLATE_CAUSES`` ways, and the truth."""
-    rng = random.Random(seed)
-    cause = TEMPLATE_CAUSES[seed % len(TEMPLATE_CAUSES)]
-    conversation = make_messages(rng.choice(("add", "reverse")), 1, seed=seed)[0]
-    assistant_only = cause != "whole_sequence_graded"
-    either = rng.choice(["base system prompt", "none"])  # the base checkpoint's template, or TRL's copy
-    template = {"refused_exact_match": _unmarked_near_miss(rng),
-                "markers_mark_nothing": template_variant(either, "tool-call branch only"),
-                "stop_token_not_graded": template_variant(either, "closed before <|im_end|>"),
-                "whole_sequence_graded": template_variant(either),
-                "trains_correctly": rng.choice([template_variant("none"),
-                                                template_variant("base system prompt",
-                                                                 "ours (add_generation_markers)")])}[cause]
-    tok = with_template(tokenizer, template)
-    if cause == "whole_sequence_graded":
-        evidence = len(tok.apply_chat_template(conversation, tokenize=True, return_dict=True)["input_ids"])
-    elif cause in ("refused_exact_match", "markers_mark_nothing"):
-        evidence = 0
-    else:
-        evidence = sum(assistant_mask(tok, conversation, chat_template=_sft_template(tok))["assistant_masks"])
-    setup = {"tokenizer": tok, "assistant_only_loss": assistant_only, "conversation": conversation}
-    return setup, Diagnosis(cause, evidence)
-
-
-def unseen_setup(tokenizer, seed: int) -> dict:
-    """An SFT set-up you have not seen (exercise 2): ``tokenizer`` (with its chat template),
-    ``assistant_only_loss`` and one ``conversation`` of its dataset. The checker grades your diagnosis
-    on other seeds: read the set-up, not this function."""
-    validate.tokenizer("tokenizer", tokenizer)
-    validate.seed("seed", seed)
-    return _template_case(tokenizer, seed)[0]
-
-
-def check_template_diagnosis(fn, tokenizer=None, seeds: Sequence[int] | None = None):
-    """Checker for exercise 2: ``fn(setup) -> Diagnosis(cause, evidence)``, ``cause`` one of
-    ``TEMPLATE_CAUSES``, ``evidence`` the number of tokens of the conversation that would carry loss
-    (0 when SFTTrainer refuses or the mask is empty). ``seeds`` (a non-empty list): grade on those
-    set-ups instead of ten fresh ones."""
+def check_mask_diagnosis(fn, seeds: Sequence[int] | None = None):
+    """Checker for exercise 2: ``fn(rendering) -> Diagnosis(cause, evidence)``, ``cause`` one of
+    ``MASK_CAUSES``, ``evidence`` the number of tokens that carry loss. ``seeds`` (a non-empty list): grade
+    on those renderings instead of twelve fresh ones (three rounds through the causes)."""
     validate.function("fn", fn)  # check_diagnosis wraps fn, so run_check's own test would not see it
-    tokenizer = _course_tokenizer() if tokenizer is None else validate.tokenizer("tokenizer", tokenizer)
-    seeds = validate.seeds("seeds", fresh_seeds(10) if seeds is None else seeds)
+    seeds = validate.seeds("seeds", fresh_seeds(3 * len(MASK_CAUSES)) if seeds is None else seeds)
     return check_diagnosis(
-        "diagnose_template", fn, lambda seed: _template_case(tokenizer, seed), seeds=seeds,
-        misconceptions=TEMPLATE_MISCONCEPTIONS,
-        hint=Hints("Before any mask: does this set-up ask for assistant-only loss at all, and does its "
-                   "template carry {% generation %} markers, or will TRL have to look it up?",
-                   "Tools: has_generation_markers(template), get_training_chat_template(tokenizer) (raises "
-                   "ValueError when it cannot patch), assistant_mask(tokenizer, conversation, "
-                   "chat_template=...) and masked_tokens(...) from section 8.",
-                   "not assistant_only_loss -> whole_sequence_graded (evidence: all tokens); no markers and "
-                   "get_training_chat_template raises -> refused_exact_match (0); else mask = "
-                   "assistant_mask(...) with the template TRL would use; sum 0 -> markers_mark_nothing; "
-                   "<|im_end|> not masked -> stop_token_not_graded; else trains_correctly "
-                   "(evidence: the mask's sum)."))
+        "diagnose_mask", fn, _rendering_case, seeds=seeds, misconceptions=MASK_MISCONCEPTIONS,
+        hint=Hints("Which tokens carry loss: any at all? the system prompt and the user's turn? the "
+                   "end-of-turn token that closes each answer?",
+                   "Section 2 shows the tokens TRL trains for a correct template, section 6 the same with "
+                   "our markers; section 4 shows a mask of zeros. Print the tokens whose loss_mask is 1.",
+                   "no token graded -> markers_mark_nothing (0); the first token graded -> "
+                   "whole_sequence_graded; an answer's own <|im_end|> (the token after a graded one) "
+                   "ungraded -> stop_token_not_graded; else trains_correctly. Evidence: sum(loss_mask)."))
