@@ -1,12 +1,12 @@
 """Lesson 05's exercise graders (``course_utils.exercises.lesson05``): the tables of its checkers (the
 reference answer, a second correct answer, each known wrong answer with its misconception:
-``tests/test_checkers.py`` runs them), the broken-log generator covers every cause, the hints are graded,
+``tests/test_checkers.py`` runs them), the log generator covers every cause, the hints are graded,
 and the graders refuse bad non-learner arguments (issue 36: no pass with zero cases)."""
 
 import math
 
 import pytest
-from conftest import Row, graded, stub, tried_twice
+from conftest import Row, graded, tried_twice
 
 from course_utils.checks import Diagnosis
 from course_utils.data import IGNORE_INDEX
@@ -20,101 +20,99 @@ M = IGNORE_INDEX
 # Answers: a second correct one per checker, and the wrong ones (each docstring names its misconception)
 # =================================================================================================
 
-def diagnose_by_lookahead(log):
-    """A second correct answer: read `consumed` and `grad_norm` instead of the targets after the NaN."""
-    bad = next(i for i, r in enumerate(log) if r["loss"] != r["loss"])
-    step = log[bad]["step"]
-    if math.isfinite(log[bad]["grad_norm"]) and log[bad]["grad_norm"] == 0.0:
-        frozen = len({r["consumed"] for r in log[bad:]}) == 1
-        return Diagnosis("clogged_packer" if frozen else "truncated_examples", step)
-    if log[bad]["targets"] == 0:
-        return Diagnosis("loss_at_ignored_positions", step)
-    return Diagnosis("learning_rate", step)
+def diagnose_by_recovery(log):
+    """A second correct answer: reads whether any later step with tokens has a finite gradient norm."""
+    empty = [r for r in log if r["num_tokens"] == 0]
+    if not empty:
+        return Diagnosis("healthy", None)
+    later = [r for r in log if r["step"] > empty[0]["step"] and r["num_tokens"] > 0]
+    dead = all(not math.isfinite(r["grad_norm"]) for r in later)
+    return Diagnosis("nan_weights" if dead else "empty_micro_batch", empty[0]["step"])
 
 
-def first_nan(log):
-    return next(r["step"] for r in log if not math.isfinite(r["loss"]))
-
-
-def always_clog(log):
-    """Memorised: every NaN log is a clogged packer."""
-    return Diagnosis("clogged_packer", first_nan(log))
-
-
-def no_consumed(log):
-    """Treats every empty step as truncation: ignores that `consumed` froze."""
+def running_average_says_dead(log):
+    """Reads the running average: NaN for good means NaN weights (section 1's logger look-alike)."""
     d = lesson05.diagnose_log(log)
-    return Diagnosis("truncated_examples" if d.cause == "clogged_packer" else d.cause, d.evidence)
+    if d.cause == "empty_micro_batch" and math.isnan(log[-1]["avg_loss"]):
+        return Diagnosis("nan_weights", d.evidence)
+    return d
 
 
-def nan_means_lr(log):
-    """Every NaN is a divergence (lesson 06's reflex), even a 0/0 in the loss."""
+def zero_loss_is_fine(log):
+    """Takes a 0.0 loss for a perfect step: a clamped empty step looks healthy."""
     d = lesson05.diagnose_log(log)
-    return Diagnosis("learning_rate" if d.cause == "loss_at_ignored_positions" else d.cause, d.evidence)
+    if d.cause == "empty_micro_batch" and all(math.isfinite(r["loss"]) for r in log):
+        return Diagnosis("healthy", None)
+    return d
+
+
+def spike_is_a_fault(log):
+    """Calls a step with few tokens, or a spike, an empty micro-batch."""
+    d = lesson05.diagnose_log(log)
+    if d.cause == "healthy":
+        worst = min(log, key=lambda r: r["num_tokens"])
+        return Diagnosis("empty_micro_batch", worst["step"])
+    return d
 
 
 def wrong_evidence(log):
     """Right cause, evidence one step late."""
     d = lesson05.diagnose_log(log)
-    return Diagnosis(d.cause, d.evidence + 1)
+    return Diagnosis(d.cause, None if d.evidence is None else d.evidence + 1)
 
 
-def drop_oversized(examples, row_capacity):
+def drop_oversized(examples, max_length):
     """A second correct answer: drop what does not fit instead of cropping it."""
-    return [e for e in examples if len(e["input_ids"]) <= row_capacity
+    return [e for e in examples if len(e["input_ids"]) <= max_length
             and any(label != M for label in e["labels"][1:])]
 
 
-def crop_only(examples, row_capacity):
-    """Crops to the row but keeps the crops that lost every target."""
-    return [{"input_ids": e["input_ids"][:row_capacity], "labels": e["labels"][:row_capacity]}
+def crop_only(examples, max_length):
+    """Crops to max_length but keeps the crops that lost every target."""
+    return [{"input_ids": e["input_ids"][:max_length], "labels": e["labels"][:max_length]}
             for e in examples]
 
 
-def filter_only(examples, row_capacity):
-    """Drops the rows without targets but keeps the oversized ones that clog the buffer."""
+def filter_only(examples, max_length):
+    """Drops the rows without targets but keeps the ones longer than max_length."""
     return [e for e in examples if any(label != M for label in e["labels"])]
 
 
-def too_strict(examples, row_capacity):
+def too_strict(examples, max_length):
     """Keeps only short conversations: throws away training data that fits."""
     return [e for e in examples
-            if len(e["input_ids"]) < row_capacity // 2 and any(x != M for x in e["labels"][1:])]
+            if len(e["input_ids"]) < max_length // 2 and any(x != M for x in e["labels"][1:])]
 
 
-def check_before_crop(examples, row_capacity):
+def check_before_crop(examples, max_length):
     """Checks for targets before cropping: a crop can still lose every target."""
-    return [{"input_ids": e["input_ids"][:row_capacity], "labels": e["labels"][:row_capacity]}
+    return [{"input_ids": e["input_ids"][:max_length], "labels": e["labels"][:max_length]}
             for e in examples if any(label != M for label in e["labels"])]
 
 
-# =================================================================================================
-# Lesson 06 (nan_detective): diagnosis_run, guard
-
-
-def crop_as_tensors(examples, row_capacity):
+def crop_as_tensors(examples, max_length):
     """A second correct answer in another container: crop, keep what has a target, as 1-D tensors."""
     import torch
 
     out = []
     for e in examples:
-        ids, labels = torch.tensor(e["input_ids"][:row_capacity]), torch.tensor(e["labels"][:row_capacity])
+        ids, labels = torch.tensor(e["input_ids"][:max_length]), torch.tensor(e["labels"][:max_length])
         if bool((labels[1:] != M).any()):
             out.append({"input_ids": ids, "labels": labels})
     return out
 
 
-def unshifted_targets(examples, row_capacity):
+def unshifted_targets(examples, max_length):
     """Counts a label at column 0 as a target: a crop whose only answer token is its first token stays."""
     out = []
     for e in examples:
-        ids, labels = e["input_ids"][:row_capacity], e["labels"][:row_capacity]
+        ids, labels = e["input_ids"][:max_length], e["labels"][:max_length]
         if any(label != M for label in labels):
             out.append({"input_ids": ids, "labels": labels})
     return out
 
 
-def labels_as_strings(examples, row_capacity):
+def labels_as_strings(examples, max_length):
     """Returns decoded-looking text instead of token lists."""
     return [{"input_ids": str(e["input_ids"]), "labels": str(e["labels"])} for e in examples]
 
@@ -125,26 +123,26 @@ def labels_as_strings(examples, row_capacity):
 
 CHECKERS = [
     Row("diagnose_log", graded(L.check_diagnose_log), lesson05.diagnose_log),
-    Row("prepare_for_packer", graded(L.check_prepare_for_packer), lesson05.prepare_for_packer),
+    Row("prepare_examples", graded(L.check_prepare_examples), lesson05.prepare_examples),
 ]
 
 ALSO_CORRECT = [
-    ("diagnose_log", diagnose_by_lookahead),
-    ("prepare_for_packer", drop_oversized),
-    ("prepare_for_packer", crop_as_tensors),
+    ("diagnose_log", diagnose_by_recovery),
+    ("prepare_examples", drop_oversized),
+    ("prepare_examples", crop_as_tensors),
 ]
 
 WRONG = [
-    ("diagnose_log", always_clog, "is not what broke this run"),
-    ("diagnose_log", no_consumed, "targets never return"),
-    ("diagnose_log", nan_means_lr, "0/0 in the loss"),
+    ("diagnose_log", running_average_says_dead, "the weights survived"),
+    ("diagnose_log", zero_loss_is_fine, "not a perfect step"),
+    ("diagnose_log", spike_is_a_fault, "is noise, not 0/0"),
     ("diagnose_log", wrong_evidence, "does not show it"),
-    ("prepare_for_packer", crop_only, "cropping alone is not the fix"),
-    ("prepare_for_packer", filter_only, "still there"),
-    ("prepare_for_packer", too_strict, "training data"),
-    ("prepare_for_packer", check_before_crop, "cropping alone is not the fix"),
-    ("prepare_for_packer", unshifted_targets, "column 0 is never a target"),
-    ("prepare_for_packer", labels_as_strings, "lists of ints"),
+    ("prepare_examples", crop_only, "cropping alone is not the fix"),
+    ("prepare_examples", filter_only, "still there"),
+    ("prepare_examples", too_strict, "training data"),
+    ("prepare_examples", check_before_crop, "cropping alone is not the fix"),
+    ("prepare_examples", unshifted_targets, "column 0 is never a target"),
+    ("prepare_examples", labels_as_strings, "lists of ints"),
 ]
 
 
@@ -152,26 +150,108 @@ WRONG = [
 # Hints
 # =================================================================================================
 
-def test_packer_hints_are_graded():
-    result = tried_twice(L.check_prepare_for_packer)
+def test_prepare_examples_hints_are_graded():
+    result = tried_twice(L.check_prepare_examples)
     first, second, third = (result.hint() for _ in range(3))
     assert "has_targets(labels)" not in first and "has_targets(labels)" in third
 
 
 # =================================================================================================
-# The broken-log generator: every cause, a log without its cause
+# The log generator: every cause, the log without its cause, healthy look-alikes; the self-test's cases
 # =================================================================================================
 
-def test_broken_log_covers_every_cause():
-    causes = {L._broken_log(seed)[1].cause for seed in range(8)}
-    assert causes == set(L.CAUSES)
+def test_logs_cover_every_cause_and_the_public_one_hands_out_the_log_only():
+    assert {lesson05.training_log_case(seed)[1].cause for seed in range(6)} == set(L.CAUSES)
+    log = L.training_log(5)
+    assert set(log[0]) == {"step", "loss", "avg_loss", "grad_norm", "num_tokens"}, "no field names the cause"
+    assert log == lesson05.training_log_case(5, graded=False)[0]
+    assert log != lesson05.training_log_case(5, graded=True)[0], "the graded stream is drawn apart"
+    assert not hasattr(L, "training_log_case"), "the truth lives with the answers"
 
 
-def test_the_public_log_is_the_log_only():
-    log = L.broken_log(5)
-    assert isinstance(log, list) and all(isinstance(r, dict) for r in log)
-    assert not any(isinstance(v, Diagnosis) or v in L.CAUSES for r in log for v in r.values())
-    assert [r["step"] for r in log] == [r["step"] for r in L._broken_log(5)[0]]
+def test_healthy_controls_and_look_alikes_share_the_surface():
+    cases = [lesson05.training_log_case(s) for s in range(300)]
+    healthy = [log for log, d in cases if d.cause == "healthy"]
+    empty = [log for log, d in cases if d.cause == "empty_micro_batch"]
+    assert all(min(r["num_tokens"] for r in log) <= 3 for log in healthy), "a step with a handful of tokens"
+    assert any(all(math.isfinite(r["loss"]) for r in log) for log in empty), "a clamped empty step logs 0.0"
+    assert any(math.isnan(log[-1]["avg_loss"]) for log in empty), "the running average stays NaN"
+
+
+def test_self_test_cases_draw_every_cause_and_never_name_it():
+    import time
+
+    causes = set()
+    for seed in range(20):
+        start = time.perf_counter()
+        text, cause, choices = lesson05.self_test_case(seed)
+        assert time.perf_counter() - start < 0.5
+        assert cause in choices and choices == tuple(lesson05.SELF_TEST_CAUSES.values())
+        assert cause.lower() not in text.lower() and len(text.splitlines()) <= 25
+        assert (text, cause) == lesson05.self_test_case(seed)[:2], "deterministic per seed"
+        causes.add(cause)
+    assert causes == set(choices)
+
+
+# =================================================================================================
+# Shortcuts a learner has at each exercise: each fails the checker (issue 33)
+# =================================================================================================
+
+def _match_shown_logs(log):
+    """Exercise 1: look the log up among training_log(seed) and read the cause off the seed."""
+    for seed in range(3000):
+        if L.training_log(seed) == log:
+            return Diagnosis(L.CAUSES[seed % len(L.CAUSES)], None)
+    return Diagnosis("healthy", None)
+
+
+def _any_nan_is_the_empty_batch(log):
+    """Exercise 1: the first non-finite loss (section 1's `nan_steps`) is the empty micro-batch."""
+    bad = [r["step"] for r in log if not math.isfinite(r["loss"])]
+    return Diagnosis("empty_micro_batch", bad[0]) if bad else Diagnosis("healthy", None)
+
+
+def _nan_forever_is_dead(log):
+    """Exercise 1: section 1's running-average test (NaN from the first NaN on) read as NaN weights."""
+    bad = [r["step"] for r in log if not math.isfinite(r["loss"])]
+    if not bad:
+        return Diagnosis("healthy", None)
+    dead = all(math.isnan(r["avg_loss"]) for r in log[bad[0] - 1:])
+    return Diagnosis("nan_weights" if dead else "empty_micro_batch", bad[0])
+
+
+def _has_targets_filter(examples, max_length):
+    """Exercise 2: the lesson's own T.has_targets filter, without a cut at max_length."""
+    from course_utils.truncation import has_targets
+
+    return [e for e in examples if has_targets(e["labels"])]
+
+
+def _cut_then_keep_all(examples, max_length):
+    """Exercise 2: right truncation alone (what tokenize_chat(max_length=...) does): cut, keep everything."""
+    return [{"input_ids": list(e["input_ids"][:max_length]), "labels": list(e["labels"][:max_length])}
+            for e in examples]
+
+
+def _drop_anything_with_a_masked_label(examples, max_length):
+    """Exercise 2: a blanket fix — keep only short examples whose labels are mostly set."""
+    return [e for e in examples if len(e["input_ids"]) <= max_length // 2]
+
+
+SHORTCUTS = [
+    ("diagnose_log", "match the shown logs over seeds", _match_shown_logs),
+    ("diagnose_log", "any NaN loss is the empty micro-batch", _any_nan_is_the_empty_batch),
+    ("diagnose_log", "NaN forever in the running average means NaN weights", _nan_forever_is_dead),
+    ("prepare_examples", "the has_targets filter alone", _has_targets_filter),
+    ("prepare_examples", "cut at max_length, keep everything", _cut_then_keep_all),
+    ("prepare_examples", "keep only short examples", _drop_anything_with_a_masked_label),
+]
+
+
+@pytest.mark.parametrize("exercise, description, function", SHORTCUTS, ids=[s[1] for s in SHORTCUTS])
+def test_each_shortcut_fails_the_checker(exercise, description, function, capsys):
+    check = {"diagnose_log": L.check_diagnose_log, "prepare_examples": L.check_prepare_examples}[exercise]
+    assert not check(function), f"{description} passes exercise {exercise}"
 
 
 # =================================================================================================
@@ -186,10 +266,10 @@ REFERENCE = lesson05.diagnose_log
     (lambda: L.check_diagnose_log(REFERENCE, seeds=range(0)), "non-empty"),
     (lambda: L.check_diagnose_log(REFERENCE, seeds=8), "non-empty list"),
     (lambda: L.check_diagnose_log(REFERENCE, seeds=[None]), "deterministic"),
-    (lambda: L.broken_log(None), "deterministic"),
+    (lambda: L.training_log(None), "deterministic"),
     (lambda: L.check_diagnose_log(42), "must be a function"),
-    (lambda: L.check_prepare_for_packer(None), "expected your function"),
-    (lambda: L.broken_log(-3), ">= 0"),
+    (lambda: L.check_prepare_examples(None), "expected your function"),
+    (lambda: L.training_log(-3), ">= 0"),
 ])
 def test_bad_grader_arguments_are_refused(bad_call, phrase):
     with pytest.raises((ValueError, TypeError), match=phrase) as error:
@@ -204,7 +284,7 @@ def test_explicit_seeds_grade_those_logs(capsys):
 
 def test_a_checker_never_raises_on_a_wrong_answer(capsys):
     """Answers of the wrong kind are reported, not raised."""
-    assert not L.check_diagnose_log(lambda log: "clogged_packer")
-    assert not L.check_prepare_for_packer(lambda examples, row_capacity: None)
-    assert not L.check_prepare_for_packer(lambda examples, row_capacity: [{"input_ids": 3, "labels": None}])
-    assert not L.check_prepare_for_packer(lambda examples, row_capacity: [[1, 2, 3]])
+    assert not L.check_diagnose_log(lambda log: "healthy")
+    assert not L.check_prepare_examples(lambda examples, max_length: None)
+    assert not L.check_prepare_examples(lambda examples, max_length: [{"input_ids": 3, "labels": None}])
+    assert not L.check_prepare_examples(lambda examples, max_length: [[1, 2, 3]])
