@@ -513,6 +513,25 @@ def stop_criterion_callback(criterion: StopCriterion, *, every: int = 10):
     return callback
 
 
+
+def sft_until_stops(model, tokenizer, train_dataset, criterion: StopCriterion, *, max_steps: int = 600,
+                    batch_size: int = 16, **config):
+    """Run TRL's ``SFTTrainer`` on ``train_dataset`` until ``criterion`` is met (``max_steps`` the cap).
+
+    The ``SFTTrainer`` twin of ``train_until_stops`` (lesson 02's run A): returns ``(trainer, (steps,
+    p_stop, stop_rate))``, the last check of ``stop_criterion_callback``; the model is left in eval mode.
+    ``config`` goes to ``SFTConfig`` (e.g. ``eos_token=...``).
+    """
+    from .training import make_sft_trainer  # the Trainer's import is slow: only this helper needs it here
+
+    until = stop_criterion_callback(criterion)
+    trainer = make_sft_trainer(model, tokenizer, train_dataset, max_steps=max_steps,
+                               per_device_train_batch_size=batch_size, **config)
+    trainer.add_callback(until)
+    trainer.train()
+    model.eval()
+    return trainer, until.history[-1]
+
 # ------------------------------------------------------------------------------------------------
 # The graded span, the template bug and the plain-text format
 # ------------------------------------------------------------------------------------------------
@@ -659,3 +678,71 @@ def stop_explorer(models: dict, tokenizer, prompts: list[str], eos_choices: dict
     return what_if(frame, {"model": list(models), "eos": list(eos_choices)},
                    descriptions={"model": "trained model", "eos": "eos_token_id for generate()"},
                    width="620px")
+
+
+
+def plot_stop_rates(rates: dict[str, float], broken: list[str], *, margin: float = 0.5) -> bool:
+    """Draw one bar per setup (red: ``broken``) with the claim's threshold (the best broken rate + ``margin``)
+    as a dashed line (lesson 02's verify step); returns whether every other setup reaches it."""
+    import matplotlib.pyplot as plt
+
+    threshold = max(rates[k] for k in broken) + margin
+    fig, ax = plt.subplots(figsize=(10, 4))
+    ax.barh(list(rates), list(rates.values()), color=["#d62828" if k in broken else "#2a9d8f" for k in rates])
+    ax.axvline(threshold, color="k", ls="--", lw=1)
+    ax.text(threshold + 0.01, -0.75, f"broken + {margin} (threshold)", ha="left", va="center", fontsize=8)
+    ax.set_xlim(0, 1.05)
+    ax.set_ylim(len(rates) - 0.5, -1.1)
+    ax.set_xlabel("stop rate (fraction of 20 generations that stopped without opening a new turn)")
+    ax.set_title("Which setups stop: config fixes vs. graded-span bugs (red: broken)")
+    plt.tight_layout()
+    plt.show()
+    for label, rate in rates.items():
+        print(f"stop rate {rate:.2f}  {label}")
+    return all(rate >= threshold for label, rate in rates.items() if label not in broken)
+
+
+def lesson_quiet() -> None:
+    """Quiet the libraries for a lesson's outputs: no progress bars, no transformers info logs, no
+    FutureWarning about SFTConfig's renamed options, no bitsandbytes CPU-kernel notice."""
+    import logging
+    import warnings
+
+    import datasets
+    import transformers
+
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    datasets.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def train_mask_arms(load_model, conversations, criterion: StopCriterion, *, lr: float, cap: int = 600,
+                    batch_size: int = 16):
+    """Lesson 02's 5c: the same model trained twice, same data, seed and ``lr``, once with the end-of-turn
+    token graded (until ``criterion`` is met, ``cap`` steps at most) and once without it, for as many steps.
+
+    ``load_model()`` returns ``(model, tokenizer)``, fresh each call. Returns ``[(model, batches, fit)]``,
+    graded arm first; ``fit`` is ``train_until_stops``'s record.
+    """
+    from .data import make_batches
+    from .training import set_seed
+
+    arms, steps = [], cap
+    for train_on_eos in (True, False):
+        set_seed()
+        model, tokenizer = load_model()
+        batches = make_batches(tokenizer, conversations, batch_size, train_on_eos=train_on_eos)
+        fit = train_until_stops(model, batches, criterion, lr=lr, max_steps=steps)
+        steps = fit["steps"]      # the ungraded arm gets exactly the graded arm's steps
+        arms.append((model, batches, fit))
+    return arms
+
+
+def eos_labels_kept(batch: dict, eos_id: int) -> tuple[int, int]:
+    """``(kept, total)``: of the real eos tokens in ``batch`` (attended, not padding), how many carry a label.
+
+    Lesson 02's pad == eos measurement: a collator that masks labels by pad id keeps none of them."""
+    real_eos = (batch["input_ids"] == eos_id) & (batch["attention_mask"] == 1)
+    return int((batch["labels"][real_eos] != -100).sum()), int(real_eos.sum())

@@ -352,3 +352,25 @@ def test_stop_explorer_refuses_an_eos_choice_beyond_the_embedding(course):
     _refused(ValueError, "eos_choices\\['far'\\]\\[0\\]=600 is beyond", stop_explorer, {"m": model}, tok,
              ["hi"], {"far": [600]})
     _refused(TypeError, "one string", stop_explorer, {"m": model}, tok, "hi", {"default": None})
+
+
+# --- lesson 02's learner-first helpers ------------------------------------------------------------
+
+def test_eos_labels_kept_counts_real_eos_only():
+    from course_utils.eos import eos_labels_kept
+
+    batch = {"input_ids": torch.tensor([[5, 9, 0, 0], [5, 6, 9, 0]]),
+             "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0]]),
+             "labels": torch.tensor([[5, 9, -100, -100], [5, 6, 9, -100]])}
+    assert eos_labels_kept(batch, 0) == (0, 1), "the attended eos at [0, 2] is real: it has no label"
+    assert eos_labels_kept(batch, 9) == (2, 2)
+
+
+def test_plot_stop_rates_says_whether_every_fix_clears_the_threshold(monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from course_utils.eos import plot_stop_rates
+
+    assert plot_stop_rates({"bug": 0.1, "fix": 0.9}, ["bug"], margin=0.5)
+    assert not plot_stop_rates({"bug": 0.5, "fix": 0.9}, ["bug"], margin=0.5)
