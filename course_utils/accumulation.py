@@ -450,6 +450,14 @@ class MysteryRun:
     """
 
     def __init__(self, log: list[dict], args: dict, step_norm):
+        validate.non_empty("log", log, what="logged steps",
+                           fix="pass the run's log: one {'step', 'loss', 'grad_norm'} per optimizer step")
+        if not isinstance(args, dict) or not args:
+            raise ValueError(f"args={args!r:.60} is not the run's settings — the diagnosis reads its "
+                             "accumulation steps, clip and learning rate — pass a dict such as "
+                             "{'gradient_accumulation_steps': 4, 'max_grad_norm': 1.0, "
+                             "'learning_rate': 1e-3}.")
+        validate.function("step_norm", step_norm)  # k -> pre-clip norm: the run's own step, as a black box
         self.log = log
         self.args = args
         self._step_norm = step_norm  # k -> pre-clip norm of the same examples in k micro-batches

@@ -122,6 +122,7 @@ _FAILURES: dict[str, int] = {}
 
 def failed_checks(name: str) -> int:
     """How many times the checker ``name`` has failed (not counting "not implemented yet") in this kernel."""
+    validate.non_empty_string("name", name, why="failures are counted per exercise checker, by its name")
     return _FAILURES.get(name, 0)
 
 
