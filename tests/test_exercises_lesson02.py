@@ -206,18 +206,38 @@ def test_stop_token_ids_hints_are_graded(tokenizer, capsys):
 
 
 def test_broken_generation_run_draws_every_cause_and_varies():
-    causes = {ex._broken_generation_run(seed)[1].cause for seed in range(len(ex.CAUSES))}
-    assert causes == set(ex.CAUSES)
-    a, b = ex._broken_generation_run(100), ex._broken_generation_run(101)
-    assert a[0] != b[0]
-    assert ex._broken_generation_run(7) == ex._broken_generation_run(7), "seeded: the same seed, the same run"
+    case = lesson02.broken_run_case
+    assert {case(seed)[1].cause for seed in range(len(ex.CAUSES))} == set(ex.CAUSES)
+    assert {case(seed, graded=False)[1].cause for seed in range(len(ex.CAUSES))} == set(ex.CAUSES)
+    assert case(100)[0] != case(101)[0]
+    assert case(7) == case(7), "seeded: the same seed, the same run"
 
 
-def test_the_public_generator_returns_the_artefact_only():
+def test_the_public_generator_returns_the_shown_artefact_only_and_the_checker_grades_another_stream():
     artefact = ex.broken_generation_run(7)
-    assert artefact == ex._broken_generation_run(7)[0]
+    assert artefact == lesson02.broken_run_case(7, graded=False)[0]
     assert isinstance(artefact, dict) and not any(isinstance(v, Diagnosis) for v in artefact.values())
     assert not any(cause in repr(artefact) for cause in ex.CAUSES), "no field names the cause"
+    shown = [lesson02.broken_run_case(seed, graded=False)[0] for seed in range(1000, 1040)]
+    assert not any(lesson02.broken_run_case(seed)[0] in shown for seed in range(1000, 1040)), (
+        "the checker's runs are not the ones a learner can print")
+    assert not hasattr(ex, "_broken_generation_run"), "the truth-knowing generator lives with the answers"
+
+
+def test_every_drawn_run_is_decidable_by_the_reference(capsys):
+    """No run without its evidence (e.g. left padding where every prompt has the same length)."""
+    assert ex.check_diagnosis_exercise(lesson02.diagnose_generations, seeds=list(range(300))).passed
+
+
+def test_self_test_cases_draw_every_cause_and_never_name_it():
+    seen = set()
+    for seed in range(40):
+        text, cause, choices = lesson02.self_test_case(seed)
+        assert cause in choices and choices == tuple(lesson02.SELF_TEST_CAUSES.values())
+        assert not any(name in text for name in ex.CAUSES), "the text never names the cause"
+        assert (text, cause) == lesson02.self_test_case(seed)[:2], "deterministic per seed"
+        seen.add(cause)
+    assert seen == set(lesson02.SELF_TEST_CAUSES.values())
 
 
 @pytest.mark.parametrize("seed, error", [(-1, ValueError), (None, ValueError), ("3", ValueError)])

@@ -21,7 +21,7 @@ import torch
 from trl.chat_template_utils import gemma_chat_template, llama3_chat_template, phi3_chat_template
 
 from .. import validate
-from ..checks import Case, Diagnosis, Hints, check_diagnosis, run_check
+from ..checks import Case, Hints, check_diagnosis, run_check
 from ..data import IGNORE_INDEX
 from ..model import course_seed
 from .answers import lesson02 as answers
@@ -119,19 +119,7 @@ def check_stop_token_ids(fn, tokenizer):
 # Exercise 2 (diagnosis): why does this fine-tune not stop?
 # ------------------------------------------------------------------------------------------------
 
-CAUSES = ("wrong_stop_ids", "stop_token_not_graded", "pad_equals_eos", "max_new_tokens_too_small",
-          "left_padding_without_mask")
-# Chat families the generator draws from: (end-of-turn token, turn opener, eos) as their templates write them.
-_FAMILIES = (("<|im_end|>", "<|im_start|>", "<|endoftext|>"), ("<|eot_id|>", "<|start_header_id|>",
-             "<|end_of_text|>"), ("<end_of_turn>", "<start_of_turn>", "<eos>"), ("<|end|>", "<|user|>",
-                                                                                  "<|endoftext|>"))
-_WORDS = ("red", "cat", "moon", "road", "big", "box", "green", "cold", "bag", "cow", "sun", "tree")
-
-
-def _qa(rng: random.Random) -> tuple[list[str], list[str]]:
-    """A question and answer as token strings (reverse-the-words: the answer length varies)."""
-    words = rng.sample(_WORDS, rng.randint(3, 6))
-    return ["Reverse", ":"] + words, list(reversed(words))
+CAUSES = answers.CAUSES  # what can stop a fine-tune from stopping (the learner picks one)
 
 
 def broken_generation_run(seed: int) -> dict:
@@ -143,70 +131,7 @@ def broken_generation_run(seed: int) -> dict:
     exercise (the checker grades on other seeds).
     """
     validate.seed("seed", seed)
-    return _broken_generation_run(seed)[0]
-
-
-def _broken_generation_run(seed: int) -> tuple[dict, Diagnosis]:
-    """``broken_generation_run``'s artefact and its truth, ``Diagnosis(cause, evidence)``.
-
-    ``generate_config`` holds ``eos_tokens``, ``max_new_tokens``, ``padding_side`` and
-    ``attention_mask_passed``; ``format`` is "chat" or "plain". Five causes, drawn by ``seed``: three
-    from this lesson and two look-alikes (a ``max_new_tokens`` too small for the answers; left padding
-    without an attention mask, lesson 03).
-    """
-    rng = random.Random(seed)
-    cause = CAUSES[seed % len(CAUSES)] if seed < len(CAUSES) else rng.choice(CAUSES)
-    eot, opener, eos = rng.choice(_FAMILIES)
-    fmt = "plain" if cause == "pad_equals_eos" else "chat"
-    stop = eos if fmt == "plain" else eot
-    pad = eos if (fmt == "plain" or rng.random() < 0.5) else "<pad>"
-    budget = rng.choice((32, 40, 64))
-    cfg = {"eos_tokens": [eos, eot], "max_new_tokens": budget, "padding_side": "left",
-           "attention_mask_passed": True}
-    if cause == "wrong_stop_ids":
-        cfg["eos_tokens"] = [eos]
-    if cause == "left_padding_without_mask":
-        cfg["attention_mask_passed"] = False
-    qas = [_qa(rng) for _ in range(rng.randint(4, 6))]
-    if cause == "max_new_tokens_too_small":
-        cfg["max_new_tokens"] = budget = rng.randint(2, min(len(a) for _, a in qas) - 1)
-    longest = max(len(q) for q, _ in qas)
-    generations = []
-    for q, a in qas:
-        gen = _broken_reply(rng, cause, a, stop, opener, len(q) < longest)[:budget]
-        stopped = bool(gen) and gen[-1] in cfg["eos_tokens"]
-        generations.append({"prompt_tokens": q, "tokens": gen, "stopped": stopped, "reference": a})
-    graded = []
-    for _, a in qas[:3]:
-        span = (["###", "Answer", ":"] if fmt == "plain" else ["\n"]) + a
-        closing = [stop] if fmt == "plain" else [stop, "\n"]
-        graded.append(span if cause in ("stop_token_not_graded", "pad_equals_eos") else span + closing)
-    artefact = {"generations": generations, "generate_config": cfg, "graded_span": graded, "format": fmt,
-                "end_of_turn_token": eot, "eos_token": eos, "pad_token": pad,
-                "collator": ("transformers DataCollatorForLanguageModeling" if cause == "pad_equals_eos" else
-                             rng.choice(("TRL DataCollatorForLanguageModeling", "course collate_right")))}
-    if cause == "pad_equals_eos":
-        evidence = eos
-    elif cause in ("wrong_stop_ids", "stop_token_not_graded"):
-        evidence = eot
-    elif cause == "max_new_tokens_too_small":
-        evidence = budget
-    else:
-        evidence = tuple(i for i, (q, _) in enumerate(qas) if len(q) < longest)
-    return artefact, Diagnosis(cause, evidence)
-
-
-def _broken_reply(rng: random.Random, cause: str, answer: list[str], stop: str, opener: str,
-                  padded: bool) -> list[str]:
-    """What the model generates for one prompt under ``cause`` (tokens; cut to the budget later)."""
-    ramble = [rng.choice(_WORDS) for _ in range(80)]
-    if cause == "wrong_stop_ids":  # writes the end-of-turn token, nobody watches it: invents turns
-        return answer + [stop, "\n", opener, "assistant", "\n"] + ramble
-    if cause in ("stop_token_not_graded", "pad_equals_eos"):  # never learned the stop: rambles on
-        return answer + (["\n", "###", "Question", ":"] if cause == "pad_equals_eos" else ["\n"]) + ramble
-    if cause == "left_padding_without_mask" and padded:  # attends to pad columns: garbled from token 1
-        return [rng.choice(("##", "ss", "w", "0", "nsw")) for _ in range(80)]
-    return answer + [stop]  # stops correctly (the budget may still cut it)
+    return answers.broken_run_case(seed, graded=False)[0]
 
 
 def _evidence_ok(got, truth) -> bool:
@@ -255,7 +180,7 @@ def check_diagnosis_exercise(fn, seeds: Sequence[int] | None = None):
         fresh = [1000 + 7 * course_seed() + i for i in range(12)]
         seeds = list(range(len(CAUSES))) + fresh  # every cause at least once, then fresh draws
     seeds = validate.seeds("seeds", seeds)
-    return check_diagnosis("diagnose_generations", fn, _broken_generation_run, seeds=seeds,
+    return check_diagnosis("diagnose_generations", fn, answers.broken_run_case, seeds=seeds,
                            evidence_ok=_evidence_ok, misconceptions=DIAGNOSIS_MISCONCEPTIONS,
                            hint=DIAGNOSIS_HINTS)
 
