@@ -175,3 +175,47 @@ def token_id(tokenizer, token: str) -> int:
             f"mapped to unk — check the spelling, e.g. one of {SPECIAL_TOKENS}."
         )
     return ids[0]
+
+
+# The reasoning and tool-call markers of Qwen3's tokenizer (lesson 09). There they are added tokens with
+# special=False: single ids that decode as text, kept by skip_special_tokens — a reasoning parser reads them.
+REASONING_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>",
+                    "<tool_response>", "</tool_response>")
+
+
+def add_reasoning_tokens(model, tokenizer) -> list[int]:
+    """Give ``(model, tokenizer)`` Qwen3's reasoning and tool-call tokens (``REASONING_TOKENS``) as single
+    added tokens, and grow the embeddings by one row each; returns the new ids. Changes both in place.
+
+    Why a function and not a rebuilt course model: every other lesson loads the shipped models as they
+    are, and their outputs depend on the vocabulary; lesson 09 adds the tokens on its own copy. This is
+    also what a practitioner does to teach a base model to reason: ``add_tokens`` + resize. Each new row
+    starts as the **mean of the rows of the pieces the old tokenizer spelled it with** (``<think>`` was
+    ``<``, ``t``, ``h``, ``ink``, ``>``), in the input embedding and — where it is a separate matrix — the
+    output head: a row near what the model already read there, instead of a random one that makes the
+    new token's logit arbitrary (transformers' ``mean_resizing`` uses the mean of *all* rows instead).
+    Deterministic: no random draw. Tokens the tokenizer already has are left alone (calling it twice is
+    harmless).
+    """
+    import torch
+    from tokenizers import AddedToken
+
+    validate.model("model", model)
+    validate.tokenizer("tokenizer", tokenizer)
+    validate.model_and_tokenizer(model, tokenizer)
+    new = [t for t in REASONING_TOKENS if t not in tokenizer.get_vocab()]
+    if not new:
+        return [tokenizer.convert_tokens_to_ids(t) for t in REASONING_TOKENS]
+    pieces = {t: tokenizer(t, add_special_tokens=False)["input_ids"] for t in new}  # before they exist
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in new])
+    model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    matrices = [model.get_input_embeddings().weight]
+    head = model.get_output_embeddings()
+    if head is not None and head.weight is not matrices[0]:  # untied (tiny-llama): the head gets its own mean
+        matrices.append(head.weight)
+    with torch.no_grad():
+        for token, ids in pieces.items():
+            row = tokenizer.convert_tokens_to_ids(token)
+            for weight in matrices:
+                weight[row] = weight[ids].mean(dim=0)
+    return [tokenizer.convert_tokens_to_ids(t) for t in REASONING_TOKENS]

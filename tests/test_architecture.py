@@ -16,7 +16,7 @@ LESSONS = {"tour": "00", "accumulation": "01", "eos": "02", "padding": "03", "te
            "truncation": "05", "nan_detective": "06", "token_weighting": "07", "ddp_grad": "07",
            "capstone": "08", "doctor": "08", "doctor_precision": "08", "doctor_trainer": "08",
            "watch": "08",
-           "shipping": "10", "ship": "10"}
+           "reasoning": "09", "shipping": "10", "ship": "10"}
 
 
 def module_name(path: Path) -> str:

@@ -1,0 +1,461 @@
+"""Reasoning and tool-call data: what a chat template renders, what TRL grades, what the model then writes.
+
+Lesson 09. The course model learns Qwen3's ``<think>`` / ``<tool_call>`` format here (the tokens come from
+``model.add_reasoning_tokens``); the chats come from the course's two tasks (``data.make_messages``) with a
+short reasoning that restates the sum or the reversal, so a 0.5 M-parameter model learns the *format* in
+seconds. Three kinds of helper:
+
+- data: ``reasoning_chats`` (single- or multi-turn, some turns without reasoning), ``tool_chats`` (a call
+  to ``add`` with its arguments as a dict or as a JSON string, the tool's reply, the answer);
+- what is graded, read from rows TRL prepared (``internals.prepare_sft_dataset``): ``think_blocks``,
+  ``reasoning_budget``, ``tool_budget``;
+- what the trained model wrote: ``read_reply`` / ``reply_kinds`` (reasoned, an empty block, no block,
+  reasoning leaked past the block), ``read_tool_call`` (the call a server would parse);
+- ``reasoning_explorer``: the lesson's "what if" over its runs.
+
+The lesson's notebook generates with ``eos.generate_greedy`` and passes the records here.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import tempfile
+from collections.abc import Sequence
+
+from . import validate
+from .data import IGNORE_INDEX, make_messages
+
+THINK, END_THINK = "<think>", "</think>"
+TOOL_CALL, END_TOOL_CALL = "<tool_call>", "</tool_call>"
+TOOL_RESPONSE, END_TOOL_RESPONSE = "<tool_response>", "</tool_response>"
+REPLY_KINDS = ("reasoned", "empty", "no_block")
+
+_ADD = re.compile(r"What is (\d+) \+ (\d+)\?")
+_REVERSE = "Reverse the words: "
+
+
+def load_reasoning_model(chat_template: str, name_or_path=None):
+    """``(model, tokenizer)``: a fresh course model (``COURSE_MODEL`` unless ``name_or_path``) with Qwen3's
+    reasoning and tool tokens added (``model.add_reasoning_tokens``) and ``chat_template`` set — e.g. one of
+    TRL's real templates (``trl.chat_template_utils.qwen3_chat_template``). Each call loads anew, so every
+    run of the lesson starts from the same weights."""
+    from .model import add_reasoning_tokens, load_course_model
+
+    validate.non_empty_string("chat_template", chat_template, why="it renders every chat of the run")
+    model, tokenizer = load_course_model(name_or_path)
+    add_reasoning_tokens(model, tokenizer)
+    tokenizer.chat_template = chat_template
+    return model, tokenizer
+
+
+def reasoning_for(question: str, answer: str) -> str:
+    """The short reasoning of a course question: ``"23 plus 58 is 81."`` or ``"the words red cat reversed
+    are cat red."`` — the sentences of the course model's pretraining text, so it learns the format fast."""
+    validate.non_empty_string("question", question, why="the reasoning restates it")
+    validate.non_empty_string("answer", answer, why="the reasoning ends on it")
+    match = _ADD.search(question)
+    if match:
+        return f"{match[1]} plus {match[2]} is {answer}."
+    if _REVERSE in question:
+        return f"the words {question.split(_REVERSE, 1)[1]} reversed are {answer}."
+    raise ValueError(
+        f"question {question!r:.60} is not one of the course's tasks — the reasoning restates an "
+        "addition or a reversal — pass a question from make_messages()."
+    )
+
+
+def reasoning_chats(
+    n: int, seed: int, *, turns: int = 1, reasoning_share: float = 1.0, task: str = "mixed"
+) -> list[list[dict]]:
+    """``n`` conversations of ``turns`` user/assistant pairs from ``make_messages``; an assistant turn holds
+    its reasoning in ``reasoning_content`` (the field Qwen3's template reads) with probability
+    ``reasoning_share``, else no reasoning at all (a plain chat row). Deterministic in ``seed``."""
+    validate.positive_int("n", n, why="it counts conversations")
+    validate.positive_int("turns", turns, why="it counts user/assistant pairs per conversation")
+    validate.fraction("reasoning_share", reasoning_share, why="it is the share of turns that reason")
+    validate.seed("seed", seed)
+    pairs = make_messages(task, n * turns, seed=seed)
+    rng = random.Random(seed + 7)
+    chats = []
+    for i in range(n):
+        messages = []
+        for user, assistant in pairs[i * turns : (i + 1) * turns]:
+            turn = {"role": "assistant", "content": assistant["content"]}
+            if rng.random() < reasoning_share:
+                turn["reasoning_content"] = reasoning_for(user["content"], assistant["content"])
+            messages += [dict(user), turn]
+        chats.append(messages)
+    return chats
+
+
+def tool_chats(n: int, seed: int, *, arguments: str = "dict") -> list[list[dict]]:
+    """``n`` tool-use conversations: a short system prompt, an addition question, the assistant's call
+    ``add(a, b)`` (``arguments`` as a ``"dict"`` — the transformers convention — or as a ``"json"`` string —
+    the OpenAI wire format), the tool's reply and the answer. The system prompt is short on purpose: it
+    replaces Qwen2.5's default one and keeps rows short; it changes nothing the lesson measures."""
+    validate.positive_int("n", n, why="it counts conversations")
+    validate.choice(
+        "arguments", arguments, ("dict", "json"), why="a call's arguments travel in one of these two shapes"
+    )
+    chats = []
+    for user, assistant in make_messages("add", n, seed=seed):
+        a, b = map(int, _ADD.search(user["content"]).groups())
+        args = {"a": a, "b": b}
+        call = {
+            "type": "function",
+            "function": {"name": "add", "arguments": args if arguments == "dict" else json.dumps(args)},
+        }
+        chats.append(
+            [
+                {"role": "system", "content": "Use the tools."},
+                dict(user),
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "name": "add", "content": assistant["content"]},
+                {"role": "assistant", "content": assistant["content"]},
+            ]
+        )
+    return chats
+
+
+# ------------------------------------------------------------------------------------------------
+# What is graded: read from the rows TRL prepared (input_ids + labels)
+# ------------------------------------------------------------------------------------------------
+
+
+def trained_rows(tokenizer, rows: list[dict], **config):
+    """The rows ``SFTTrainer`` would train on ``rows`` (TRL's data forms: ``messages``, or ``prompt`` /
+    ``completion``, with optional ``chat_template_kwargs`` and ``tools``), tokenized and labelled by TRL
+    itself, without a model. ``config``: ``SFTConfig`` fields (e.g. ``assistant_only_loss=True``).
+
+    Two decisions ``SFTTrainer.__init__`` makes before it prepares the data (TRL 1.16) are made here the same
+    way, so what you count is what that trainer grades: with ``assistant_only_loss`` it swaps in TRL's
+    training template when the tokenizer's has no ``{% generation %}`` markers; with ``completion_only_loss``
+    unset it grades only the completion of prompt-completion rows.
+    """
+    from datasets import Dataset
+    from trl import SFTConfig
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    from .internals import prepare_sft_dataset
+    from .quiet import quiet_libraries
+
+    validate.tokenizer("tokenizer", tokenizer)
+    if (
+        isinstance(rows, dict)
+        or not isinstance(rows, Sequence)
+        or not rows
+        or not all(isinstance(r, dict) for r in rows)
+    ):
+        raise ValueError(
+            f"rows must be a non-empty list of dicts in one of TRL's forms, got "
+            f"{type(rows).__name__} — TRL prepares each — pass e.g. "
+            "[{'messages': conversation}, ...]."
+        )
+    args = SFTConfig(
+        **{
+            "output_dir": tempfile.mkdtemp(prefix="sft-lab-rows-"),
+            "report_to": "none",
+            "use_cpu": True,
+            "bf16": False,
+            "activation_checkpointing": False,
+            **config,
+        }
+    )
+    chat_template = None
+    if args.assistant_only_loss and not has_generation_markers(tokenizer.chat_template):
+        chat_template = get_training_chat_template(tokenizer)
+    completion_only = args.completion_only_loss
+    if completion_only is None:
+        completion_only = "prompt" in rows[0] and "completion" in rows[0]
+    with quiet_libraries(logs=False):
+        return prepare_sft_dataset(
+            Dataset.from_list(list(rows)),
+            tokenizer,
+            args,
+            chat_template=chat_template,
+            completion_only_loss=completion_only,
+        )
+
+
+def _check_row(row) -> tuple[list[int], list[int]]:
+    if not isinstance(row, dict) or "input_ids" not in row or "labels" not in row:
+        raise TypeError(
+            f"row must be a prepared example with 'input_ids' and 'labels', got "
+            f"{type(row).__name__} — the helper reads which tokens are graded — pass a row of "
+            "internals.prepare_sft_dataset(...) (or of trainer.train_dataset)."
+        )
+    ids, labels = list(row["input_ids"]), list(row["labels"])
+    if len(ids) != len(labels) or not ids:
+        raise ValueError(
+            f"row has {len(ids)} input_ids and {len(labels)} labels — one label per token — "
+            "pass a row as TRL prepared it."
+        )
+    return ids, labels
+
+
+def _ids(tokenizer, *tokens: str) -> list[int]:
+    vocab = tokenizer.get_vocab()
+    missing = [t for t in tokens if t not in vocab]
+    if missing:
+        raise ValueError(
+            f"the tokenizer has no {missing} token — the lesson's format needs single ids for "
+            "them — call course_utils.model.add_reasoning_tokens(model, tokenizer) first."
+        )
+    return [vocab[t] for t in tokens]
+
+
+def _spans(ids: list[int], open_id: int, close_id: int) -> list[tuple[int, int]]:
+    """(position of the opening token, position of its closing token) for each closed block."""
+    spans, start = [], None
+    for i, t in enumerate(ids):
+        if t == open_id:
+            start = i
+        elif t == close_id and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def think_blocks(tokenizer, row) -> list[dict]:
+    """Each ``<think>…</think>`` block of a prepared row: ``tokens`` (between the markers, newlines
+    included), ``empty`` (only whitespace inside), ``graded`` (how many tokens inside carry loss) and
+    ``opening_graded`` (the ``<think>`` itself is a target: the model learns to *open* the block there)."""
+    validate.tokenizer("tokenizer", tokenizer)
+    ids, labels = _check_row(row)
+    think, end = _ids(tokenizer, THINK, END_THINK)
+    blocks = []
+    for s, e in _spans(ids, think, end):
+        inside = ids[s + 1 : e]
+        blocks.append(
+            {
+                "tokens": len(inside),
+                "empty": not tokenizer.decode(inside).strip(),
+                "graded": sum(label != IGNORE_INDEX for label in labels[s + 1 : e]),
+                "opening_graded": labels[s] != IGNORE_INDEX,
+            }
+        )
+    return blocks
+
+
+def reasoning_budget(tokenizer, rows) -> dict:
+    """Over prepared rows: the reasoning blocks and tokens the rendering holds, how many of those tokens
+    carry loss, and the empty blocks (and how many of them are graded — a lesson to skip reasoning)."""
+    rows = _check_rows(rows)
+    blocks = [b for row in rows for b in think_blocks(tokenizer, row)]
+    reasoned = [b for b in blocks if not b["empty"]]
+    empty = [b for b in blocks if b["empty"]]
+    return {
+        "rows": len(rows),
+        "reasoning_blocks": len(reasoned),
+        "reasoning_tokens": sum(b["tokens"] for b in reasoned),
+        "graded_reasoning_tokens": sum(b["graded"] for b in reasoned),
+        "empty_blocks": len(empty),
+        "graded_empty_blocks": sum(b["graded"] > 0 for b in empty),
+    }
+
+
+def data_reasoning_tokens(tokenizer, conversations) -> dict:
+    """What the *data* holds, whatever a template keeps: the assistant turns with reasoning, and their
+    tokens as a Qwen3 template writes them between ``<think>`` and ``</think>`` (``\\n`` + reasoning +
+    ``\\n``; the markers are added tokens, so this text is tokenized on its own in any rendering)."""
+    validate.tokenizer("tokenizer", tokenizer)
+    conversations = _check_conversations(conversations)
+    texts = [
+        m["reasoning_content"]
+        for c in conversations
+        for m in c
+        if m["role"] == "assistant"
+        and isinstance(m.get("reasoning_content"), str)
+        and m["reasoning_content"].strip()
+    ]
+    tokens = sum(
+        len(tokenizer("\n" + t.strip("\n") + "\n", add_special_tokens=False)["input_ids"]) for t in texts
+    )
+    return {"reasoning_turns": len(texts), "reasoning_tokens": tokens}
+
+
+def tool_budget(tokenizer, rows, conversations) -> dict:
+    """Over prepared rows and the conversations they came from: tool calls in the data, calls whose
+    name and arguments reach the rendering, calls rendered with their arguments as a JSON *string*
+    (``"arguments": "{…}"``), and tool replies whose tokens carry loss (the model learns to write them)."""
+    rows = _check_rows(rows)
+    conversations = _check_conversations(conversations)
+    if len(rows) != len(conversations):
+        raise ValueError(
+            f"{len(rows)} rows but {len(conversations)} conversations — each row is compared with "
+            "the conversation it was prepared from — pass both in the same order (and check "
+            "that TRL dropped no row)."
+        )
+    response, end_response = _ids(tokenizer, TOOL_RESPONSE, END_TOOL_RESPONSE)
+    calls = rendered = as_string = replies = graded_replies = 0
+    for row, conversation in zip(rows, conversations):
+        ids, labels = _check_row(row)
+        text = tokenizer.decode(ids)
+        for m in conversation:
+            for call in m.get("tool_calls") or []:
+                calls += 1
+                function = call.get("function", call)
+                args = function["arguments"]
+                args = json.loads(args) if isinstance(args, str) else args
+                values = [str(v) for v in args.values()]
+                rendered += function["name"] in text and all(v in text for v in values)
+        as_string += len(re.findall(r'"arguments": "', text))
+        for s, e in _spans(ids, response, end_response):
+            replies += 1
+            graded_replies += any(label != IGNORE_INDEX for label in labels[s + 1 : e])
+    return {
+        "tool_calls": calls,
+        "calls_rendered": rendered,
+        "arguments_as_string": as_string,
+        "tool_replies": replies,
+        "graded_tool_replies": graded_replies,
+    }
+
+
+def _check_rows(rows) -> list[dict]:
+    if isinstance(rows, dict) or not hasattr(rows, "__len__") or not len(rows):
+        raise ValueError(
+            f"rows must be a non-empty list (or Dataset) of prepared rows, got {type(rows).__name__} "
+            "— the helper counts over them — pass internals.prepare_sft_dataset(...)."
+        )
+    return [rows[i] for i in range(len(rows))]
+
+
+def _check_conversations(conversations) -> list[list[dict]]:
+    if isinstance(conversations, (str, dict)) or not isinstance(conversations, Sequence) or not conversations:
+        raise ValueError(
+            f"conversations must be a non-empty list of message lists, got "
+            f"{type(conversations).__name__} — the helper reads each message — pass e.g. "
+            "reasoning_chats(8, seed=0)."
+        )
+    for i, c in enumerate(conversations):
+        validate.messages(f"conversations[{i}]", c)
+    return list(conversations)
+
+
+# ------------------------------------------------------------------------------------------------
+# What the trained model wrote
+# ------------------------------------------------------------------------------------------------
+
+
+def read_reply(text: str, *, opened: bool = False) -> dict:
+    """A generated reply, read as a reasoning parser reads it: ``kind`` is ``"reasoned"`` (a block with
+    text in it), ``"empty"`` (``<think>`` then only whitespace then ``</think>``: reasoning skipped) or
+    ``"no_block"`` (the reply does not open with ``<think>``); ``reasoning``, ``answer`` (after the first
+    ``</think>``, before the end of turn) and ``leaked`` (a ``</think>`` inside the answer, or a reply
+    without a block that closes one: reasoning written where the user reads the answer).
+    ``opened=True`` when the prompt itself ended inside a block (DeepSeek-R1's ``<think>\\n`` prefill)."""
+    if not isinstance(text, str):
+        raise TypeError(
+            f"text must be a reply string, got {type(text).__name__} — the helper parses it — "
+            "pass a generate_greedy record's ['text']."
+        )
+    body = text.split("<|im_end|>", 1)[0].split("<|endoftext|>", 1)[0]
+    stripped = body.lstrip()
+    if opened or stripped.startswith(THINK):
+        inside = stripped[len(THINK) :] if stripped.startswith(THINK) else stripped
+        if END_THINK in inside:
+            reasoning, answer = inside.split(END_THINK, 1)
+            kind = "reasoned" if reasoning.strip() else "empty"
+            return {
+                "kind": kind,
+                "reasoning": reasoning.strip(),
+                "answer": answer.strip(),
+                "leaked": END_THINK in answer,
+            }
+        return {
+            "kind": "reasoned" if inside.strip() else "empty",
+            "reasoning": inside.strip(),
+            "answer": "",
+            "leaked": False,
+        }
+    return {"kind": "no_block", "reasoning": "", "answer": stripped.strip(), "leaked": END_THINK in body}
+
+
+def reply_kinds(records) -> dict:
+    """Shares of ``REPLY_KINDS`` over generation records, and the share that leaked reasoning."""
+    if isinstance(records, dict) or not isinstance(records, Sequence) or not records:
+        raise ValueError(
+            f"records must be a non-empty list of generate_greedy records, got "
+            f"{type(records).__name__} — the helper reads each reply — pass generate_greedy(...)."
+        )
+    read = [read_reply(r["text"] if isinstance(r, dict) else r) for r in records]
+    shares = {k: sum(r["kind"] == k for r in read) / len(read) for k in REPLY_KINDS}
+    shares["leaked"] = sum(r["leaked"] for r in read) / len(read)
+    return shares
+
+
+def read_tool_call(text: str) -> dict | None:
+    """The first ``<tool_call>`` of a reply as a Hermes-style server parses it: ``{"name", "arguments"}``
+    with ``arguments`` as the JSON held there — a dict when the model wrote an object, a *string* when it
+    wrote an escaped string — or ``None`` when the reply holds no complete, valid call."""
+    if not isinstance(text, str):
+        raise TypeError(
+            f"text must be a reply string, got {type(text).__name__} — the helper parses it — "
+            "pass a generate_greedy record's ['text']."
+        )
+    match = re.search(re.escape(TOOL_CALL) + r"\s*(.*?)\s*" + re.escape(END_TOOL_CALL), text, re.S)
+    if not match:
+        return None
+    try:
+        call = json.loads(match[1])
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(call, dict) or "name" not in call or "arguments" not in call:
+        return None
+    return {"name": call["name"], "arguments": call["arguments"]}
+
+
+def arguments_shape(text: str) -> str | None:
+    """What a reply's first call writes after ``"arguments": ``: ``"object"`` (``{``: a server parses it
+    into a dict), ``"string"`` (``"``: an escaped JSON string, parsed into a str), or ``None`` (no call).
+    The shape the model learned, whether or not the rest of its call is valid JSON."""
+    if not isinstance(text, str):
+        raise TypeError(
+            f"text must be a reply string, got {type(text).__name__} — the helper reads it — pass a "
+            "generate_greedy record's ['text']."
+        )
+    match = re.search(r'"arguments":\s*(.)', text.split(END_TOOL_CALL, 1)[0])
+    if not match or TOOL_CALL not in text:
+        return None
+    return {"{": "object", '"': "string"}.get(match[1])
+
+
+# ------------------------------------------------------------------------------------------------
+# The lesson's "what if"
+# ------------------------------------------------------------------------------------------------
+
+
+def reasoning_explorer(runs: dict):
+    """What if the run had been trained another way, or served with the other ``enable_thinking``?
+    ``runs`` maps a run's label to ``{serve setting: generation records}``; one frame per pair: the shares
+    of reasoned / empty / no block / leaked replies, and the first reply."""
+    from .viz import what_if
+
+    if not isinstance(runs, dict) or not runs or not all(isinstance(v, dict) and v for v in runs.values()):
+        raise ValueError(
+            f"runs must be a non-empty dict {{run: {{serve setting: records}}}}, got "
+            f"{type(runs).__name__} — each frame shows one run served one way — pass the dict "
+            "the lesson measured."
+        )
+    settings = list(next(iter(runs.values())))
+    if any(list(v) != settings for v in runs.values()):
+        raise ValueError(
+            "every run must be measured under the same serve settings — the dropdowns choose "
+            "one of each — measure each run with the same settings."
+        )
+
+    def frame(run, served):
+        records = runs[run][served]
+        shares = reply_kinds(records)
+        bars = "\n".join(f"  {k:9s} {'█' * round(20 * v):20s} {v:.2f}" for k, v in shares.items())
+        return f"{run} — served {served}\n{bars}\n  first reply: {records[0]['text'][:90]!r}"
+
+    return what_if(
+        frame,
+        {"run": list(runs), "served": settings},
+        descriptions={"run": "trained as", "served": "served with"},
+        width="560px",
+    )

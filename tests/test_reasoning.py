@@ -1,0 +1,221 @@
+"""Lesson 09's tools (``course_utils.reasoning``) and the reasoning tokens (``model.add_reasoning_tokens``):
+the counts of what TRL grades are exact on TRL's real templates; the reply readers parse what a server
+would."""
+
+import copy
+import json
+
+import pytest
+import torch
+from trl.chat_template_utils import (
+    llama3_chat_template,
+    qwen2_5_chat_template,
+    qwen3_chat_template,
+    qwen3_training_chat_template,
+)
+
+from course_utils import load_course_model
+from course_utils.model import REASONING_TOKENS, add_reasoning_tokens
+from course_utils.reasoning import (
+    arguments_shape,
+    data_reasoning_tokens,
+    load_reasoning_model,
+    read_reply,
+    read_tool_call,
+    reasoning_budget,
+    reasoning_chats,
+    reasoning_explorer,
+    reasoning_for,
+    reply_kinds,
+    think_blocks,
+    tool_budget,
+    tool_chats,
+    trained_rows,
+)
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    return load_reasoning_model(qwen3_chat_template)[1]
+
+
+def with_template(tokenizer, template):
+    other = copy.copy(tokenizer)
+    other.chat_template = template
+    return other
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen", "tiny-llama"])
+def test_reasoning_tokens_are_single_ids_whose_rows_start_at_the_mean_of_their_pieces(name):
+    model, tok = load_course_model(name)
+    pieces = {t: tok(t, add_special_tokens=False)["input_ids"] for t in REASONING_TOKENS}
+    before_in = model.get_input_embeddings().weight.detach().clone()
+    before_out = model.get_output_embeddings().weight.detach().clone()
+    ids = add_reasoning_tokens(model, tok)
+    assert ids == list(range(len(before_in), len(before_in) + len(REASONING_TOKENS)))
+    assert [tok(t, add_special_tokens=False)["input_ids"] for t in REASONING_TOKENS] == [[i] for i in ids]
+    assert not any(tok.get_added_vocab() and t in tok.all_special_tokens for t in REASONING_TOKENS), (
+        "added as Qwen3 has them: special=False, so skip_special_tokens keeps them"
+    )
+    new_in, new_out = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    assert torch.equal(new_in[: len(before_in)], before_in), "the old rows are untouched"
+    for token, i in zip(REASONING_TOKENS, ids):
+        assert torch.allclose(new_in[i], before_in[pieces[token]].mean(0))
+        assert torch.allclose(new_out[i], before_out[pieces[token]].mean(0)), (
+            "the head's own mean where untied"
+        )
+    assert model.config.tie_word_embeddings == (new_in.data_ptr() == new_out.data_ptr())
+    assert add_reasoning_tokens(model, tok) == ids and len(tok) == len(before_in) + 6, (
+        "a second call changes nothing"
+    )
+
+
+def test_reasoning_tokens_are_deterministic():
+    rows = []
+    for _ in range(2):
+        model, tok = load_course_model()
+        add_reasoning_tokens(model, tok)
+        rows.append(model.get_input_embeddings().weight[-6:].detach().clone())
+    assert torch.equal(*rows)
+
+
+def test_the_shipped_models_are_not_changed():
+    model, tok = load_course_model()
+    assert "<think>" not in tok.get_vocab() and model.get_input_embeddings().num_embeddings == len(tok)
+
+
+def test_data_is_deterministic_and_reasons_where_asked():
+    a, b = reasoning_chats(20, 3, turns=2), reasoning_chats(20, 3, turns=2)
+    assert a == b and all(len(c) == 4 for c in a)
+    assert all("reasoning_content" in m for c in a for m in c if m["role"] == "assistant")
+    plain = reasoning_chats(20, 3, reasoning_share=0.0)
+    assert not any("reasoning_content" in m for c in plain for m in c)
+    assert reasoning_for("What is 23 + 58?", "81") == "23 plus 58 is 81."
+    assert reasoning_for("Reverse the words: red cat", "cat red") == "the words red cat reversed are cat red."
+    call = tool_chats(1, 0, arguments="json")[0][2]["tool_calls"][0]["function"]
+    assert isinstance(call["arguments"], str) and json.loads(call["arguments"]).keys() == {"a", "b"}
+
+
+def test_qwen3_default_grades_only_the_last_turns_reasoning_and_the_training_template_all(qwen3):
+    chats = reasoning_chats(6, 1, turns=2)
+    data = data_reasoning_tokens(qwen3, chats)
+    default = reasoning_budget(qwen3, trained_rows(qwen3, [{"messages": c} for c in chats]))
+    guarded = reasoning_budget(
+        qwen3, trained_rows(qwen3, [{"messages": c} for c in chats], assistant_only_loss=True)
+    )
+    assert data["reasoning_turns"] == 12
+    assert default["reasoning_blocks"] == 6 and guarded["reasoning_blocks"] == 12
+    assert (
+        default["graded_reasoning_tokens"]
+        == data_reasoning_tokens(qwen3, [c[2:] for c in chats])["reasoning_tokens"]
+    )
+    assert guarded["graded_reasoning_tokens"] == data["reasoning_tokens"]
+
+
+def test_an_empty_block_is_graded_unless_the_row_is_rendered_without_thinking(qwen3):
+    plain = reasoning_chats(4, 2, reasoning_share=0.0)
+    rows = [{"prompt": c[:1], "completion": c[1:]} for c in plain]
+    graded = reasoning_budget(qwen3, trained_rows(qwen3, rows))
+    fixed = reasoning_budget(
+        qwen3, trained_rows(qwen3, [{**r, "chat_template_kwargs": {"enable_thinking": False}} for r in rows])
+    )
+    assert (
+        graded["graded_empty_blocks"] == 4
+        and fixed["graded_empty_blocks"] == 0
+        and fixed["empty_blocks"] == 4
+    )
+    blocks = think_blocks(qwen3, trained_rows(qwen3, rows)[0])
+    assert blocks == [{"tokens": 2, "empty": True, "graded": 2, "opening_graded": True}]
+
+
+def test_tool_budget_counts_escaped_arguments_graded_replies_and_dropped_calls(qwen3):
+    chats = {shape: tool_chats(3, 4, arguments=shape) for shape in ("dict", "json")}
+    q25 = with_template(qwen3, qwen2_5_chat_template)
+    full = tool_budget(q25, trained_rows(q25, [{"messages": c} for c in chats["json"]]), chats["json"])
+    assert full == {
+        "tool_calls": 3,
+        "calls_rendered": 3,
+        "arguments_as_string": 3,
+        "tool_replies": 3,
+        "graded_tool_replies": 3,
+    }
+    aol = tool_budget(
+        q25,
+        trained_rows(q25, [{"messages": c} for c in chats["dict"]], assistant_only_loss=True),
+        chats["dict"],
+    )
+    assert aol["arguments_as_string"] == 0 and aol["graded_tool_replies"] == 0
+    q3 = tool_budget(qwen3, trained_rows(qwen3, [{"messages": c} for c in chats["json"]]), chats["json"])
+    assert q3["arguments_as_string"] == 0, "Qwen3's template passes a string through"
+    llama = with_template(qwen3, llama3_chat_template)
+    llama.bos_token = (
+        llama.eos_token
+    )  # Llama 3's template opens with bos_token; the course tokenizer has none
+    dropped = tool_budget(llama, trained_rows(llama, [{"messages": c} for c in chats["dict"]]), chats["dict"])
+    assert dropped["calls_rendered"] == 0
+
+
+def test_trained_rows_uses_the_training_template_like_sft_trainer(qwen3):
+    chat = reasoning_chats(1, 5, turns=2)[0]
+    row = trained_rows(qwen3, [{"messages": chat}], assistant_only_loss=True)[0]
+    rendered = with_template(qwen3, qwen3_training_chat_template).apply_chat_template(
+        chat, tokenize=True, return_dict=False
+    )
+    assert row["input_ids"] == rendered
+
+
+@pytest.mark.parametrize(
+    "text, kind, leaked",
+    [
+        ("<think>\n2 plus 3 is 5.\n</think>\n\n5<|im_end|>", "reasoned", False),
+        ("<think>\n\n</think>\n\n5<|im_end|>", "empty", False),
+        ("5<|im_end|>", "no_block", False),
+        ("2 plus 3 is 5.\n</think>\n\n5<|im_end|>", "no_block", True),
+        ("<think>\nx\n</think>\n\ny\n</think>z", "reasoned", True),
+    ],
+)
+def test_read_reply(text, kind, leaked):
+    read = read_reply(text)
+    assert (read["kind"], read["leaked"]) == (kind, leaked)
+
+
+def test_reply_kinds_and_tool_calls():
+    shares = reply_kinds([{"text": "<think>\nx\n</think>\n\ny"}, {"text": "<think>\n\n</think>\n\ny"}])
+    assert shares == {"reasoned": 0.5, "empty": 0.5, "no_block": 0.0, "leaked": 0.0}
+    good = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    escaped = '<tool_call>\n{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}\n</tool_call>'
+    assert read_tool_call(good) == {"name": "add", "arguments": {"a": 1, "b": 2}}
+    assert read_tool_call(escaped)["arguments"] == '{"a": 1, "b": 2}'
+    assert read_tool_call("<tool_call>\n{broken\n</tool_call>") is None
+    assert (arguments_shape(good), arguments_shape(escaped), arguments_shape("81")) == (
+        "object",
+        "string",
+        None,
+    )
+
+
+def test_explorer_shows_a_run_served_one_way():
+    runs = {"a run": {"on": [{"text": "<think>\nx\n</think>\n\ny"}], "off": [{"text": "y"}]}}
+    assert "reasoned" in reasoning_explorer(runs).text
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: reasoning_for("What is the time?", "noon"), "not one of the course's tasks"),
+        (lambda: reasoning_chats(2, 0, reasoning_share=80), "reasoning_share"),
+        (lambda: tool_chats(2, 0, arguments="yaml"), "arguments"),
+        (lambda: read_reply(None), "reply string"),
+        (lambda: reply_kinds([]), "non-empty list"),
+        (lambda: trained_rows(load_course_model()[1], {"messages": []}), "non-empty list of dicts"),
+        (
+            lambda: think_blocks(load_course_model()[1], {"input_ids": [1], "labels": [1]}),
+            "add_reasoning_tokens",
+        ),
+        (lambda: reasoning_explorer({}), "non-empty dict"),
+        (lambda: add_reasoning_tokens(load_course_model()[0], "tokenizer"), "tokenizer"),
+    ],
+)
+def test_bad_input_is_refused_with_what_why_fix(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()
