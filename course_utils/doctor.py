@@ -44,6 +44,7 @@ import argparse
 import contextvars
 import copy
 import difflib
+import functools
 import html
 import json
 import math
@@ -56,6 +57,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import doctor_precision as P
+from . import doctor_reasoning as R
 from . import doctor_trainer as DT
 from . import internals, validate
 from .data import end_of_turn_id, first_special_after
@@ -72,7 +74,7 @@ LESSONS = {
     "01": "01 · Accumulation & clipping", "02": "02 · The model never stops",
     "03": "03 · Padding & packing", "04": "04 · Chat templates",
     "05": "05 · Truncation & the NaN micro-batch", "06": "06 · NaN detective (QLoRA)",
-    "07": "07 · Token-weighted accumulation",
+    "07": "07 · Token-weighted accumulation", "09": "09 · Thinking & tool-call templates",
 }
 # Learning rates commonly used for SFT (HF/TRL docs and model cards): full fine-tuning 1e-6..1e-4,
 # LoRA 1e-5..1e-3. "Far outside" is 10x beyond either end.
@@ -205,7 +207,7 @@ def _read_jsonl(path, sample: int | None, seed: int) -> tuple[list[dict], int]:
             first_form = _check_form(row, f"{path}: line {number}", first_form)
             slot = total if sample is None or total < sample else rng.randrange(total + 1)
             if sample is None or slot < sample:
-                entry = (row, number)
+                entry = (row, number, total)
                 if slot < len(kept):
                     kept[slot] = entry
                 else:
@@ -215,7 +217,9 @@ def _read_jsonl(path, sample: int | None, seed: int) -> tuple[list[dict], int]:
         raise DoctorInputError(f"{path} has no rows — there is nothing to check or train on — pass a "
                                "non-empty JSONL file.")
     kept.sort(key=lambda entry: entry[1])  # file order: TRL's order, and row ids a reader can find
-    return [{**row, "_doctor_row": number - 1} for row, number in kept], total
+    # _doctor_index: the row's position among the file's rows, where datasets' JSON loader puts it
+    return [{**row, "_doctor_row": number - 1, "_doctor_index": index} for row, number, index in kept], \
+        total
 
 
 def _check_form(row, where: str, first):
@@ -287,6 +291,57 @@ def _check_tokenized_row(row: dict, where: str) -> None:
         if not ok:
             raise DoctorInputError(f"{where}: '{column}' must be a list of {len(ids)} values ({allowed}), "
                                    "one per input id — TRL pairs them position by position — fix that row.")
+
+
+def _trl_dataset(data, rows: list[dict]):
+    """``(dataset, findings)``: the rows the doctor checks, read as TRL trains them — a ``datasets.Dataset``
+    with a ``_doctor_row`` column.
+
+    A JSONL file goes through ``datasets.load_dataset("json", data_files=...)``, as TRL's ``trl sft`` and
+    its docs read one: the whole file (the loader fixes each field's type from the file's first 10 MiB
+    and fails on a later row that does not fit, and so would TRL), then the sampled rows are selected. A
+    list of rows is read the same way, as the JSONL file it would be; a ``Dataset`` is trained as it is.
+    Not ``Dataset.from_list``: it fills every message's missing keys with None (``tool_calls: None`` on
+    each user turn, which templates then render) and raises on tool-call arguments that are dicts in some
+    rows and strings in others, which the JSON loader keeps as JSON. A file the loader rejects is an error
+    finding, and ``dataset`` is None: TRL would stop there.
+    """
+    from datasets import load_dataset
+
+    ids = [r["_doctor_row"] for r in rows]
+    if hasattr(data, "column_names"):  # a Dataset: TRL trains it as it is
+        chosen = data.select(ids).flatten_indices(keep_in_memory=True)
+        return chosen.remove_columns([c for c in ["_doctor_row"] if c in chosen.column_names]).add_column(
+            "_doctor_row", ids), []
+    with tempfile.TemporaryDirectory() as cache:  # the loader's Arrow cache: never the user's HF cache
+        if isinstance(data, (str, Path)):
+            source, picked = str(data), [r["_doctor_index"] for r in rows]
+        else:
+            source, picked = os.path.join(cache, "rows.jsonl"), None
+            with open(source, "w", encoding="utf-8") as handle:
+                handle.writelines(json.dumps({k: v for k, v in r.items() if k != "_doctor_index"}) + "\n"
+                                  for r in rows)
+        try:
+            full = load_dataset("json", data_files=source, split="train", cache_dir=os.path.join(cache, "hf"))
+        except Exception as exc:  # noqa: BLE001 — whatever the loader raises, TRL would not start
+            return None, _unloadable_findings(exc)
+        # in memory: the cache directory goes away with this block
+        dataset = (full if picked is None else full.select(picked)).flatten_indices(keep_in_memory=True)
+    return (dataset if picked is None else dataset.add_column("_doctor_row", ids)), []
+
+
+def _unloadable_findings(exc: Exception) -> list[Finding]:
+    cause = exc  # datasets wraps the loader's error ("An error occurred while generating the dataset")
+    while (cause.__cause__ or cause.__context__) is not None:
+        cause = cause.__cause__ or cause.__context__
+    message = " ".join(str(cause).split())[:300]
+    return [Finding("error", "data-unloadable", "datasets.load_dataset('json') fails on this data: TRL "
+                    "never starts training", f"{type(cause).__name__}: {message}",
+                    "the loader fixes each field's type from the file's first 10 MiB and cannot cast a later "
+                    "row that adds keys or changes a type (e.g. tool-call rows after 10 MiB of plain chats): "
+                    "shuffle the file so its start holds every kind of row, or give each field one type in "
+                    "every row (tool-call arguments as objects everywhere, or JSON strings everywhere)",
+                    "09")]
 
 
 def read_config(config=None) -> dict:
@@ -1259,8 +1314,8 @@ def diagnose(model, data, config=None, *, max_length: int | None = None, forward
     source, model_obj, tokenizer = _model_and_tokenizer(model)
     args, precision = _build_args(config, max_length)
     form = _form(rows)
-    setup = types.SimpleNamespace(config=config, precision=precision, source=source, model=model_obj,
-                                  forward=forward, peft=peft, num_processes=num_processes,
+    setup = types.SimpleNamespace(data=data, config=config, precision=precision, source=source,
+                                  model=model_obj, forward=forward, peft=peft, num_processes=num_processes,
                                   max_load_gb=max_load_gb, trainer=trainer_cls)
     sampled = total if len(rows) < total else None
     token = _SAMPLED.set(sampled)
@@ -1291,7 +1346,7 @@ def _loaded_model(setup):
 
 
 def _run_checks(rows, form, tokenizer, args, setup) -> Report:
-    from datasets import Dataset
+    from jinja2 import TemplateError
 
     tokenizer, findings = _apply_chat_template_path(tokenizer, args)
     try:
@@ -1308,21 +1363,24 @@ def _run_checks(rows, form, tokenizer, args, setup) -> Report:
     completion_only = args.completion_only_loss
     if completion_only is None:
         completion_only = form.startswith("prompt_completion")
-    prepared = None
+    prepared = kept = None
     # rows without an answer are reported above; the rest is measured without them (TRL would refuse them)
     skip = set(_rows_without_answer(rows, form)) if args.assistant_only_loss else set()
-    if trainable and len(skip) < len(rows):
+    try:
+        dataset, load_findings = _trl_dataset(setup.data, rows)
+    except Exception as exc:  # noqa: BLE001
+        dataset, load_findings = None, _could_not_check("data-unloadable", exc)
+    findings += load_findings
+    if trainable and dataset is not None and len(skip) < len(rows):
         try:
-            kept = [r for r in rows if r["_doctor_row"] not in skip]
-            dataset = Dataset.from_list(kept)
-            prepared = _prepare(tokenizer, dataset, args, chat_template, completion_only,
+            kept = dataset.select([i for i, r in enumerate(dataset["_doctor_row"]) if r not in skip])
+            prepared = _prepare(tokenizer, kept, args, chat_template, completion_only,
                                 max_length=None, packing=False)
-        except (RuntimeError, ValueError, TypeError, KeyError) as exc:  # TRL's own refusal is the finding
-            findings.append(Finding("error", "trl-preparation",
-                                    "TRL's dataset preparation fails on these rows",
-                                    f"{type(exc).__name__}: {str(exc)[:200]}",
-                                    "fix the rows or the template it names; SFTTrainer would stop here",
-                                    "04"))
+        except (TemplateError, TypeError) as exc:  # a template that raises on a row: name the row
+            findings += R._template_error_findings(kept, tokenizer, chat_template, exc, Finding) or [
+                _preparation_failed(exc)]
+        except (RuntimeError, ValueError, KeyError) as exc:  # TRL's own refusal is the finding
+            findings.append(_preparation_failed(exc))
         except Exception as exc:  # noqa: BLE001
             findings += _could_not_check("trl-preparation", exc)
     # the stop the rows end with: the template's end of turn for chats; for plain text and prompt/completion
@@ -1340,6 +1398,10 @@ def _run_checks(rows, form, tokenizer, args, setup) -> Report:
     if gen_eos is not None:
         findings += _guarded("eos-mismatch", _eos_findings, tokenizer, eot, gen_eos, args, conversational)
     findings += _guarded("pad-is-eos", _pad_eos_findings, tokenizer, prepared, eot, args)
+    masked = args.assistant_only_loss or (form.startswith("prompt_completion") and completion_only)
+    stop_ids = {i for i in (eot, tokenizer.eos_token_id, *(gen_eos or [])) if i is not None}
+    if form in ("messages", "prompt_completion"):  # chats: what the template renders of each message
+        findings += _reasoning_and_tool_findings(kept, prepared, tokenizer, chat_template, masked, stop_ids)
     findings += _guarded("truncation", _truncation_findings, prepared, tokenizer, args, chat_template,
                          completion_only, setup.num_processes)
     findings += _guarded("packing", _packing_findings, prepared, tokenizer, args, chat_template,
@@ -1355,6 +1417,42 @@ def _run_checks(rows, form, tokenizer, args, setup) -> Report:
     findings += _guarded("right-padding", _padding_side_findings, tokenizer)
     findings += _guarded("trainer-accumulation", _trainer_findings, setup.trainer, args, setup.num_processes)
     return Report(sorted(findings, key=lambda f: SEVERITIES.index(f.severity)))
+
+
+def _preparation_failed(exc: Exception) -> Finding:
+    return Finding("error", "trl-preparation", "TRL's dataset preparation fails on these rows",
+                   f"{type(exc).__name__}: {str(exc)[:200]}",
+                   "fix the rows or the template it names; SFTTrainer would stop here", "04")
+
+
+def _reasoning_and_tool_findings(dataset, prepared, tokenizer, chat_template, masked, stop_ids) -> list:
+    """The reasoning and tool-call checks (``doctor_reasoning``), each through ``_guarded``, on the rows as
+    TRL renders and labels them (``prepared``: untruncated, unpacked)."""
+    if dataset is None or prepared is None:
+        return []
+    try:
+        renders = R._renderings(dataset, prepared, tokenizer, chat_template, stop_ids)
+    except Exception as exc:  # noqa: BLE001 — a check that cannot run is a finding, not a traceback
+        return _could_not_check("reasoning-and-tools", exc)
+    if not renders:
+        return []
+    template = chat_template or tokenizer.chat_template
+    training = functools.cache(lambda: _family_training_template(template))  # computed once, when asked
+    ctx = R._context(tokenizer, chat_template, masked, training, Finding)
+    return [f for check, run in R.CHECKS.items() for f in _guarded(check, run, renders, ctx)]
+
+
+def _family_training_template(template: str) -> tuple[str, str] | None:
+    """``(name, text)`` of TRL's training template of ``template``'s own family, or None. A training template
+    TRL swapped in is its own answer (no similarity to compute: gpt-oss's takes seconds)."""
+    from trl import chat_template_utils as ctu
+
+    for attribute in dir(ctu):
+        if attribute.endswith("_training_chat_template") and getattr(ctu, attribute) == template:
+            return attribute[: -len("_training_chat_template")], template
+    family, _ = _template_family(template)
+    name = _training_template_name(family) if family else None
+    return None if name is None else (name, getattr(ctu, f"{name}_training_chat_template"))
 
 
 def _guarded(check: str, run, *args) -> list[Finding]:

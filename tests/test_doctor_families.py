@@ -15,15 +15,19 @@ traceback. Measured when the corpus was first built: the doctor before issue 31 
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import pytest
 import trl
 from transformers import AutoTokenizer, GenerationConfig
+from trl.chat_template_utils import qwen2_5_chat_template
 
 from course_utils import doctor, load_course_model
 from course_utils.data import make_messages
 from course_utils.doctor import EXIT_CODES, diagnose, main
+from course_utils.doctor_reasoning import CHECKS as REASONING_CHECKS
+from course_utils.templates import add_generation_markers
 
 TEMPLATES = Path(trl.__file__).parent / "chat_templates"
 
@@ -306,6 +310,157 @@ def describe(report) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# Reasoning and tool-call data (issue 34): the course's toy chats with a short reasoning per answer, or a
+# tool call and its reply before the answer
+# ---------------------------------------------------------------------------------------------
+
+TOOLS = [{"type": "function", "function": {
+              "name": "add", "description": "Add two whole numbers.",
+              "parameters": {"type": "object", "required": ["a", "b"],
+                             "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}},
+         {"type": "function", "function": {
+              "name": "reverse_words", "description": "Reverse the order of the words.",
+              "parameters": {"type": "object", "properties": {"words": {"type": "string"}},
+                             "required": ["words"]}}}]
+
+
+def reasoning_text(question: str, answer: str, turn: int) -> str:
+    return f"Turn {turn}: the user asks {question!r}; working it out gives {answer}."
+
+
+def reasoning_chats(n=8, turns=1, style="reasoning_content"):
+    """Chats of ``turns`` exchanges whose answers carry reasoning, as a field (``style``
+    "reasoning_content": Qwen3's, "thinking": gpt-oss's), inline (``"think"``: <think>…</think> before the
+    answer in the content, DeepSeek-R1's), or none (``None``)."""
+    pairs = make_messages(n=n * turns, seed=5)
+    rows = []
+    for i in range(n):
+        messages = []
+        for turn in range(turns):
+            user, answer = pairs[i * turns + turn]
+            thought = reasoning_text(user["content"], answer["content"], turn)
+            if style is None:
+                messages += [user, answer]
+            elif style == "think":
+                messages += [user, {"role": "assistant", "content": f"<think>\n{thought}\n</think>\n\n"
+                                                                    f"{answer['content']}"}]
+            else:
+                messages += [user, {"role": "assistant", "content": answer["content"], style: thought}]
+        rows.append({"messages": messages})
+    return rows
+
+
+def tool_call(question: str) -> tuple[str, dict]:
+    """The call that answers one of the course's questions: add(a, b) or reverse_words(words)."""
+    numbers = re.fullmatch(r"What is (\d+) \+ (\d+)\?", question)
+    if numbers:
+        return "add", {"a": int(numbers.group(1)), "b": int(numbers.group(2))}
+    return "reverse_words", {"words": question.split(": ", 1)[1]}
+
+
+def tool_chats(n=8, arguments="dict", content=""):
+    """user → assistant tool call → tool reply → assistant answer, the tools' schemas in a ``tools``
+    column. ``arguments``: "dict", "string" (a JSON string) or "mixed" (every other row a string);
+    ``content``: the calling turn's content ("" or None, as OpenAI-style data has it)."""
+    rows = []
+    for i, (user, answer) in enumerate(make_messages(n=n, seed=5)):
+        name, args = tool_call(user["content"])
+        as_string = arguments == "string" or (arguments == "mixed" and i % 2 == 1)
+        call = {"type": "function", "function": {"name": name, "arguments": json.dumps(args) if as_string
+                                                 else args}}
+        rows.append({"messages": [user, {"role": "assistant", "content": content, "tool_calls": [call]},
+                                  {"role": "tool", "name": name,
+                                   "content": json.dumps({"result": answer["content"]})}, answer],
+                     "tools": TOOLS})
+    return rows
+
+
+def split_at(rows, k, **extra):
+    """Prompt/completion rows: the first ``k`` messages are the prompt (``extra``: more columns)."""
+    return [{"prompt": r["messages"][:k], "completion": r["messages"][k:],
+             **{c: v for c, v in r.items() if c != "messages"}, **extra} for r in rows]
+
+
+def tool_stop_outside_template() -> str:
+    """TRL's Qwen2.5 training template marked by hand so that the tool-call branch leaves its <|im_end|>
+    after {% endgeneration %}: the plain branch (all TRL's stop-token probe renders) is untouched."""
+    text = (TEMPLATES / "qwen2_5_training.jinja").read_text(encoding="utf-8")
+    old = "            {{- '<|im_end|>\\n' }}\n        {%- endif %}\n        {%- endgeneration %}"
+    assert text.count(old) == 1
+    return text.replace(old, "        {%- endif %}\n        {%- endgeneration %}\n"
+                             "        {%- if message.tool_calls %}{{- '<|im_end|>\\n' }}{%- endif %}")
+
+
+# Templates marked by hand for the set-ups below (written to the test's tmp_path; configs name them)
+HAND_MARKED = {"tool-stop-outside.jinja": tool_stop_outside_template,
+               "qwen2_5-marked.jinja": lambda: add_generation_markers(qwen2_5_chat_template)}
+
+
+def reasoning_setups() -> dict:
+    """Label -> (family, data, config, the checks that must report): empty for a healthy set-up (exit 0,
+    and none of the reasoning/tool checks reports). Built like the corpus above, on TRL's real templates; a
+    ``chat_template_path`` of ``HAND_MARKED`` is written by the test."""
+    only = {"learning_rate": 2e-5, "assistant_only_loss": True}
+    full = {"learning_rate": 2e-5}
+    no_thinking = {"chat_template_kwargs": {"enable_thinking": False}}
+    one_call = [{**r, "messages": r["messages"][:2]} for r in tool_chats()]  # one row per call step
+    return {
+        # healthy
+        "qwen3: multi-turn reasoning, assistant_only_loss (TRL swaps in qwen3_training)": (
+            "qwen3", reasoning_chats(turns=2), only, set()),
+        "qwen3: single-turn reasoning, the original, full loss": ("qwen3", reasoning_chats(), full, set()),
+        "qwen3: no reasoning, enable_thinking=False prompt/completion": (
+            "qwen3", split_at(reasoning_chats(style=None), 1, **no_thinking), full, set()),
+        "deepseek-r1-distill: multi-turn reasoning, assistant_only_loss (its training template)": (
+            "deepseek-r1-distill", reasoning_chats(turns=2, style="think"), only, set()),
+        "gpt-oss: reasoning, its training template": ("gpt-oss", reasoning_chats(style="thinking"), only,
+                                                       set()),
+        "gpt-oss: tool calls, its training template": ("gpt-oss", tool_chats(), only, set()),
+        "qwen2.5-instruct: tool calls, dict arguments, assistant_only_loss": (
+            "qwen2.5-instruct", tool_chats(), only, set()),
+        "qwen2.5-instruct: tool calls, the answer as completion": (
+            "qwen2.5-instruct", split_at(tool_chats(), 3), full, set()),
+        "llama-3.1-instruct: one row per call, its own template": (
+            "llama-3.1-instruct", split_at(one_call, 1), {**full, "max_length": 2048}, set()),  # long schemas
+        # planted failures
+        "qwen3: multi-turn reasoning, the original, full loss": (
+            "qwen3", reasoning_chats(turns=2), full, {"reasoning-lost", "prefix-not-preserved"}),
+        "deepseek-r1-distill: reasoning, the original, full loss": (
+            "deepseek-r1-distill", reasoning_chats(style="think"), full, {"reasoning-lost"}),
+        "gpt-oss: multi-turn reasoning, its training template": (
+            "gpt-oss", reasoning_chats(turns=2, style="thinking"), only,
+            {"reasoning-lost", "prefix-not-preserved"}),
+        "qwen3: no reasoning, the original, full loss": ("qwen3", reasoning_chats(style=None), full,
+                                                          {"empty-think-graded"}),
+        "qwen3: no reasoning, assistant_only_loss (qwen3_training)": (
+            "qwen3", reasoning_chats(style=None), only, {"empty-think-graded"}),
+        "qwen2.5-instruct: tool calls, full loss": ("qwen2.5-instruct", tool_chats(), full,
+                                                     {"tool-output-graded"}),
+        "qwen2.5-instruct: tool replies in the completion": (
+            "qwen2.5-instruct", split_at(tool_chats(), 1), full, {"tool-output-graded"}),
+        "qwen2.5-instruct: mixed dict / JSON-string arguments": (
+            "qwen2.5-instruct", tool_chats(arguments="mixed"), only, {"tool-arguments-mixed"}),
+        "qwen2.5-instruct: JSON-string arguments everywhere": (
+            "qwen2.5-instruct", tool_chats(arguments="string"), only, {"tool-arguments-escaped"}),
+        "llama-3.1-instruct: tool calls, llama3_training.jinja": (
+            "llama-3.1-instruct", tool_chats(), {**only, **training_path("llama-3.1-instruct")},
+            {"tool-calls-dropped"}),
+        "phi-3-mini: tool calls, assistant_only_loss": ("phi-3-mini", tool_chats(), only,
+                                                         {"tool-calls-dropped"}),
+        "deepseek-r1-distill: tool calls with content '', assistant_only_loss": (
+            "deepseek-r1-distill", tool_chats(), only, {"tool-calls-dropped"}),
+        "deepseek-r1-distill: tool calls with content None": (
+            "deepseek-r1-distill", tool_chats(content=None), full, {"template-error"}),
+        "qwen2.5-instruct: hand-marked, <|im_end|> after a call outside {% generation %}": (
+            "qwen2.5-instruct", tool_chats(), {**only, "chat_template_path": "tool-stop-outside.jinja"},
+            {"tool-stop-untrained"}),
+        "qwen2.5-instruct: add_generation_markers (tool-call turns unmarked)": (
+            "qwen2.5-instruct", tool_chats(), {**only, "chat_template_path": "qwen2_5-marked.jinja"},
+            {"tool-calls-dropped", "tool-stop-untrained"}),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
 # The corpus itself
 # ---------------------------------------------------------------------------------------------
 
@@ -489,3 +644,25 @@ def test_the_command_on_a_family_checkpoint(families, tmp_path, capsys):
     capsys.readouterr()
     assert main(argv) == 1  # prompt/completion text with assistant_only_loss: TRL refuses
     assert "Traceback" not in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# Reasoning and tool-call set-ups (issue 34): a healthy one exits 0 and none of the new checks reports; a
+# planted failure is found by its own check (and by no other of them); nothing ends in a traceback
+# ---------------------------------------------------------------------------------------------
+
+NEW_CHECKS = {*REASONING_CHECKS, "tool-arguments-escaped", "template-error", "data-unloadable"}
+
+
+@pytest.mark.parametrize("label", list(reasoning_setups()))
+def test_reasoning_and_tool_setups(label, families, tmp_path):
+    name, data, config, expected = reasoning_setups()[label]
+    if config.get("chat_template_path") in HAND_MARKED:
+        path = tmp_path / config["chat_template_path"]
+        path.write_text(HAND_MARKED[config["chat_template_path"]](), encoding="utf-8")
+        config = {**config, "chat_template_path": str(path)}
+    report = diagnose(str(families[name]), data, config)
+    assert not report.checks("could-not-check"), describe(report)
+    assert report.checks() & NEW_CHECKS == expected, describe(report)
+    if not expected:
+        assert report.exit_code == 0 and not report.checks("error"), describe(report)
