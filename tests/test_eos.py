@@ -34,8 +34,16 @@ def tok(course):  # `course` is the session-wide (model, tokenizer) of tests/con
 # --- exercise 1: stop ids -------------------------------------------------------------------------
 
 def test_stop_token_ids_reference(tok):
+    from transformers import GenerationConfig
+
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
     assert answers.end_of_turn_token(tok) == "<|im_end|>"
-    assert answers.stop_token_ids(tok) == [tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")]
+    assert stop_token_ids(tok) == [tok.eos_token_id, im_end]
+    base = GenerationConfig(eos_token_id=tok.eos_token_id)
+    instruct = GenerationConfig(eos_token_id=[im_end, tok.eos_token_id])
+    assert answers.stop_ids_for_generate(tok, base) == [tok.eos_token_id, im_end]
+    assert answers.stop_ids_for_generate(tok, instruct) == [im_end, tok.eos_token_id], "nothing added twice"
+    assert answers.stop_ids_for_generate(tok, GenerationConfig()) == [tok.eos_token_id, im_end]
 
 
 def test_end_of_turn_token_bad_input(tok):

@@ -10,13 +10,14 @@ import pytest
 import torch
 from conftest import Row, graded, graded_on_tokenizer, tried_twice
 
+from course_utils import eos
 from course_utils.checks import Diagnosis
 from course_utils.data import IGNORE_INDEX
 from course_utils.exercises import lesson02 as ex
 from course_utils.exercises.answers import lesson02
 
 
-def stop_ids_by_token_scan(tokenizer):
+def stop_ids_by_token_scan(tokenizer, generation_config):
     """A second correct answer: tokenize the whole rendering and scan from the answer's last token."""
     messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "zebra"},
                 {"role": "user", "content": "b"}]
@@ -25,27 +26,34 @@ def stop_ids_by_token_scan(tokenizer):
     start = next(i for i in range(len(enc)) if enc[i:i + len(answer)] == answer) + len(answer)
     special = set(tokenizer.all_special_ids) | set(tokenizer.get_added_vocab().values())
     eot = next(t for t in enc[start:] if t in special)
-    return list(dict.fromkeys([tokenizer.eos_token_id, eot]))
+    listed = generation_config.eos_token_id
+    listed = [listed] if isinstance(listed, int) else (listed or [tokenizer.eos_token_id])
+    return list(dict.fromkeys([*listed, eot]))
 
 
-def only_the_eos(tokenizer):
+def only_the_eos(tokenizer, generation_config):
     """Stops on the tokenizer's eos only: a chat model ends its turn with another token."""
     return [tokenizer.eos_token_id]
 
 
-def hard_coded_im_end(tokenizer):
+def hard_coded_im_end(tokenizer, generation_config):
     """Hard-codes <|im_end|>: right for Qwen, wrong for a family with another end-of-turn token."""
     return [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
 
 
-def only_the_end_of_turn(tokenizer):
+def only_the_end_of_turn(tokenizer, generation_config):
     """Drops the tokenizer's eos: a plain-text continuation no longer stops."""
     return [tokenizer.convert_tokens_to_ids(lesson02.end_of_turn_token(tokenizer))]
 
 
-def the_turn_opener(tokenizer):
+def the_turn_opener(tokenizer, generation_config):
     """Takes <|im_start|>, the turn *opener*, for the token that ends a turn."""
     return [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_start|>")]
+
+
+def lesson00s_stop_token_ids(tokenizer, generation_config):
+    """The shortcut: lesson 00's helper, which ignores what the checkpoint's generation_config lists."""
+    return eos.stop_token_ids(tokenizer)
 
 
 def diagnose_generations_other_order(artefact):
@@ -163,7 +171,7 @@ def _all_ones_mask(examples, pad):
 # =================================================================================================
 
 CHECKERS = [
-    Row("stop_token_ids", graded_on_tokenizer(ex.check_stop_token_ids), lesson02.stop_token_ids),
+    Row("stop_token_ids", graded_on_tokenizer(ex.check_stop_token_ids), lesson02.stop_ids_for_generate),
     Row("diagnosis_exercise", graded(ex.check_diagnosis_exercise), lesson02.diagnose_generations),
     Row("collate_keep_eos", graded(ex.check_collate_keep_eos), lesson02.collate_keep_eos),
 ]
@@ -180,6 +188,7 @@ WRONG = [
     ("stop_token_ids", hard_coded_im_end, "you hard-coded <|im_end|>"),
     ("stop_token_ids", only_the_end_of_turn, "keep the tokenizer's eos"),
     ("stop_token_ids", the_turn_opener, "turn *opener*"),
+    ("stop_token_ids", lesson00s_stop_token_ids, "generation_config already stops on"),
     ("diagnosis_exercise", always_wrong_stop_ids, "no reply contains the end-of-turn token"),
     ("diagnosis_exercise", always_stop_token_not_graded, "the model DOES write the end-of-turn token"),
     ("diagnosis_exercise", _never_pad_eos, "which collator built the labels"),
@@ -264,11 +273,11 @@ def test_check_stop_token_ids_refuses_a_missing_or_template_less_tokenizer(token
     import copy
 
     with pytest.raises(TypeError, match="tokenizer must be a transformers tokenizer, got NoneType — "):
-        ex.check_stop_token_ids(lesson02.stop_token_ids, None)
+        ex.check_stop_token_ids(lesson02.stop_ids_for_generate, None)
     bare = copy.deepcopy(tokenizer)
     bare.chat_template = None
     with pytest.raises(ValueError, match="no chat_template — "):
-        ex.check_stop_token_ids(lesson02.stop_token_ids, bare)
+        ex.check_stop_token_ids(lesson02.stop_ids_for_generate, bare)
 
 
 def test_no_lesson_module_imports_the_exercises():
@@ -283,3 +292,12 @@ def test_no_lesson_module_imports_the_exercises():
 def test_the_diagnosis_checker_refuses_what_is_not_a_function(fn):
     with pytest.raises(TypeError, match="fn must be a function, got .* — the helper calls it — "):
         ex.check_diagnosis_exercise(fn)
+
+
+# Shortcuts a learner has at exercise 1: lesson 00 imports course_utils.eos.stop_token_ids.
+SHORTCUTS = [("stop_token_ids", "lesson 00's eos.stop_token_ids, called as it is", lesson00s_stop_token_ids)]
+
+
+@pytest.mark.parametrize("exercise, what, shortcut", SHORTCUTS, ids=[s[1] for s in SHORTCUTS])
+def test_each_shortcut_fails_its_checker(exercise, what, shortcut, tokenizer):
+    assert not getattr(ex, f"check_{exercise}")(shortcut, tokenizer), what

@@ -1,7 +1,7 @@
 """Lesson 02's exercises: their checkers, and the broken runs of the diagnosis exercise.
 
-1. ``check_stop_token_ids(fn, tokenizer)``: ``fn(tokenizer)``, the stop ids for ``generate()``, on
-   tokenizers of four chat families the notebook never shows.
+1. ``check_stop_token_ids(fn, tokenizer)``: ``fn(tokenizer, generation_config)``, the stop ids for
+   ``generate()``, on tokenizers and generation configs of four chat families the notebook never shows.
 2. ``broken_generation_run(seed)`` (the artefact a learner reads) + ``check_diagnosis_exercise(fn)``:
    ``fn(artefact) -> Diagnosis(cause, evidence)``, one of ``CAUSES``, graded on fresh runs.
 3. ``check_collate_keep_eos(fn)``: ``fn(examples, pad_token_id)``, a collator that keeps the row's own
@@ -18,6 +18,7 @@ import random
 from collections.abc import Sequence
 
 import torch
+from transformers import GenerationConfig
 from trl.chat_template_utils import gemma_chat_template, llama3_chat_template, phi3_chat_template
 
 from .. import validate
@@ -42,19 +43,28 @@ def _variant(tokenizer, template: str, extra: list[str], eos: str | None = None)
 
 def _stop_cases(tokenizer) -> list[Case]:
     llama = _variant(tokenizer, llama3_chat_template, ["<|start_header_id|>", "<|end_header_id|>",
-                                                       "<|eot_id|>", "<|begin_of_text|>"])
+                                                       "<|eot_id|>", "<|eom_id|>", "<|begin_of_text|>"])
     llama.bos_token = "<|begin_of_text|>"
     gemma = _variant(tokenizer, gemma_chat_template, ["<start_of_turn>", "<end_of_turn>", "<bos>"])
     gemma.bos_token = "<bos>"
     phi = _variant(tokenizer, phi3_chat_template, ["<|user|>", "<|assistant|>", "<|end|>"])
     eos_is_eot = _variant(tokenizer, tokenizer.chat_template, [], eos="<|im_end|>")
-    cases = []
-    for label, tag, tok in (("course tokenizer (Qwen2.5 template)", "qwen", tokenizer),
-                            ("Llama 3 template", "llama3", llama), ("Gemma template", "gemma", gemma),
-                            ("Phi-3 template", "phi3", phi), ("eos already set to <|im_end|>", "eos_is_eot",
-                                                              eos_is_eot)):
-        cases.append(Case((tok,), answers.stop_token_ids(tok), label=label, tag=tag))
-    return cases
+    def config(tok, *tokens):  # a generation_config.json as a checkpoint ships it (no ids: none written)
+        ids = tok.convert_tokens_to_ids(list(tokens))
+        return GenerationConfig(eos_token_id=ids[0] if len(ids) == 1 else (ids or None))
+
+    eos = tokenizer.eos_token
+    sets = (("course tokenizer (Qwen2.5 template), a base model's generation_config", "qwen", tokenizer,
+             config(tokenizer, eos)),
+            ("Qwen2.5 template, an instruct generation_config that already lists <|im_end|>", "qwen_instruct",
+             tokenizer, config(tokenizer, "<|im_end|>", eos)),
+            ("Llama 3 template, generation_config stops on eos and <|eom_id|>", "llama3", llama,
+             config(llama, eos, "<|eom_id|>")),
+            ("Gemma template, no generation_config eos", "gemma", gemma, config(gemma)),
+            ("Phi-3 template", "phi3", phi, config(phi, eos)),
+            ("eos already set to <|im_end|>", "eos_is_eot", eos_is_eot, config(eos_is_eot, "<|im_end|>")))
+    return [Case((tok, gen), answers.stop_ids_for_generate(tok, gen), label=label, tag=tag)
+            for label, tag, tok, gen in sets]
 
 
 def _compare_stop_ids(got, expected) -> str | None:
@@ -67,7 +77,7 @@ def _compare_stop_ids(got, expected) -> str | None:
 
 
 def _diagnose_stop_ids(got, case: Case) -> str | None:
-    tok = case.args[0]
+    tok, gen = case.args
     if not isinstance(got, (list, tuple)):
         return "return a list of ids: generate(eos_token_id=[...]) stops on any of them."
     got = list(got)
@@ -84,6 +94,12 @@ def _diagnose_stop_ids(got, case: Case) -> str | None:
     if course_eot in got and course_eot not in case.expected:
         return ("you hard-coded <|im_end|>; other families close turns with other tokens — "
                 "read the token off the rendered chat template.")
+    listed = gen.eos_token_id if isinstance(gen.eos_token_id, list) else []
+    if any(i not in got for i in listed):
+        names = tok.convert_ids_to_tokens(listed)
+        return (f"generation_config already stops on {names} — keep every id it lists (a checkpoint may "
+                "stop on several, e.g. Llama 3.1's <|eom_id|> after a tool call) and add the end-of-turn "
+                "token.")
     extra = [t for t in got if t not in case.expected]
     if extra:
         return (f"{tok.convert_ids_to_tokens(extra)} is not what follows the assistant's text — that is "
@@ -92,20 +108,22 @@ def _diagnose_stop_ids(got, case: Case) -> str | None:
 
 
 STOP_IDS_HINTS = Hints(
-    question="Which token does the chat template write right after the assistant's text — and is it a "
-             "token generate() already stops on?",
+    question="Which token does the chat template write right after the assistant's text — and which ids "
+             "does generate() already stop on for this checkpoint?",
     pointer="Render [user, assistant, user] with tokenizer.apply_chat_template(..., tokenize=False), "
             "tokenize what follows the assistant's text, and look for the first id in "
             "tokenizer.get_added_vocab().values().",
-    answer="ids = [tokenizer.eos_token_id]; eot = first added-vocab id after the answer; "
-           "return ids if eot in ids else ids + [eot]")
+    answer="ids = generation_config.eos_token_id as a list (or [tokenizer.eos_token_id] when it is None); "
+           "eot = first added-vocab id after the answer; return ids if eot in ids else ids + [eot]")
 
 
 def check_stop_token_ids(fn, tokenizer):
-    """Checker for exercise 1: ``fn(tokenizer) -> list[int]``, the stop ids to pass to ``generate()``.
+    """Checker for exercise 1: ``fn(tokenizer, generation_config) -> list[int]``, the stop ids to pass to
+    ``generate()``: what the checkpoint's generation_config already stops on, plus the end-of-turn token.
 
     ``tokenizer``: a chat tokenizer (the course's); the cases are copies of it with the templates and
-    turn tokens of Llama 3, Gemma and Phi-3, and one whose eos already is the end-of-turn token.
+    turn tokens of Llama 3, Gemma and Phi-3, and one whose eos already is the end-of-turn token, each with
+    a generation_config as such a checkpoint ships it (several ids, one, none).
     """
     validate.tokenizer("tokenizer", tokenizer)
     if not getattr(tokenizer, "chat_template", None):

@@ -7,7 +7,7 @@ import random
 
 from ...checks import Diagnosis
 from ...data import IGNORE_INDEX
-from ...eos import end_of_turn_token, stop_token_ids  # noqa: F401  (exercise 1: the tools lesson 00 uses)
+from ...eos import end_of_turn_token
 
 CAUSES = ("wrong_stop_ids", "stop_token_not_graded", "pad_equals_eos", "max_new_tokens_too_small",
           "left_padding_without_mask")
@@ -16,6 +16,18 @@ _FAMILIES = (("<|im_end|>", "<|im_start|>", "<|endoftext|>"), ("<|eot_id|>", "<|
              "<|end_of_text|>"), ("<end_of_turn>", "<start_of_turn>", "<eos>"), ("<|end|>", "<|user|>",
                                                                                   "<|endoftext|>"))
 _WORDS = ("red", "cat", "moon", "road", "big", "box", "green", "cold", "bag", "cow", "sun", "tree")
+
+
+def stop_ids_for_generate(tokenizer, generation_config) -> list[int]:
+    """Exercise 1's reference: the ids ``generate()`` should stop on for chats — every id the checkpoint's
+    ``generation_config`` already stops on (Llama 3.1 lists three), else the tokenizer's eos, plus the token
+    the chat template writes after an assistant message, each once."""
+    eos = generation_config.eos_token_id
+    ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if not ids and tokenizer.eos_token_id is not None:
+        ids = [tokenizer.eos_token_id]
+    end_of_turn = tokenizer.convert_tokens_to_ids(end_of_turn_token(tokenizer))
+    return ids if end_of_turn in ids else ids + [end_of_turn]
 
 
 def _qa(rng: random.Random) -> tuple[list[str], list[str]]:
