@@ -23,20 +23,47 @@ WHAT_WHY_FIX = r".+ — .+ — .+"
 # =================================================================================================
 
 def test_generator_covers_every_cause_and_is_seeded():
-    causes = {ex._broken_run(s)[1].cause for s in range(8)}
-    assert causes == set(nd.CAUSES)
-    assert repr(ex._broken_run(5)) == repr(ex._broken_run(5))  # NaN != NaN: compare the text
+    causes = {lesson06.broken_run_case(s)[1].cause for s in range(10)}
+    assert causes == set(ex.RUN_CAUSES)
+    assert repr(lesson06.broken_run_case(5)) == repr(lesson06.broken_run_case(5))  # NaN != NaN: compare text
     assert ex.broken_run(5)["log"] != ex.broken_run(9)["log"]
     for seed in range(200):  # the reference diagnoses every generated case
-        run, truth = ex._broken_run(seed)
+        run, truth = lesson06.broken_run_case(seed)
         assert lesson06.diagnose_run(run) == truth, seed
 
 
-def test_broken_run_returns_the_run_only():
+def test_broken_run_returns_the_run_only_and_the_truth_lives_with_the_answers():
     run = ex.broken_run(3)
     assert set(run) == {"config", "log", "activation_max"}
-    assert repr(run) == repr(ex._broken_run(3)[0])
-    assert "Diagnosis" not in repr(run) and not any(cause in repr(run) for cause in nd.CAUSES)
+    assert repr(run) == repr(lesson06.broken_run_case(3, graded=False)[0])
+    assert repr(run) != repr(lesson06.broken_run_case(3, graded=True)[0]), "the graded stream is drawn apart"
+    assert "Diagnosis" not in repr(run) and not any(cause in repr(run) for cause in ex.RUN_CAUSES)
+    assert not hasattr(ex, "_broken_run") and not hasattr(ex, "broken_run_case")
+
+
+def test_healthy_controls_and_the_zero_gradient_look_alike_share_the_surface():
+    cases = [lesson06.broken_run_case(s) for s in range(400)]
+    healthy = [r for r, d in cases if d.cause == "healthy"]
+    assert any(r["config"]["dtype"] == "float16" and max(max(v) for v in r["activation_max"].values()) > 1e4
+               for r in healthy), "float16 storage with large, finite activations"
+    assert any(r["config"]["learning_rate"] >= 0.01 for r in healthy), "a high rate that still trains"
+    zero_grad = [r for r, d in cases if d.cause == "empty_batch_zero_grad"]
+    assert any(any(math.isnan(row["loss"]) for row in r["log"]) for r in zero_grad), "NaN loss, zero gradient"
+
+
+def test_self_test_cases_draw_every_cause_and_never_name_it():
+    import time
+
+    causes = set()
+    for seed in range(20):
+        start = time.perf_counter()
+        text, cause, choices = lesson06.self_test_case(seed)
+        assert time.perf_counter() - start < 0.5
+        assert cause in choices and choices == tuple(lesson06.SELF_TEST_CAUSES.values())
+        assert cause.lower() not in text.lower() and len(text.splitlines()) <= 25
+        assert (text, cause) == lesson06.self_test_case(seed)[:2], "deterministic per seed"
+        causes.add(cause)
+    assert causes == set(choices)
 
 
 @pytest.mark.parametrize("seed", [None, -1, "0", 1.5, True])
@@ -51,7 +78,7 @@ def test_show_run_prints_and_rejects_wrong_input(capsys):
     with pytest.raises(TypeError, match="broken_run"):
         ex.show_run([1, 2])
     with pytest.raises(TypeError, match="broken_run"):
-        ex.show_run(ex._broken_run(3))  # the (run, truth) pair is not a run
+        ex.show_run(lesson06.broken_run_case(3))  # the (run, truth) pair is not a run
 
 
 # =================================================================================================
@@ -61,32 +88,38 @@ def test_show_run_prints_and_rejects_wrong_input(capsys):
 def diagnose_variant(run):
     """A second correct answer: find the first bad step first, then classify it."""
     log = run["log"]
-    odd = next(i for i, r in enumerate(log) if r["n_tokens"] == 0 or not math.isfinite(r["grad_norm"])
-               or any(not math.isfinite(v[i]) for v in run["activation_max"].values()))
+    odd = next((i for i, r in enumerate(log) if r["n_tokens"] == 0 or not math.isfinite(r["grad_norm"])
+                or any(not math.isfinite(v[i]) for v in run["activation_max"].values())), None)
+    if odd is None:
+        return Diagnosis("healthy", None)
     row = log[odd]
     if row["n_tokens"] == 0:
-        return Diagnosis("all_masked_labels" if math.isnan(row["grad_norm"]) else "silent_zero_loss", odd + 1)
+        dead = math.isnan(row["grad_norm"])
+        return Diagnosis("all_masked_labels" if dead else "empty_batch_zero_grad", odd + 1)
     infs = [m for m, v in run["activation_max"].items() if math.isinf(v[odd])]
     return Diagnosis("fp16_overflow", infs[0]) if infs else Diagnosis("learning_rate_too_high", odd + 1)
 
 
 def zero_loss_means_empty(run):
     """'loss 0.0 = no tokens': every zero or non-finite step is all-masked labels."""
-    step = next(r["step"] for r in run["log"] if r["loss"] == 0.0 or not math.isfinite(r["grad_norm"]))
-    return Diagnosis("all_masked_labels", step)
+    step = next((r["step"] for r in run["log"] if r["loss"] == 0.0 or not math.isfinite(r["grad_norm"])),
+                None)
+    return Diagnosis("all_masked_labels", step) if step else lesson06.diagnose_run(run)
 
 
 def dtype_means_fp16(run):
     """'the config says float16, so it is float16': blames overflow on the dtype alone."""
-    if run["config"]["dtype"] == "float16":
+    d = lesson06.diagnose_run(run)
+    if run["config"]["dtype"] == "float16" and d.cause != "fp16_overflow":
         return Diagnosis("fp16_overflow", next(iter(run["activation_max"])))
-    return lesson06.diagnose_run(run)
+    return d
 
 
 def every_nan_is_the_lr(run):
     """'NaN? lower the learning rate', even when the bad step has no token."""
-    step = next(r["step"] for r in run["log"] if r["loss"] == 0.0 or not math.isfinite(r["grad_norm"]))
-    return Diagnosis("learning_rate_too_high", step)
+    step = next((r["step"] for r in run["log"] if r["loss"] == 0.0 or not math.isfinite(r["grad_norm"])),
+                None)
+    return Diagnosis("learning_rate_too_high", step) if step else lesson06.diagnose_run(run)
 
 
 def index_not_step(run):
@@ -195,6 +228,63 @@ WRONG = [
     ("guard", checks_weights, "look at each parameter's .grad"),
     ("guard", names_the_last, "name the first one"),
 ]
+
+
+# =================================================================================================
+# Shortcuts a learner has at each exercise: each fails the checker (issue 33)
+# =================================================================================================
+
+def _match_shown_runs(run):
+    """Exercise 1: look the run up among broken_run(seed) and read the cause off the seed."""
+    for seed in range(2000):
+        if repr(ex.broken_run(seed)) == repr(run):
+            return Diagnosis(ex.RUN_CAUSES[seed % len(ex.RUN_CAUSES)], None)
+    return Diagnosis("healthy", None)
+
+
+def _nonfinite_steps_and_culprit(run):
+    """Exercise 1: the lesson's tools as a rule — the first step whose loss or grad_norm is not finite
+    (nd.nonfinite_steps) is the learning rate, unless some module is inf (the watch's culprit)."""
+    bad = nd.nonfinite_steps([{"loss": r["loss"], "grad_norm": r["grad_norm"]} for r in run["log"]])
+    if not bad:
+        return Diagnosis("healthy", None)
+    infs = [m for m, v in run["activation_max"].items() if math.isinf(v[bad[0] - 1])]
+    return Diagnosis("fp16_overflow", infs[0]) if infs else Diagnosis("learning_rate_too_high", bad[0])
+
+
+def _nan_loss_with_no_tokens_is_dead(run):
+    """Exercise 1: every step without a token is section 2d's dead run (no zero-gradient look-alike)."""
+    d = lesson06.diagnose_run(run)
+    return Diagnosis("all_masked_labels", d.evidence) if d.cause == "empty_batch_zero_grad" else d
+
+
+def _guard_with_clip_tripwire(model, control):
+    """Exercise 2: section 3d's clip_grad_norm_(error_if_nonfinite=True) as the guard: it raises."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    torch.nn.utils.clip_grad_norm_(params, 1.0, error_if_nonfinite=True)
+    return None
+
+
+def _guard_stops_always(model, control):
+    """Exercise 2: a blanket fix — drop every gradient and stop, whatever they hold."""
+    model.zero_grad(set_to_none=True)
+    control.should_training_stop = True
+    return next(name for name, p in model.named_parameters() if p.requires_grad)
+
+
+SHORTCUTS = [
+    ("diagnosis_run", "match the shown runs over seeds", _match_shown_runs),
+    ("diagnosis_run", "nonfinite_steps plus the inf culprit", _nonfinite_steps_and_culprit),
+    ("diagnosis_run", "no token means a dead run", _nan_loss_with_no_tokens_is_dead),
+    ("guard", "clip_grad_norm_ with error_if_nonfinite", _guard_with_clip_tripwire),
+    ("guard", "always drop and stop", _guard_stops_always),
+]
+
+
+@pytest.mark.parametrize("exercise, description, function", SHORTCUTS, ids=[s[1] for s in SHORTCUTS])
+def test_each_shortcut_fails_the_checker(exercise, description, function, capsys):
+    check = {"diagnosis_run": ex.check_diagnosis_run, "guard": ex.check_guard}[exercise]
+    assert not check(function), f"{description} passes exercise {exercise}"
 
 
 # =================================================================================================

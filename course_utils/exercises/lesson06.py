@@ -1,9 +1,9 @@
 """Lesson 06's exercises (NaN detective): a generated broken run to diagnose, and a guard to write.
 
-- ``broken_run(seed)``: the log of a QLoRA run that went wrong — the artefact only; the checker's
-  private ``_broken_run(seed)`` also returns what broke it. ``show_run`` prints one as a learner sees it.
-- ``check_diagnosis_run``: grades ``diagnose(run) -> Diagnosis(cause, evidence)`` on fresh runs, one
-  of ``nan_detective.CAUSES`` each, with the misconception behind each wrong cause.
+- ``broken_run(seed)``: the log of a QLoRA run — the artefact only; the generator that knows what broke it
+  lives with the reference answers. ``show_run`` prints one as a learner sees it.
+- ``check_diagnosis_run``: grades ``diagnose(run) -> Diagnosis(cause, evidence)`` on fresh runs, one of
+  ``RUN_CAUSES`` each (healthy controls included), with the misconception behind each wrong cause.
 - ``check_guard``: grades ``guard(model, control)`` (what ``nan_detective.GuardCallback`` runs before
   every optimizer step) on planted non-finite gradients and a healthy control.
 
@@ -12,101 +12,39 @@ The reference answers are in ``course_utils.exercises.answers.lesson06``.
 
 from __future__ import annotations
 
-import math
-import random
 from collections.abc import Sequence
 
 import torch
 
 from .. import validate
-from ..checks import Case, Diagnosis, Hints, check_diagnosis, run_check
-from ..model import course_seed
-from ..nan_detective import CAUSES, FP16_MAX
+from ..checks import Case, Diagnosis, Hints, check_diagnosis, fresh_seeds, run_check
+from .answers import lesson06 as _answers
 
 # ------------------------------------------------------------------------------------------------
 # Exercise 1 (diagnosis): an unseen broken run, generated
 # ------------------------------------------------------------------------------------------------
 
-_MODULES = ("embed_tokens", "layers.0.self_attn.o_proj", "layers.0.mlp.up_proj", "layers.0.mlp.down_proj",
-            "layers.1.self_attn.o_proj", "layers.1.mlp.up_proj", "layers.1.mlp.down_proj", "norm", "lm_head")
+RUN_CAUSES = _answers.RUN_CAUSES
+"""What broke a run (or nothing): ``"all_masked_labels"`` (a batch without a target, and a loss whose NaN
+gradients reached the weights), ``"fp16_overflow"``, ``"learning_rate_too_high"``, ``"empty_batch_zero_grad"``
+(lesson 05's: a batch without a target whose gradient is exactly zero — a NaN or clamped 0.0 loss, and the run
+goes on) and ``"healthy"``."""
 
 
 def broken_run(seed: int) -> dict:
-    """A Trainer-style log of a QLoRA run that went wrong: what a practitioner would have, not what
-    broke it (that is for the learner to find, and for the checker to know).
+    """A Trainer-style log of a QLoRA run: what a practitioner would have, not what broke it (that is for
+    the learner to find; the checker grades on runs drawn apart from these, so read the run, not this
+    function).
 
-    ``run`` = ``{"config", "log", "activation_max"}``: the config (lr, storage dtype, compute dtype),
-    one log row per step as the Trainer logs it (``loss`` — with ``logging_nan_inf_filter`` on, so a
-    NaN loss shows as 0.0 —, ``grad_norm``, ``n_tokens``), and the largest |output| of each module per
-    step (forward hooks, execution order). Causes: all labels masked (a per-token loss computed at every
-    position, then masked and divided by the count 0: NaN gradients), float16 overflow in one module,
-    a learning rate too high (the backward overflows first), and a look-alike from lesson 05: TRL's
-    clamped mean on an empty batch, a *silent* 0.0 with zero gradients and no NaN anywhere. One seed,
-    one run: the same seed gives the same run.
-    """
-    validate.seed("seed", seed)
-    return _broken_run(seed)[0]
+    ``run`` = ``{"config", "log", "activation_max"}``: the config (lr, storage dtype, compute dtype, whether
+    ``logging_nan_inf_filter`` logs a NaN loss as 0.0), one log row per step (``loss``, ``grad_norm``,
+    ``n_tokens``), and the largest |output| of each module per step (forward hooks, execution order).
+    One seed, one run."""
+    return _answers.broken_run_case(validate.seed("seed", seed), graded=False)[0]
 
 
-def _broken_run(seed: int) -> tuple[dict, Diagnosis]:
-    """``(run, truth)``: ``broken_run(seed)`` and what broke it. The truth's evidence: the first bad
-    step, or for fp16 the first module (in execution order) whose output is inf."""
-    rng = random.Random(seed)
-    cause = CAUSES[seed % len(CAUSES)]
-    n = rng.randint(10, 14)
-    k = rng.randint(4, n - 3)  # the first bad step
-    lr = rng.choice((1e-4, 2e-4, 5e-4, 1e-3))
-    storage = rng.choice(("float16", "bfloat16", "float32"))
-    if cause == "fp16_overflow":
-        storage = "float16"
-    if cause == "learning_rate_too_high":
-        lr, storage = rng.choice((0.3, 1.0, 3.0)), rng.choice(("bfloat16", "float32"))
-    compute = storage if storage != "float32" else rng.choice(("float32", "bfloat16"))
-    base = {m: rng.uniform(2.0, 30.0) for m in _MODULES}
-    loss0, nan = rng.uniform(9.0, 12.0), float("nan")
-    culprit = rng.choice([m for m in _MODULES if "mlp" in m])
-    log, acts = [], {m: [] for m in _MODULES}
-    for step in range(1, n + 1):
-        loss = loss0 * (0.75 + 0.25 * math.exp(-step / 3)) + rng.uniform(-0.3, 0.3)
-        norm = rng.uniform(1.0, 6.0) * (3.0 if step <= 2 else 1.0)
-        tokens = rng.randint(35, 60)
-        grow = {m: 1.0 for m in _MODULES}
-        dead = False
-        if cause == "learning_rate_too_high":
-            blow = 4.0 ** max(0, step - 1)
-            grow = {m: blow for m in _MODULES}
-            norm *= blow if step < k else 1.0
-            loss = loss0 * (1.0 + 0.2 * max(0, step - k + 3)) if step <= k else loss
-            if step == k:
-                norm = float("inf")  # the backward overflows while the forward is still finite
-            dead = step > k
-        elif cause == "fp16_overflow":
-            g = (FP16_MAX / base[culprit]) ** (min(step, k) / k)
-            grow[culprit] = g
-            grow.update({m: min(g, 1.5) for m in _MODULES if m != culprit})
-            dead = step >= k
-        elif cause in ("all_masked_labels", "silent_zero_loss"):
-            if step == k or (cause == "silent_zero_loss" and step == k + rng.choice((1, 2))):
-                tokens = 0
-            dead = cause == "all_masked_labels" and step >= k
-        for i, m in enumerate(_MODULES):
-            value = base[m] * grow[m] * rng.uniform(0.9, 1.1)
-            if cause == "fp16_overflow" and step >= k:
-                after = i > _MODULES.index(culprit) or step > k
-                value = float("inf") if m == culprit else (nan if after else value)
-            elif dead and not (cause == "all_masked_labels" and step == k) and not (
-                    cause == "learning_rate_too_high" and step == k):
-                value = nan
-            acts[m].append(min(value, FP16_MAX) if (storage == "float16" and math.isfinite(value)) else value)
-        if cause == "silent_zero_loss" and tokens == 0:
-            loss, norm = 0.0, 0.0
-        elif dead or (cause == "all_masked_labels" and step == k):
-            loss, norm = 0.0, nan  # the Trainer logs a NaN loss as 0.0; grad_norm is unfiltered
-        log.append({"step": step, "loss": round(loss, 4), "grad_norm": norm, "n_tokens": tokens})
-    config = {"learning_rate": lr, "dtype": storage, "bnb_4bit_compute_dtype": compute,
-              "optim": "adamw_torch", "logging_nan_inf_filter": True}
-    evidence = culprit if cause == "fp16_overflow" else k
-    return {"config": config, "log": log, "activation_max": acts}, Diagnosis(cause, evidence)
+def _graded_case(seed: int):
+    return _answers.broken_run_case(seed, graded=True)
 
 
 def show_run(run: dict) -> None:
@@ -132,17 +70,26 @@ _MISCONCEPTIONS = {
     ("all_masked_labels", "learning_rate_too_high"): (
         "a logged 0.0 is any NaN; this step still had supervised tokens — "
         "what did the gradient norm do first?"),
-    ("all_masked_labels", "silent_zero_loss"): (
+    ("all_masked_labels", "empty_batch_zero_grad"): (
         "n_tokens is 0 there, but the gradient norm is exactly 0.0, not NaN, and the run goes on finite: "
-        "the loss was clamped (sum / max(count, 1)), a silent zero, not a NaN"),
-    ("silent_zero_loss", "all_masked_labels"): (
+        "ignore_index (or a clamped count) gave a zero gradient: a NaN loss alone does not kill the "
+        "weights"),
+    ("fp16_overflow", "healthy"): (
+        "float16 storage alone is not evidence: every activation stays below 65504 and nothing is NaN"),
+    ("learning_rate_too_high", "healthy"): (
+        "a high learning rate or one gradient-norm spike is not a divergence: every step stays finite"),
+    ("empty_batch_zero_grad", "healthy"): "every step has supervised tokens and nothing is NaN",
+    ("healthy", "empty_batch_zero_grad"): (
+        "a step has n_tokens 0: its loss is 0/0 (NaN, or 0.0 when clamped or filtered) — the run survives, "
+        "but that batch taught nothing (lesson 05)"),
+    ("empty_batch_zero_grad", "all_masked_labels"): (
         "the empty step's gradient norm is NaN and every step after it is dead: the mean was 0/0 and "
         "its NaN gradients reached the weights"),
     ("fp16_overflow", "all_masked_labels"): (
         "float16 storage alone is not evidence: at the first bad step no activation is inf, "
         "and n_tokens is 0"),
-    ("fp16_overflow", "silent_zero_loss"): (
-        "float16 storage alone is not evidence: nothing is inf or NaN here at all"),
+    ("fp16_overflow", "empty_batch_zero_grad"): (
+        "float16 storage alone is not evidence: no activation is inf, and the bad step has n_tokens 0"),
     ("fp16_overflow", "learning_rate_too_high"): (
         "this run is not float16, and at the first bad step the forward is finite: the gradient norm "
         "turned inf first, after growing for several steps"),
@@ -151,22 +98,24 @@ _MISCONCEPTIONS = {
         "is 65504) while the others stayed small"),
     ("learning_rate_too_high", "all_masked_labels"): (
         "the bad step has n_tokens 0: no token carried loss, whatever the learning rate"),
-    ("learning_rate_too_high", "silent_zero_loss"): (
-        "nothing here is inf or NaN: a 0.0 loss with a 0.0 gradient norm on a step with n_tokens 0"),
+    ("learning_rate_too_high", "empty_batch_zero_grad"): (
+        "the gradient norm of the odd step is exactly 0.0 and n_tokens is 0: no target, not a divergence"),
 }
 
 DIAGNOSIS_HINTS = Hints(
-    question="Which step is the first one that is not healthy — and at that step, which of n_tokens, "
-             "grad_norm and the activations is unusual?",
+    question="Which step is the first one that is not healthy, if any — and at that step, which of "
+             "n_tokens, grad_norm and the activations is unusual?",
     pointer="Section 3 (the step, the module) and 2d (no targets): a logged 0.0 can be a NaN (section 1). "
             "Read grad_norm of the first odd step: 0.0, NaN or inf? Then the activations of that step.",
-    answer="n_tokens 0 at the first odd step: grad_norm 0.0 → silent_zero_loss, NaN → all_masked_labels "
-           "(evidence: that step). Else, an inf activation at that step → fp16_overflow (evidence: the "
-           "first module in execution order that is inf). Else learning_rate_too_high (evidence: the "
-           "first step whose grad_norm is not finite).")
+    answer="n_tokens 0 at the first odd step: grad_norm 0.0 → empty_batch_zero_grad, NaN → "
+           "all_masked_labels (evidence: that step). Else, an inf activation at that step → fp16_overflow "
+           "(evidence: the first module in execution order that is inf). Else a non-finite grad_norm → "
+           "learning_rate_too_high (evidence: that step). Nothing odd → healthy (None).")
 
 
 def _evidence_ok(got, truth: Diagnosis) -> bool:
+    if truth.evidence is None:
+        return got is None
     if isinstance(truth.evidence, str):  # a module: accept the full name or a path that ends with it
         return isinstance(got, str) and bool(got) and (got == truth.evidence or got.endswith(truth.evidence))
     return not isinstance(got, bool) and isinstance(got, int) and got == truth.evidence
@@ -174,12 +123,10 @@ def _evidence_ok(got, truth: Diagnosis) -> bool:
 
 def check_diagnosis_run(fn, seeds: Sequence[int] | None = None):
     """Checker for exercise 1: ``fn(run) -> Diagnosis(cause, evidence)`` on fresh ``broken_run``s.
-    ``seeds``: the runs to grade on (default: 12 the notebook never shows, three of each cause)."""
+    ``seeds``: the runs to grade on (default: fifteen fresh ones, three of each cause)."""
     validate.function("fn", fn)  # not an answer yet (e.g. diagnose(run) called): say so, do not grade it
-    if seeds is None:  # three of each cause, never shown in the notebook
-        seeds = [1000 + 17 * course_seed() + i for i in range(12)]
-    seeds = validate.seeds("seeds", seeds)
-    return check_diagnosis("diagnose_run", fn, _broken_run, seeds=seeds, evidence_ok=_evidence_ok,
+    seeds = fresh_seeds(3 * len(RUN_CAUSES)) if seeds is None else validate.seeds("seeds", seeds)
+    return check_diagnosis("diagnose_run", fn, _graded_case, seeds=seeds, evidence_ok=_evidence_ok,
                            misconceptions=_MISCONCEPTIONS, hint=DIAGNOSIS_HINTS)
 
 
