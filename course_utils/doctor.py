@@ -9,8 +9,9 @@ or, from Python, ``report = diagnose(model, data, config)``: a list of ``Finding
 evidence, fix, lesson) that prints as a table in a terminal and renders as one in a notebook.
 
 Every check measures the set-up with the installed libraries' own code, so it sees what training
-would see: the rows are tokenized and labelled by TRL's ``SFTTrainer._prepare_dataset`` (the same
-template patching, ``return_assistant_tokens_mask``, truncation and "Dropping fully masked
+would see: the rows are read as ``datasets.load_dataset("json")`` reads them (as ``trl sft`` does; a file
+the loader rejects is an error finding), tokenized and labelled by TRL's ``SFTTrainer._prepare_dataset``
+(the same template patching, ``return_assistant_tokens_mask``, truncation and "Dropping fully masked
 examples" filter), templates are judged by ``trl.chat_template_utils``, activations by one forward
 of the real model on real rows. Nothing is trained; it takes seconds.
 
@@ -35,7 +36,8 @@ its eos), prompt/completion text rows get ``tokenizer.eos_token`` appended, pack
 only suggested from the template's own family.
 
 The doctor's own checks are the private ``_*_findings`` functions (``check_*`` names are kept for
-the exercises' graders).
+the exercises' graders); those for reasoning and tool-call data (lesson 09) are in ``doctor_reasoning``.
+A chat template that raises on a row is an error finding naming the row, like TRL's own refusals.
 """
 
 from __future__ import annotations

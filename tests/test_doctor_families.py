@@ -1,17 +1,25 @@
-"""The SFT doctor on real families' set-ups (issue 31): for each family TRL ships a template for, the
-course model carrying that family's special tokens, chat template and pad / eos / generation_config
+"""The SFT doctor on real families' set-ups (issues 31 and 34): for each family TRL ships a template for,
+the course model carrying that family's special tokens, chat template and pad / eos / generation_config
 conventions (its tokenizer prepending bos where the checkpoint's does), saved to a directory as a
 practitioner's checkpoint would be.
 
-Healthy set-ups a competent practitioner runs (115: chats with and without assistant_only_loss, with
+Healthy set-ups a competent practitioner runs (137: chats with and without assistant_only_loss, with
 TRL's training template where TRL needs one; prompt/completion text and chat; wrapped / bfd / bfd_split
 packing; bf16; the T4 QLoRA recipe — fp16, 2e-4, a LoraConfig; pre-tokenised chats with a
-completion_mask) exit 0 with no error; planted failures (66: fully truncated and cut answers under bfd,
-a template without generation markers, the end of turn outside {% generation %}, a base model's chats
-without eos_token, fp16 full fine-tuning at 0.05, float16 weights under fp16, labels shifted by one,
-template-rendered text tokenized with a second bos) are found by their own check; nothing ends in a
-traceback. Measured when the corpus was first built: the doctor before issue 31 was right on 78 of 131
-(26 tracebacks when pad_token is None). Built offline from the course model in seconds."""
+completion_mask; and, ``reasoning_setups``, reasoning and tool-call data: multi-turn reasoning under Qwen3's
+and DeepSeek-R1's training templates, gpt-oss's, data without reasoning with enable_thinking=False in the
+prompt, tool calls with dict arguments under assistant_only_loss, one row per call step) exit 0 with no
+error; planted failures (87: fully truncated and cut answers under bfd, a template without generation
+markers, the end of turn outside {% generation %}, a base model's chats without eos_token, fp16 full
+fine-tuning at 0.05, float16 weights under fp16, labels shifted by one, template-rendered text tokenized
+with a second bos; reasoning dropped by Qwen3's, DeepSeek-R1's and gpt-oss's templates, empty think blocks
+graded, tool replies graded, mixed and escaped tool-call arguments, tool calls dropped by Llama 3's
+training template, Phi-3's and DeepSeek's, the stop after a call outside {% generation %}, a template that
+raises) are found by their own check; nothing ends in a traceback. Measured when each part was first
+built: the doctor before issue 31 was right on 78 of 131 (26 tracebacks when pad_token is None); before
+issue 34 it passed the 9 healthy reasoning/tool set-ups and found none of the 15 planted failures (a false
+trl-preparation error on mixed arguments, exit 3 on DeepSeek's UndefinedError). Built offline from the
+course model in seconds."""
 
 import copy
 import json
