@@ -240,9 +240,9 @@ def _diagnose_guard(got, case: Case):
 GUARD_HINTS = Hints(
     question="Where is the NaN before optimizer.step(): in the weights, or in their .grad? And what does "
              "the Trainer do right after your callback returns?",
-    pointer="Section 3d (clip_grad_norm_ with error_if_nonfinite) and section 5: torch.isfinite catches inf "
-            "and NaN; frozen 4-bit weights have .grad None; the Trainer reads control.should_training_stop "
-            "only after optimizer.step().",
+    pointer="Section 5's guard (clip_grad_norm_ with error_if_nonfinite raises there): torch.isfinite "
+            "catches inf and NaN; frozen 4-bit weights have .grad None; the Trainer reads "
+            "control.should_training_stop only after optimizer.step().",
     answer="for name, p in model.named_parameters(): if p.grad is not None and not torch.isfinite(p.grad)."
            "all(): model.zero_grad(set_to_none=True); control.should_training_stop = True; return name — "
            "after the loop, return None.")
