@@ -459,3 +459,47 @@ def reasoning_explorer(runs: dict):
         descriptions={"run": "trained as", "served": "served with"},
         width="560px",
     )
+
+
+def train_on(chat_template: str, rows: list[dict], *, steps: int = 60, batch: int = 16, **config):
+    """One lesson run: a fresh course model with the reasoning tokens (``load_reasoning_model``), TRL's
+    ``SFTTrainer`` on ``rows`` (TRL's data forms) for ``steps`` optimizer steps of ``batch`` rows, the course's
+    CPU defaults (``training.make_sft_trainer``); ``config``: more ``SFTConfig`` fields. Returns the trained
+    ``(model, tokenizer)``, the model in eval mode."""
+    from datasets import Dataset
+
+    from .training import make_sft_trainer
+
+    validate.positive_int("steps", steps, why="it counts optimizer steps")
+    validate.positive_int("batch", batch, why="it is the rows per step")
+    if isinstance(rows, dict) or not isinstance(rows, Sequence) or not rows:
+        raise ValueError(f"rows must be a non-empty list of dicts in one of TRL's forms, got {type(rows).__name__} "
+                         "— the run trains on them — pass e.g. [{'messages': conversation}, ...].")
+    model, tokenizer = load_reasoning_model(chat_template)
+    trainer = make_sft_trainer(model, tokenizer, Dataset.from_list(list(rows)), max_steps=steps,
+                               per_device_train_batch_size=batch, progress=False, **config)
+    trainer.train()
+    return trainer.model.eval(), tokenizer
+
+
+def fixes_figure(pairs: dict):
+    """The lesson's verify plot: for each fix, the share of replies that do what the data meant, broken
+    (red) beside fixed (green), with half the replies drawn as a line. ``pairs``: label -> (broken, fixed)."""
+    from .viz import figure
+
+    if not isinstance(pairs, dict) or not pairs or not all(
+            isinstance(v, (tuple, list)) and len(v) == 2 for v in pairs.values()):
+        raise ValueError(f"pairs must be a non-empty dict {{label: (broken, fixed)}}, got {type(pairs).__name__} — "
+                         "each bar pair is one fix — pass the shares the lesson measured.")
+    fig, ax = figure(9, 3.4)
+    x = range(len(pairs))
+    ax.bar([i - 0.2 for i in x], [v[0] for v in pairs.values()], width=0.4, color="#d62828", label="broken")
+    ax.bar([i + 0.2 for i in x], [v[1] for v in pairs.values()], width=0.4, color="#2a9d8f", label="fixed")
+    ax.axhline(0.5, color="k", ls="--", lw=1)
+    ax.set_xticks(list(x), list(pairs), fontsize=8)
+    ax.set_ylabel("share of replies (0-1)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("What the data meant, before and after each fix (dashed: half the replies)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
