@@ -27,6 +27,7 @@ A lesson's learner tools (what its notebook explains and a practitioner reuses):
 - ``doctor``          the SFT doctor: a pre-flight check of a whole set-up     — lesson 08, your runs
 - ``watch``           SFTWatch: clip rate, empty micro-batches, first NaN      — lesson 08, your runs
 - ``capstone``        a set-up on disk (``Setup``), TRL's training template path   — lesson 08
+- ``reasoning``       reasoning and tool-call data, what a template grades of it, reply readers — lesson 09
 - ``shipping``        what a saved directory serves vs what was trained; ``ship`` its CLI — lesson 10
 
 ``exercises/lessonNN.py`` holds lesson NN's checkers (``check_*``) and the generators of their cases;
@@ -50,7 +51,7 @@ _EXPORTS = {
     "IGNORE_INDEX": "data", "make_batches": "data", "make_chat_dataset": "data", "make_messages": "data",
     "tokenize_chat": "data", "graded": "data", "n_graded": "data",
     "COURSE_MODEL_DIR": "model", "course_model_name": "model", "course_seed": "model",
-    "load_course_model": "model", "token_id": "model",
+    "load_course_model": "model", "token_id": "model", "add_reasoning_tokens": "model",
     "report_outcome": "outcomes",
     "clip_rate": "training", "make_sft_trainer": "training", "set_seed": "training",
 }
