@@ -327,7 +327,9 @@ def _training_fix(ctx, renders, keeps) -> str | None:
 def _prefix_findings(renders, ctx) -> list:
     """Multi-turn reasoning rows whose earlier turns the template renders differently once the
     conversation goes on (Qwen3's original drops their ``<think>``): the turn the model generated is not the
-    turn it is trained on."""
+    turn it is trained on. Measured on the rows' own reasoning turns; TRL's
+    ``is_chat_template_prefix_preserving`` (one tool-message probe) is quoted: it says True for gpt-oss's
+    training template, which drops earlier turns' analysis all the same."""
     checked, rewritten, bad = 0, 0, []
     for r in renders:
         for turn, message in enumerate(r.messages[:-1]):
@@ -475,7 +477,8 @@ def _tool_arguments_findings(renders, ctx) -> list:
 
 def _tool_calls_dropped_findings(renders, ctx) -> list:
     """Tool calls in the data that never reach the loss: the template does not render ``tool_calls`` (Llama
-    3's basic template, Phi-3's, DeepSeek-R1's when content is set), or renders them outside the loss."""
+    3's basic template, Phi-3's, DeepSeek-R1's when content is set), or renders them outside the loss.
+    TRL's ``supports_tool_calling`` (a sentinel call and reply must survive rendering) is quoted beside it."""
     calls = [(r, s) for r in renders for s in r.spans if s.kind == "call" and s.turn >= r.first_trained]
     dropped = [(r, s) for r, s in calls if s.start < 0]
     outside = [(r, s) for r, s in calls if s.start >= 0 and not s.graded]
@@ -502,7 +505,9 @@ def _tool_calls_dropped_findings(renders, ctx) -> list:
 
 def _tool_stop_findings(renders, ctx) -> list:
     """The stop token after a tool call (``<|im_end|>``, gpt-oss's ``<|call|>``) without loss: the model
-    does not learn to stop and wait for the tool, and writes the tool's reply itself."""
+    does not learn to stop and wait for the tool, and writes the tool's reply itself. TRL's
+    ``is_chat_template_stop_token_trained`` probes [user, assistant, user] without a tool call, so it says
+    True for a template whose tool-call branch alone leaves the stop outside ``{% generation %}``."""
     turns = [(r, s) for r in renders for s in r.spans
              if s.kind == "call" and s.turn >= r.first_trained and s.stop_graded is not None]
     untrained = [(r, s) for r, s in turns if not s.stop_graded]

@@ -660,10 +660,23 @@ def test_the_command_on_a_family_checkpoint(families, tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------
 
 NEW_CHECKS = {*REASONING_CHECKS, "tool-arguments-escaped", "template-error", "data-unloadable"}
+# In `make test`: a healthy and a broken set-up for each new check (~0.5 s each); the rest in make test-slow
+FAST_REASONING = {
+    "qwen3: multi-turn reasoning, assistant_only_loss (TRL swaps in qwen3_training)",
+    "qwen3: no reasoning, enable_thinking=False prompt/completion",
+    "qwen2.5-instruct: tool calls, dict arguments, assistant_only_loss",
+    "qwen3: multi-turn reasoning, the original, full loss", "qwen3: no reasoning, the original, full loss",
+    "qwen2.5-instruct: tool calls, full loss", "qwen2.5-instruct: mixed dict / JSON-string arguments",
+    "qwen2.5-instruct: JSON-string arguments everywhere",
+    "llama-3.1-instruct: tool calls, llama3_training.jinja",
+    "qwen2.5-instruct: hand-marked, <|im_end|> after a call outside {% generation %}",
+    "deepseek-r1-distill: tool calls with content None"}
 
 
-@pytest.mark.parametrize("label", list(reasoning_setups()))
+@pytest.mark.parametrize("label", [pytest.param(label, marks=() if label in FAST_REASONING else
+                                                pytest.mark.slow) for label in reasoning_setups()])
 def test_reasoning_and_tool_setups(label, families, tmp_path):
+    assert FAST_REASONING <= set(reasoning_setups())
     name, data, config, expected = reasoning_setups()[label]
     if config.get("chat_template_path") in HAND_MARKED:
         path = tmp_path / config["chat_template_path"]

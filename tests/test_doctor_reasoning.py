@@ -106,7 +106,7 @@ def test_a_sample_holds_the_loaders_rows_at_the_sampled_lines(checkpoints, tmp_p
             m["content"] for m in json.loads(lines[row["_doctor_row"]])["messages"]]
 
 
-@pytest.mark.parametrize("arguments", ["dict", "mixed"])
+@pytest.mark.parametrize("arguments", [pytest.param("dict", marks=pytest.mark.slow), "mixed"])
 def test_the_doctor_prepares_the_rows_a_real_sfttrainer_trains_on_tool_data(arguments, checkpoints,
                                                                             tmp_path, prepared_by_the_doctor):
     directory = checkpoints["qwen2.5-instruct"]
