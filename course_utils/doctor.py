@@ -302,7 +302,8 @@ def _trl_dataset(data, rows: list[dict]):
     A JSONL file goes through ``datasets.load_dataset("json", data_files=...)``, as TRL's ``trl sft`` and
     its docs read one: the whole file (the loader fixes each field's type from the file's first 10 MiB
     and fails on a later row that does not fit, and so would TRL), then the sampled rows are selected. A
-    list of rows is read the same way, as the JSONL file it would be; a ``Dataset`` is trained as it is.
+    list of rows is read the same way, as the JSONL file its (sampled) rows would be; a ``Dataset`` is
+    trained as it is.
     Not ``Dataset.from_list``: it fills every message's missing keys with None (``tool_calls: None`` on
     each user turn, which templates then render) and raises on tool-call arguments that are dicts in some
     rows and strings in others, which the JSON loader keeps as JSON. A file the loader rejects is an error
