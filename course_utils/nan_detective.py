@@ -17,7 +17,8 @@ Used by lesson 06 only. What is here:
 - ``anomaly_report``: what ``torch.autograd.detect_anomaly`` says about a NaN backward.
 - ``norm_on_inf``: what the model's own normalisation layer makes of one inf.
 - ``GuardCallback``: a ``TrainerCallback`` that runs *your* guard before every optimizer step.
-- ``CAUSES``: the four causes of a non-finite (or silently zero) step the lesson tells apart.
+- ``CAUSES``: the four causes of a non-finite (or silently zero) step the lesson tells apart (exercise 1 adds
+  healthy runs: ``exercises.lesson06.RUN_CAUSES``).
 - ``plot_checklist``: the decision flow of the lesson as one picture.
 
 The exercises (a generated broken run to diagnose, the guard's checker) are in
@@ -608,10 +609,10 @@ def __getattr__(name):  # the class is built on first use: transformers' trainer
 
 
 # ------------------------------------------------------------------------------------------------
-# The causes the lesson tells apart (exercise 1 asks for one of them)
+# The causes the lesson tells apart (exercise 1 asks for one of them, or "healthy")
 # ------------------------------------------------------------------------------------------------
 
-CAUSES = ("all_masked_labels", "fp16_overflow", "learning_rate_too_high", "silent_zero_loss")
+CAUSES = ("all_masked_labels", "fp16_overflow", "learning_rate_too_high", "empty_batch_zero_grad")
 
 
 # ------------------------------------------------------------------------------------------------

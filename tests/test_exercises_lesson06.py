@@ -32,6 +32,10 @@ def test_generator_covers_every_cause_and_is_seeded():
         assert lesson06.diagnose_run(run) == truth, seed
 
 
+def test_the_exercise_draws_the_lessons_causes_and_healthy_runs():
+    assert set(ex.RUN_CAUSES) == set(nd.CAUSES) | {"healthy"}
+
+
 def test_broken_run_returns_the_run_only_and_the_truth_lives_with_the_answers():
     run = ex.broken_run(3)
     assert set(run) == {"config", "log", "activation_max"}
