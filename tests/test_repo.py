@@ -116,6 +116,8 @@ def test_every_lesson_stores_a_plot_and_a_what_if_control():
     import json
 
     for path in sorted((ROOT / "solutions").glob("*.ipynb")):
+        if path.name == "11_self_test.ipynb":
+            continue  # the self-test shows other lessons' artefacts as text: no failure of its own to plot
         cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
         outputs = [o for c in cells for o in c.get("outputs", [])]
         plain = ["".join(o.get("data", {}).get("text/plain", "")) for o in outputs]
