@@ -30,7 +30,7 @@ from .data import IGNORE_INDEX, make_messages
 THINK, END_THINK = "<think>", "</think>"
 TOOL_CALL, END_TOOL_CALL = "<tool_call>", "</tool_call>"
 TOOL_RESPONSE, END_TOOL_RESPONSE = "<tool_response>", "</tool_response>"
-REPLY_KINDS = ("reasoned", "empty", "no_block")
+REPLY_KINDS = ("reasoned", "empty", "unclosed", "no_block")
 
 _ADD = re.compile(r"What is (\d+) \+ (\d+)\?")
 _REVERSE = "Reverse the words: "
@@ -341,12 +341,13 @@ def _check_conversations(conversations) -> list[list[dict]]:
 
 
 def read_reply(text: str, *, opened: bool = False) -> dict:
-    """A generated reply, read as a reasoning parser reads it: ``kind`` is ``"reasoned"`` (a block with
-    text in it), ``"empty"`` (``<think>`` then only whitespace then ``</think>``: reasoning skipped) or
-    ``"no_block"`` (the reply does not open with ``<think>``); ``reasoning``, ``answer`` (after the first
-    ``</think>``, before the end of turn) and ``leaked`` (a ``</think>`` inside the answer, or a reply
-    without a block that closes one: reasoning written where the user reads the answer).
-    ``opened=True`` when the prompt itself ended inside a block (DeepSeek-R1's ``<think>\\n`` prefill)."""
+    """A generated reply, read as a reasoning parser reads it: ``kind`` is ``"reasoned"`` (``<think>``, text,
+    ``</think>``), ``"empty"`` (``<think>``, only whitespace, ``</think>``: reasoning skipped), ``"unclosed"``
+    (``<think>`` never closed: no answer a parser can find) or ``"no_block"`` (the reply does not open with
+    ``<think>``); ``reasoning``, ``answer`` (after the first ``</think>``, before the end of turn); ``leaked``
+    (a ``</think>`` inside the answer, or in a reply without a block: reasoning where the user reads the
+    answer); ``clean`` (no think tag at all: a plain answer). ``opened=True`` when the prompt itself ended
+    inside a block (DeepSeek-R1's ``<think>\\n`` prefill)."""
     if not isinstance(text, str):
         raise TypeError(
             f"text must be a reply string, got {type(text).__name__} — the helper parses it — "
@@ -354,6 +355,7 @@ def read_reply(text: str, *, opened: bool = False) -> dict:
         )
     body = text.split("<|im_end|>", 1)[0].split("<|endoftext|>", 1)[0]
     stripped = body.lstrip()
+    clean = THINK not in body and END_THINK not in body
     if opened or stripped.startswith(THINK):
         inside = stripped[len(THINK) :] if stripped.startswith(THINK) else stripped
         if END_THINK in inside:
@@ -364,18 +366,27 @@ def read_reply(text: str, *, opened: bool = False) -> dict:
                 "reasoning": reasoning.strip(),
                 "answer": answer.strip(),
                 "leaked": END_THINK in answer,
+                "clean": False,
             }
         return {
-            "kind": "reasoned" if inside.strip() else "empty",
+            "kind": "unclosed",
             "reasoning": inside.strip(),
             "answer": "",
             "leaked": False,
+            "clean": False,
         }
-    return {"kind": "no_block", "reasoning": "", "answer": stripped.strip(), "leaked": END_THINK in body}
+    return {
+        "kind": "no_block",
+        "reasoning": "",
+        "answer": stripped.strip(),
+        "leaked": END_THINK in body,
+        "clean": clean,
+    }
 
 
 def reply_kinds(records) -> dict:
-    """Shares of ``REPLY_KINDS`` over generation records, and the share that leaked reasoning."""
+    """Shares of ``REPLY_KINDS`` over generation records, and of the replies that leaked reasoning and that
+    are clean (no think tag at all)."""
     if isinstance(records, dict) or not isinstance(records, Sequence) or not records:
         raise ValueError(
             f"records must be a non-empty list of generate_greedy records, got "
@@ -384,6 +395,7 @@ def reply_kinds(records) -> dict:
     read = [read_reply(r["text"] if isinstance(r, dict) else r) for r in records]
     shares = {k: sum(r["kind"] == k for r in read) / len(read) for k in REPLY_KINDS}
     shares["leaked"] = sum(r["leaked"] for r in read) / len(read)
+    shares["clean"] = sum(r["clean"] for r in read) / len(read)
     return shares
 
 
@@ -463,9 +475,9 @@ def reasoning_explorer(runs: dict):
 
 def train_on(chat_template: str, rows: list[dict], *, steps: int = 60, batch: int = 16, **config):
     """One lesson run: a fresh course model with the reasoning tokens (``load_reasoning_model``), TRL's
-    ``SFTTrainer`` on ``rows`` (TRL's data forms) for ``steps`` optimizer steps of ``batch`` rows, the course's
-    CPU defaults (``training.make_sft_trainer``); ``config``: more ``SFTConfig`` fields. Returns the trained
-    ``(model, tokenizer)``, the model in eval mode."""
+    ``SFTTrainer`` on ``rows`` (TRL's data forms) for ``steps`` optimizer steps of ``batch`` rows, the
+    course's CPU defaults (``training.make_sft_trainer``); ``config``: more ``SFTConfig`` fields. Returns the
+    trained ``(model, tokenizer)``, the model in eval mode."""
     from datasets import Dataset
 
     from .training import make_sft_trainer
@@ -473,11 +485,20 @@ def train_on(chat_template: str, rows: list[dict], *, steps: int = 60, batch: in
     validate.positive_int("steps", steps, why="it counts optimizer steps")
     validate.positive_int("batch", batch, why="it is the rows per step")
     if isinstance(rows, dict) or not isinstance(rows, Sequence) or not rows:
-        raise ValueError(f"rows must be a non-empty list of dicts in one of TRL's forms, got {type(rows).__name__} "
-                         "— the run trains on them — pass e.g. [{'messages': conversation}, ...].")
+        raise ValueError(
+            f"rows must be a non-empty list of dicts in one of TRL's forms, got {type(rows).__name__} "
+            "— the run trains on them — pass e.g. [{'messages': conversation}, ...]."
+        )
     model, tokenizer = load_reasoning_model(chat_template)
-    trainer = make_sft_trainer(model, tokenizer, Dataset.from_list(list(rows)), max_steps=steps,
-                               per_device_train_batch_size=batch, progress=False, **config)
+    trainer = make_sft_trainer(
+        model,
+        tokenizer,
+        Dataset.from_list(list(rows)),
+        max_steps=steps,
+        per_device_train_batch_size=batch,
+        progress=False,
+        **config,
+    )
     trainer.train()
     return trainer.model.eval(), tokenizer
 
@@ -487,10 +508,15 @@ def fixes_figure(pairs: dict):
     (red) beside fixed (green), with half the replies drawn as a line. ``pairs``: label -> (broken, fixed)."""
     from .viz import figure
 
-    if not isinstance(pairs, dict) or not pairs or not all(
-            isinstance(v, (tuple, list)) and len(v) == 2 for v in pairs.values()):
-        raise ValueError(f"pairs must be a non-empty dict {{label: (broken, fixed)}}, got {type(pairs).__name__} — "
-                         "each bar pair is one fix — pass the shares the lesson measured.")
+    if (
+        not isinstance(pairs, dict)
+        or not pairs
+        or not all(isinstance(v, (tuple, list)) and len(v) == 2 for v in pairs.values())
+    ):
+        raise ValueError(
+            f"pairs must be a non-empty dict {{label: (broken, fixed)}}, got {type(pairs).__name__} — "
+            "each bar pair is one fix — pass the shares the lesson measured."
+        )
     fig, ax = figure(9, 3.4)
     x = range(len(pairs))
     ax.bar([i - 0.2 for i in x], [v[0] for v in pairs.values()], width=0.4, color="#d62828", label="broken")

@@ -165,23 +165,31 @@ def test_trained_rows_uses_the_training_template_like_sft_trainer(qwen3):
 
 
 @pytest.mark.parametrize(
-    "text, kind, leaked",
+    "text, kind, leaked, clean",
     [
-        ("<think>\n2 plus 3 is 5.\n</think>\n\n5<|im_end|>", "reasoned", False),
-        ("<think>\n\n</think>\n\n5<|im_end|>", "empty", False),
-        ("5<|im_end|>", "no_block", False),
-        ("2 plus 3 is 5.\n</think>\n\n5<|im_end|>", "no_block", True),
-        ("<think>\nx\n</think>\n\ny\n</think>z", "reasoned", True),
+        ("<think>\n2 plus 3 is 5.\n</think>\n\n5<|im_end|>", "reasoned", False, False),
+        ("<think>\n\n</think>\n\n5<|im_end|>", "empty", False, False),
+        ("<think>\nthe words red cat<|im_end|>", "unclosed", False, False),
+        ("5<|im_end|>", "no_block", False, True),
+        ("2 plus 3 is 5.\n</think>\n\n5<|im_end|>", "no_block", True, False),
+        ("<think>\nx\n</think>\n\ny\n</think>z", "reasoned", True, False),
     ],
 )
-def test_read_reply(text, kind, leaked):
+def test_read_reply(text, kind, leaked, clean):
     read = read_reply(text)
-    assert (read["kind"], read["leaked"]) == (kind, leaked)
+    assert (read["kind"], read["leaked"], read["clean"]) == (kind, leaked, clean)
 
 
 def test_reply_kinds_and_tool_calls():
     shares = reply_kinds([{"text": "<think>\nx\n</think>\n\ny"}, {"text": "<think>\n\n</think>\n\ny"}])
-    assert shares == {"reasoned": 0.5, "empty": 0.5, "no_block": 0.0, "leaked": 0.0}
+    assert shares == {
+        "reasoned": 0.5,
+        "empty": 0.5,
+        "unclosed": 0.0,
+        "no_block": 0.0,
+        "leaked": 0.0,
+        "clean": 0.0,
+    }
     good = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
     escaped = '<tool_call>\n{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}\n</tool_call>'
     assert read_tool_call(good) == {"name": "add", "arguments": {"a": 1, "b": 2}}
