@@ -2,6 +2,7 @@
 never holds the truth; the right answers pass, a blanket answer and a wrong one do not."""
 
 import pytest
+from conftest import Row
 
 from course_utils.exercises import self_test as st
 
@@ -34,3 +35,34 @@ def test_bad_input_is_refused_with_the_fix():
         st.check_self_test(lambda q: "a", [])
     with pytest.raises(TypeError, match="must be a function"):
         st.check_self_test("a", st.draw_quiz())
+
+
+# ---- the checker tables (tests/test_checkers.py runs them) ------------------------------------------------
+
+_QUIZ = []
+
+
+def _quiz():
+    if not _QUIZ:
+        _QUIZ.append(st.draw_quiz())
+    return _QUIZ[0]
+
+
+def answer_key(question):
+    """The reference: each question's cause, drawn again from its lesson."""
+    return st._truth(question)
+
+
+def by_letter(question):
+    """A second correct answer: the letter of the right choice, as a learner types it."""
+    return "abcdefgh"[question.choices.index(st._truth(question))]
+
+
+def always_the_first_choice(question):
+    """A blanket answer: the first choice every time — some are right, most are not."""
+    return "a"
+
+
+CHECKERS = [Row("self_test", lambda fn, fixture: st.check_self_test(fn, _quiz()), answer_key)]
+ALSO_CORRECT = [("self_test", by_letter)]
+WRONG = [("self_test", always_the_first_choice, "revisit lesson")]

@@ -103,8 +103,8 @@ def check_self_test(answer_for: Callable, quiz: list[Question], quiet: bool = Fa
         try:
             given = answer_for(question)
         except NotImplementedError:
-            return _report("self_test", False, "⏳ not implemented yet: answer each question in "
-                           "answer_for, then run this cell again.", quiet)
+            return _report("self_test", False, "⏳ not implemented yet: replace the "
+                           "`raise NotImplementedError` with your answers, then run this cell again.", quiet)
         except Exception as exc:  # the learner's bug: report it, do not raise
             given = f"(your function raised {type(exc).__name__})"
         choice, truth = _as_choice(given, question), _truth(question)
