@@ -385,8 +385,9 @@ def read_reply(text: str, *, opened: bool = False) -> dict:
 
 
 def reply_kinds(records) -> dict:
-    """Shares of ``REPLY_KINDS`` over generation records, and of the replies that leaked reasoning and that
-    are clean (no think tag at all)."""
+    """Shares of ``REPLY_KINDS`` over generation records, and of the replies that leaked reasoning, that are
+    clean (no think tag at all) and that wrote reasoning in a block (``with_reasoning``: reasoned or unclosed,
+    the opposite of skipping it)."""
     if isinstance(records, dict) or not isinstance(records, Sequence) or not records:
         raise ValueError(
             f"records must be a non-empty list of generate_greedy records, got "
@@ -396,6 +397,7 @@ def reply_kinds(records) -> dict:
     shares = {k: sum(r["kind"] == k for r in read) / len(read) for k in REPLY_KINDS}
     shares["leaked"] = sum(r["leaked"] for r in read) / len(read)
     shares["clean"] = sum(r["clean"] for r in read) / len(read)
+    shares["with_reasoning"] = shares["reasoned"] + shares["unclosed"]  # text in the block, closed or not
     return shares
 
 

@@ -182,14 +182,8 @@ def test_read_reply(text, kind, leaked, clean):
 
 def test_reply_kinds_and_tool_calls():
     shares = reply_kinds([{"text": "<think>\nx\n</think>\n\ny"}, {"text": "<think>\n\n</think>\n\ny"}])
-    assert shares == {
-        "reasoned": 0.5,
-        "empty": 0.5,
-        "unclosed": 0.0,
-        "no_block": 0.0,
-        "leaked": 0.0,
-        "clean": 0.0,
-    }
+    assert shares == {"reasoned": 0.5, "empty": 0.5, "unclosed": 0.0, "no_block": 0.0, "leaked": 0.0,
+                      "clean": 0.0, "with_reasoning": 0.5}
     good = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
     escaped = '<tool_call>\n{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}\n</tool_call>'
     assert read_tool_call(good) == {"name": "add", "arguments": {"a": 1, "b": 2}}
