@@ -205,6 +205,7 @@ def _surface(artefact: dict) -> tuple[str, str, str]:
     return artefact["template"], artefact["loss"].split(" (")[0], kind
 
 
+@functools.cache
 def _look_alike_seeds(start: int) -> list[int]:
     """For each look-alike, the first seed from ``start`` on that draws it healthy: graded in every run."""
     found = []

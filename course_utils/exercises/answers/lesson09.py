@@ -148,6 +148,14 @@ def _row(kind: str, layout: str, chat: list[dict]) -> dict:
 
 
 def rendering_case(seed: int, graded: bool = True) -> tuple[dict, Diagnosis]:
+    """A prepared row set as a practitioner inspects it, and its truth (see ``_rendering_case``); a fresh copy
+    each call (a learner's function may change what it is given), the TRL preparation done once per seed."""
+    artefact, truth = _rendering_case(seed, graded)
+    return copy.deepcopy(artefact), truth
+
+
+@functools.lru_cache(maxsize=256)
+def _rendering_case(seed: int, graded: bool) -> tuple[dict, Diagnosis]:
     """A prepared row as a practitioner inspects it — the data row (``messages``), the template's family,
     the loss settings, and the rendered tokens with their mask — and its truth. ``CAUSES[seed % 6]`` for the
     first seeds, then random; healthy cases are look-alikes of broken ones. ``graded`` picks the stream, so
