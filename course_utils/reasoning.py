@@ -508,7 +508,7 @@ def train_on(chat_template: str, rows: list[dict], *, steps: int = 60, batch: in
 def fixes_figure(pairs: dict):
     """The lesson's verify plot: for each fix, the share of replies that do what the data meant, broken
     (red) beside fixed (green), with half the replies drawn as a line. ``pairs``: label -> (broken, fixed)."""
-    from .viz import figure
+    import matplotlib.pyplot as plt  # a pyplot figure: the notebook's inline backend stores it as a picture
 
     if (
         not isinstance(pairs, dict)
@@ -519,7 +519,7 @@ def fixes_figure(pairs: dict):
             f"pairs must be a non-empty dict {{label: (broken, fixed)}}, got {type(pairs).__name__} — "
             "each bar pair is one fix — pass the shares the lesson measured."
         )
-    fig, ax = figure(9, 3.4)
+    fig, ax = plt.subplots(figsize=(9, 3.4), dpi=90)
     x = range(len(pairs))
     ax.bar([i - 0.2 for i in x], [v[0] for v in pairs.values()], width=0.4, color="#d62828", label="broken")
     ax.bar([i + 0.2 for i in x], [v[1] for v in pairs.values()], width=0.4, color="#2a9d8f", label="fixed")
@@ -530,4 +530,5 @@ def fixes_figure(pairs: dict):
     ax.set_title("What the data meant, before and after each fix (dashed: half the replies)")
     ax.legend(fontsize=8)
     fig.tight_layout()
+    plt.close(fig)  # shown once, as the returned figure (the inline backend would show an open one again)
     return fig
