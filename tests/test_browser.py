@@ -75,7 +75,9 @@ def lab(tmp_path_factory):
            "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "ws"),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     port = _free_port()
-    args = "--no-browser --ServerApp.token= --ServerApp.password= --ServerApp.ip=127.0.0.1"
+    # expose_app_in_browser: _wait_done reads execution counts from the notebook model
+    args = ("--no-browser --ServerApp.token= --ServerApp.password= --ServerApp.ip=127.0.0.1 "
+            "--LabApp.expose_app_in_browser=True")
     # -o install: this venv is already set up; never re-run pip from a test
     server = subprocess.Popen(["make", "-s", "-o", "install", "lab", f"PORT={port}", f"LAB_ROOT={served}",
                                f"LAB_ARGS={args}", f"VENV={Path(sys.executable).parent.parent}"],
@@ -134,14 +136,20 @@ def _start_run_all(page):
     _menu(page, "Run", "Run All Cells")
 
 
+def _execution_counts(page) -> list:
+    """Each code cell's execution count from the notebook's model (None: not run). The prompts in the
+    DOM cannot tell: a collapsed proof cell shows an empty placeholder prompt, never its ``[n]``."""
+    return page.evaluate("""() => window.jupyterapp.shell.currentWidget.content.widgets
+        .filter(cell => cell.model.type === 'code').map(cell => cell.model.executionCount)""")
+
+
 def _wait_done(page, deadline: float):
-    """Wait until every code cell shows its ``[n]``."""
-    prompts = page.locator(".jp-CodeCell .jp-InputPrompt")
+    """Wait until every code cell, collapsed or not, has run."""
     while True:
-        texts = [t.strip() for t in prompts.all_inner_texts()]
-        if texts and all(re.fullmatch(r"\[\d+\]:", t) for t in texts):
+        counts = _execution_counts(page)
+        if counts and all(n is not None for n in counts):
             return
-        assert time.monotonic() < deadline, f"Run All did not finish in time: {texts}"
+        assert time.monotonic() < deadline, f"Run All did not finish in time: execution counts {counts}"
         time.sleep(0.5)
 
 
