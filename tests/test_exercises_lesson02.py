@@ -57,30 +57,29 @@ def lesson00s_stop_token_ids(tokenizer, generation_config):
 
 
 def diagnose_generations_other_order(artefact):
-    """A second correct answer: graded span first, padding look-alike by the rows, all rows as evidence."""
-    gens, cfg = artefact["generations"], artefact["generate_config"]
-    stop = artefact["end_of_turn_token"] if artefact["format"] == "chat" else artefact["eos_token"]
-    if not any(stop in row for row in artefact["graded_span"]):
-        cause = "pad_equals_eos" if artefact["pad_token"] == stop and artefact["format"] == "plain" \
-            else "stop_token_not_graded"
-        return Diagnosis(cause, stop)
-    if not cfg["attention_mask_passed"]:
-        longest = max(len(g["prompt_tokens"]) for g in gens)
-        return Diagnosis("left_padding_without_mask",
-                         [i for i, g in enumerate(gens) if len(g["prompt_tokens"]) < longest])
-    if stop not in cfg["eos_tokens"]:
-        return Diagnosis("wrong_stop_ids", stop)
-    return Diagnosis("max_new_tokens_too_small", cfg["max_new_tokens"])
+    """A second correct answer: the training rows first, all garbled rows as evidence."""
+    gens, special = artefact["generations"], artefact["special_tokens"]
+    stop = special["end_of_turn"] if artefact["format"] == "chat" else special["eos"]
+    garbled = [i for i, g in enumerate(gens) if g["tokens"][0] != g["reference"][0]]
+    if garbled:
+        return Diagnosis("left_padding_without_mask", garbled)
+    cut = [g for g in gens if stop not in g["tokens"] and set(g["tokens"]) <= set(g["reference"])]
+    if cut and len(cut[0]["tokens"]) < len(cut[0]["reference"]):
+        return Diagnosis("max_new_tokens_too_small", artefact["generate_call"]["max_new_tokens"])
+    graded = [t for row in artefact["training_rows"] for t, g in zip(row["tokens"], row["graded"]) if g]
+    if stop not in graded:
+        return Diagnosis("pad_equals_eos" if special["pad"] == stop else "stop_token_not_graded", stop)
+    return Diagnosis("wrong_stop_ids", stop)
 
 
 def always_wrong_stop_ids(artefact):
     """Memorised: every run that does not stop has the wrong stop ids."""
-    return Diagnosis("wrong_stop_ids", artefact["end_of_turn_token"])
+    return Diagnosis("wrong_stop_ids", artefact["special_tokens"]["end_of_turn"])
 
 
 def always_stop_token_not_graded(artefact):
     """Memorised: every run that does not stop never saw its stop token graded."""
-    return Diagnosis("stop_token_not_graded", artefact["end_of_turn_token"])
+    return Diagnosis("stop_token_not_graded", artefact["special_tokens"]["end_of_turn"])
 
 
 def _never_pad_eos(artefact):
@@ -95,7 +94,7 @@ def _ignores_padding(artefact):
     """Calls every run that does not stop a graded-span bug: misses lesson 03's look-alike."""
     truth = lesson02.diagnose_generations(artefact)
     if truth.cause == "left_padding_without_mask":
-        return Diagnosis("stop_token_not_graded", artefact["end_of_turn_token"])
+        return Diagnosis("stop_token_not_graded", artefact["special_tokens"]["end_of_turn"])
     return truth
 
 
@@ -191,7 +190,7 @@ WRONG = [
     ("stop_token_ids", lesson00s_stop_token_ids, "generation_config already stops on"),
     ("diagnosis_exercise", always_wrong_stop_ids, "no reply contains the end-of-turn token"),
     ("diagnosis_exercise", always_stop_token_not_graded, "the model DOES write the end-of-turn token"),
-    ("diagnosis_exercise", _never_pad_eos, "which collator built the labels"),
+    ("diagnosis_exercise", _never_pad_eos, "masks labels by pad id"),
     ("diagnosis_exercise", _ignores_padding, "only padded rows are garbled"),
     ("diagnosis_exercise", _wrong_evidence, "does not show it"),
     ("collate_keep_eos", _pad_id_masking, "you masked by pad *id*"),
@@ -294,10 +293,60 @@ def test_the_diagnosis_checker_refuses_what_is_not_a_function(fn):
         ex.check_diagnosis_exercise(fn)
 
 
-# Shortcuts a learner has at exercise 1: lesson 00 imports course_utils.eos.stop_token_ids.
-SHORTCUTS = [("stop_token_ids", "lesson 00's eos.stop_token_ids, called as it is", lesson00s_stop_token_ids)]
+def _settings_only(artefact):
+    """Reads the settings and never a reply or a label: a small budget, a missing mask with pad == eos,
+    plain text with pad == eos, else the stop list (the issue's shortcut: it passed 17/17 before)."""
+    call, special = artefact["generate_call"], artefact["special_tokens"]
+    stop = special["end_of_turn"] if artefact["format"] == "chat" else special["eos"]
+    if call["max_new_tokens"] < 8:
+        return Diagnosis("max_new_tokens_too_small", call["max_new_tokens"])
+    if not call["attention_mask"] and special["pad"] == special["eos"]:
+        return Diagnosis("left_padding_without_mask", 0)
+    if artefact["format"] == "plain" and special["pad"] == stop:
+        return Diagnosis("pad_equals_eos", stop)
+    return Diagnosis("wrong_stop_ids", stop)
+
+
+def _match_shown_runs(artefact):
+    """Looks the artefact up among the runs broken_generation_run shows, with the reference's verdict."""
+    for seed in range(200):
+        if ex.broken_generation_run(seed) == artefact:
+            return lesson02.diagnose_generations(artefact)
+    return Diagnosis("wrong_stop_ids", artefact["special_tokens"]["end_of_turn"])
+
+
+# Shortcuts a learner has: exercise 1, lesson 00's course_utils.eos.stop_token_ids; exercise 2, the settings
+# alone, and the public generator's runs.
+SHORTCUTS = [("stop_token_ids", "lesson 00's eos.stop_token_ids, called as it is", lesson00s_stop_token_ids),
+             ("diagnosis_exercise", "the generate() settings and special tokens, never a reply or a label",
+              _settings_only),
+             ("diagnosis_exercise", "match the shown runs over seeds", _match_shown_runs)]
 
 
 @pytest.mark.parametrize("exercise, what, shortcut", SHORTCUTS, ids=[s[1] for s in SHORTCUTS])
-def test_each_shortcut_fails_its_checker(exercise, what, shortcut, tokenizer):
-    assert not getattr(ex, f"check_{exercise}")(shortcut, tokenizer), what
+def test_each_shortcut_fails_its_checker(exercise, what, shortcut, tokenizer, capsys):
+    check = getattr(ex, f"check_{exercise}")
+    result = check(shortcut, tokenizer) if exercise == "stop_token_ids" else check(shortcut)
+    assert not result, what
+
+
+def test_no_setting_alone_decides_a_cause():
+    """Every setting a cause needs also shows up in runs with another cause (issue 33: the settings-only
+    function passed 17 of 17)."""
+    def settings(seed):
+        artefact, truth = lesson02.broken_run_case(seed)
+        call, special = artefact["generate_call"], artefact["special_tokens"]
+        return (artefact["format"], call["attention_mask"], special["pad"] == special["eos"]), truth.cause
+    causes = {}
+    for seed in range(400):
+        key, cause = settings(seed)
+        causes.setdefault(key, set()).add(cause)
+    assert all(len(c) >= 2 for c in causes.values()), causes
+
+
+def test_show_run_prints_what_a_practitioner_reads_and_refuses_another_dict(capsys):
+    ex.show_run(ex.broken_generation_run(3))
+    out = capsys.readouterr().out
+    assert "model.generate(" in out and "carry no loss" in out and not any(c in out for c in ex.CAUSES)
+    with pytest.raises(ValueError, match="artefact must be the dict broken_generation_run.* — .* — "):
+        ex.show_run({"generations": []})

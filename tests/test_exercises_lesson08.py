@@ -163,6 +163,12 @@ def test_each_shortcut_fails_the_checker(exercise, description, function, anothe
     assert not result, f"{description} passes exercise {exercise}"
 
 
+def test_the_truth_lives_with_the_answers(another):
+    """What was planted is recorded in answers/lesson08.py; the exercise module keeps no copy of it."""
+    assert not {"_PLANTED", "_planted", "_true_findings"} & set(vars(ex))
+    assert lesson08.planted_in(another) == tuple(sorted(lesson08.PLANTED[str(another.config_path)]))
+
+
 def test_the_reference_findings_pass_and_name_the_trainer(another, capsys):
     stated = lesson08.findings(another)
     assert "trainer-accumulation" in stated and ex.check_findings(lesson08.findings, another)

@@ -2,13 +2,14 @@
 
 1. ``check_stop_token_ids(fn, tokenizer)``: ``fn(tokenizer, generation_config)``, the stop ids for
    ``generate()``, on tokenizers and generation configs of four chat families the notebook never shows.
-2. ``broken_generation_run(seed)`` (the artefact a learner reads) + ``check_diagnosis_exercise(fn)``:
-   ``fn(artefact) -> Diagnosis(cause, evidence)``, one of ``CAUSES``, graded on fresh runs.
+2. ``broken_generation_run(seed)`` (the artefact a learner reads: replies, the generate() call, training
+   rows; ``show_run`` prints it) + ``check_diagnosis_exercise(fn)``: ``fn(artefact) -> Diagnosis(cause,
+   evidence)``, one of ``CAUSES``, graded on fresh runs. No setting alone decides a cause.
 3. ``check_collate_keep_eos(fn)``: ``fn(examples, pad_token_id)``, a collator that keeps the row's own
    eos label when pad == eos, checked by properties.
 
-The generator that knows a run's cause (``_broken_generation_run``) is private: the notebook shows
-the artefact only. Reference answers: ``answers/lesson02.py``.
+The generator that knows a run's cause lives with the reference answers: the notebook shows the
+artefact only. Reference answers: ``answers/lesson02.py``.
 """
 
 from __future__ import annotations
@@ -143,13 +144,26 @@ CAUSES = answers.CAUSES  # what can stop a fine-tune from stopping (the learner 
 def broken_generation_run(seed: int) -> dict:
     """A fine-tune that does not stop as it should, as a learner would meet it: exercise 2's artefact.
 
-    ``generations`` (token strings per prompt, ``stopped``), ``generate_config``, ``graded_span`` (the
-    tokens that carried loss in three training rows), ``format``, the template's ``end_of_turn_token``,
-    ``eos_token``, ``pad_token`` and the ``collator``. Its cause is one of ``CAUSES``: finding it is the
-    exercise (the checker grades on other seeds).
+    ``generations`` (a batched generate() on left-padded prompts: ``prompt_tokens``, the reply's
+    ``tokens``, ``stopped``, the ``reference`` answer), ``generate_call`` (``max_new_tokens``, whether the
+    ``attention_mask`` was passed), ``training_rows`` (three rows of a training batch: ``tokens`` and
+    ``graded``, True where the token carries loss), ``special_tokens`` (``eos``, ``pad``, ``end_of_turn``)
+    and ``format`` ("chat" or "plain"). ``show_run(artefact)`` prints it as a practitioner reads it. Its
+    cause is one of ``CAUSES``: finding it is the exercise (the checker grades on other seeds).
     """
     validate.seed("seed", seed)
     return answers.broken_run_case(seed, graded=False)[0]
+
+
+def show_run(artefact: dict) -> None:
+    """Print exercise 2's artefact as a practitioner reads it: the generate() call, each prompt and its
+    reply, and three training rows with the tokens that carry no loss in (parentheses)."""
+    need = ("generations", "generate_call", "training_rows", "special_tokens", "format")
+    if not isinstance(artefact, dict) or not set(need) <= set(artefact):
+        got = sorted(artefact) if isinstance(artefact, dict) else type(artefact).__name__
+        raise ValueError(f"artefact must be the dict broken_generation_run(seed) returns, got {got!r:.80} — "
+                         f"show_run reads its keys {list(need)} — pass broken_generation_run(seed).")
+    print(answers.show_run(artefact))
 
 
 def _evidence_ok(got, truth) -> bool:
@@ -158,33 +172,52 @@ def _evidence_ok(got, truth) -> bool:
     return got == truth.evidence
 
 
-DIAGNOSIS_MISCONCEPTIONS = {
+DIAGNOSIS_MISCONCEPTIONS = {  # (your cause, the true cause): the look-alike you took it for
     ("stop_token_not_graded", "wrong_stop_ids"):
         "the model DOES write the end-of-turn token and keeps going: training taught it to stop; "
-        "generate() is not watching that token — compare eos_tokens with what the replies contain",
+        "generate() is not watching that token",
+    ("pad_equals_eos", "wrong_stop_ids"):
+        "the model DOES write its stop token and keeps going: generate() is not watching that token",
     ("wrong_stop_ids", "stop_token_not_graded"):
-        "no reply contains the end-of-turn token, so no eos list can stop it; look at the graded span",
+        "no reply contains the end-of-turn token, so no eos list can stop it; look at the training rows",
     ("stop_token_not_graded", "pad_equals_eos"):
-        "the stop token here is the eos and pad is the same token: which collator built the labels?",
+        "the stop token here is the eos and pad is the same token: a collator that masks labels by pad id "
+        "masks the real eos too",
+    ("pad_equals_eos", "stop_token_not_graded"):
+        "pad is not the stop token here, so no pad-id collator erased it: the template left it ungraded",
     ("wrong_stop_ids", "max_new_tokens_too_small"):
         "these replies do not ramble — they are cut mid-answer; compare their length with max_new_tokens",
     ("stop_token_not_graded", "max_new_tokens_too_small"):
-        "the graded span has the stop token; the replies are cut before the answer is complete",
+        "the training rows grade the stop token; the replies are cut before the answer is complete",
+    ("pad_equals_eos", "max_new_tokens_too_small"):
+        "the training rows grade the eos; the replies are cut before the answer is complete",
+    ("max_new_tokens_too_small", "stop_token_not_graded"):
+        "the replies finish the answer and go on: the budget is not what ends them",
+    ("max_new_tokens_too_small", "pad_equals_eos"):
+        "the replies finish the answer and go on: the budget is not what ends them",
+    ("max_new_tokens_too_small", "left_padding_without_mask"):
+        "the garbled replies never start the answer, and only on the shorter (padded) prompts (lesson 03)",
     ("stop_token_not_graded", "left_padding_without_mask"):
         "the longest prompt's reply is fine and stops: only padded rows are garbled (lesson 03)",
     ("wrong_stop_ids", "left_padding_without_mask"):
         "the longest prompt's reply is fine and stops: only padded rows are garbled (lesson 03)",
+    ("pad_equals_eos", "left_padding_without_mask"):
+        "the longest prompt's reply is fine and stops: only padded rows are garbled (lesson 03)",
+    ("left_padding_without_mask", "pad_equals_eos"):
+        "no reply is garbled — generate() builds the mask itself when pad != eos, and needs none when no "
+        "row is padded; these replies answer and then ramble",
 }
 
 DIAGNOSIS_HINTS = Hints(
-    question="Do the replies contain the end-of-turn token at all? If yes, who should have stopped on it; "
-             "if no, was it ever in the graded span? And are all rows broken, or only some?",
-    pointer="Read artefact['generations'][i]['tokens'] beside artefact['generate_config'] and "
-            "artefact['graded_span'] — sections 3 (config), 5c (graded span) and 5d (pad == eos).",
-    answer="garbled only on padded rows with no mask -> left_padding_without_mask (evidence: a padded row); "
-           "writes eot but eot not in eos_tokens -> wrong_stop_ids (eot); never writes it and it is not "
-           "graded -> stop_token_not_graded (eot), or pad_equals_eos if the stop is the eos and pad == eos "
-           "(eos); else the replies are cut -> max_new_tokens_too_small (max_new_tokens).")
+    question="Are the replies garbled, cut inside the answer, or complete and then going on? Does any reply "
+             "contain the stop token — and did that token ever carry loss in the training rows?",
+    pointer="show_run(artefact); then compare each reply with its 'reference' and look for the stop token "
+            "(the end-of-turn token for chat, the eos for plain text) in the replies and in the graded "
+            "tokens — sections 3 (generate's stop list), 5c (graded span) and 5d (pad == eos).",
+    answer="garbled only on padded rows -> left_padding_without_mask (evidence: a garbled row); writes the "
+           "stop token and goes on -> wrong_stop_ids (the token); a reply cut inside its answer -> "
+           "max_new_tokens_too_small (max_new_tokens); never writes it and the rows never grade it -> "
+           "pad_equals_eos if pad is that token, else stop_token_not_graded (the token).")
 
 
 def check_diagnosis_exercise(fn, seeds: Sequence[int] | None = None):

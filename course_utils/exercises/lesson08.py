@@ -19,11 +19,11 @@ wrapped_packing 03    ``packing=True, packing_strategy="wrapped"``            pa
 ============== ====== ======================================================= ==========================
 
 ``broken_setup`` returns the set-up only (a ``capstone.Setup``): which failures it holds is for the
-doctor to find. The truth stays here, private (``_broken_setup`` returns it with the set-up): the
-lesson's claims ask it through ``expected_trl_error`` and ``all_planted_found``, and ``fixes_explorer``
-— shown after the doctor has found them — switches each planted failure between "as planted" and
-"fixed" and shows what the doctor then reports (``fixes_frame``). ``broken_rows`` gives the rows
-with the data failures you name.
+doctor to find. The truth lives with the reference answers (``answers/lesson08.py``, filled in by
+``_broken_setup``, which also returns it, for the tests): the lesson's claims ask it through
+``expected_trl_error`` and ``all_planted_found``, and ``fixes_explorer`` — shown after the doctor has
+found them — switches each planted failure between "as planted" and "fixed" and shows what the doctor
+then reports (``fixes_frame``). ``broken_rows`` gives the rows with the data failures you name.
 
 ``check_fix_setup`` is the exercise's checker: it draws set-ups the notebook has not shown, applies
 the learner's ``fix_setup(config, rows, tokenizer)``, runs the doctor on the result and names the
@@ -49,6 +49,7 @@ from ..data import filler_text, make_messages
 from ..doctor import DoctorInputError, Report, diagnose
 from ..model import load_course_model
 from ..viz import what_if
+from .answers import lesson08 as answers
 
 FAILURES = {  # name -> (lesson, the doctor's check that must find it)
     "base_template": ("04", "template-unpatchable"),
@@ -71,7 +72,6 @@ CONTROL_SYSTEM = "You are a concise assistant."  # the control set-up's own (hea
 ALLOWED_WARNINGS = {"learning-rate"}  # a 0.6 M-parameter model wants a rate a real one would not take
 _TRL_REFUSES = {"base_template": ValueError, "renamed_roles": RuntimeError}  # TRL checks these two itself
 
-_PLANTED: dict[str, tuple[str, ...]] = {}  # str(config_path) -> what was planted there: the truth
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,21 +210,8 @@ def _broken_setup(seed: int, directory=None, planted=None, trainer: bool = False
     (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     (root / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
     setup = Setup(seed, root / "model", root / "data.jsonl", root / "config.json", config, rows, spec)
-    _PLANTED[str(setup.config_path)] = planted
+    answers.PLANTED[str(setup.config_path)] = planted  # the truth lives with the reference answers
     return setup, planted
-
-
-def _planted(setup) -> tuple[str, ...]:
-    """The failures planted in ``setup`` (one ``broken_setup`` wrote in this process)."""
-    if not isinstance(setup, Setup):
-        raise TypeError(f"setup is a {type(setup).__name__}, not a Setup — only the lesson's set-ups have "
-                        "planted failures to compare with — pass broken_setup(seed)'s result.")
-    try:
-        return _PLANTED[str(setup.config_path)]
-    except KeyError:
-        raise ValueError(f"{setup.config_path} was not written by broken_setup in this process — only the "
-                         "lesson's set-ups have planted failures to compare with — call "
-                         "setup = broken_setup(seed) (again, after a kernel restart).") from None
 
 
 def _expected_checks(planted) -> set[str]:
@@ -248,14 +235,14 @@ def expected_trl_error(setup: Setup) -> type[Exception] | None:
     """The exception TRL raises when it builds this set-up's trainer — ``ValueError`` for a template it
     cannot patch, ``RuntimeError`` for rows without assistant tokens (the template comes first) — or
     ``None``: TRL checks only these two of the planted failures. For the lesson's claim, no more."""
-    planted = _planted(setup)
+    planted = answers.planted_in(setup)
     return next((_TRL_REFUSES[name] for name in ("base_template", "renamed_roles") if name in planted), None)
 
 
 def all_planted_found(setup: Setup, report: Report) -> bool:
     """Whether the doctor's ``report`` on ``setup`` names every failure planted in it, each by its own
     check (and the eos mismatch every base config has). For the lesson's claim, no more."""
-    return _expected_checks(_planted(setup)) <= _check_report(report).checks()
+    return _expected_checks(answers.planted_in(setup)) <= _check_report(report).checks()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,19 +263,11 @@ def another_setup(seed: int = 0, directory=None) -> Setup:
     return _broken_setup(seed + 500, directory, ["renamed_roles", config_failure], trainer=True)[0]
 
 
-def _true_findings(setup: Setup) -> tuple[set[str], dict[str, list[int]]]:
-    """The checks that fire on ``setup`` (from what was planted, not from the doctor) and, for ``ROW_CHECKS``,
-    every row they concern."""
-    checks = _expected_checks(_planted(setup)) | ({"trainer-accumulation"} if setup.trainer else set())
-    renamed = [i for i, r in enumerate(setup.rows) if any(m["role"] == "gpt" for m in r["messages"])]
-    return checks, {"no-assistant-turns": renamed}
-
-
 def _compare_findings(got, setup: Setup) -> str | None:
     if not isinstance(got, dict) or not all(isinstance(k, str) for k in got):
         return (f"expected a dict {{check name: row ids or None}}, got {type(got).__name__} — e.g. "
                 "{'eos-mismatch': None, 'no-assistant-turns': [3, 7, ...]}")
-    checks, rows = _true_findings(setup)
+    checks, rows = answers.true_findings(setup)
     stated = set(got) - OPTIONAL_FINDINGS
     missing, extra = sorted(checks - stated), sorted(stated - checks)
     if "trainer-accumulation" in missing:
@@ -330,7 +309,7 @@ def check_findings(fn, setup: Setup):
     warning the doctor reports on ``setup`` (``another_setup``'s), its trainer class included, and, for the
     checks about rows, all the rows they concern. Graded against what was planted, not against the doctor."""
     validate.function("fn", fn)
-    _planted(setup)
+    answers.planted_in(setup)
     return run_check("findings", fn, [Case((setup,), setup, label="the set-up in front of you")],
                      compare=_compare_findings, hint=FINDINGS_HINTS)
 
@@ -346,7 +325,7 @@ def _failure_check(name: str) -> tuple[str, str]:
 
 def _check_frame_args(setup, report, apply_fixes, model, tokenizer) -> list[str]:
     """The failure names of ``setup`` (its planted ones, then the always-present ones)."""
-    names = list(_planted(setup)) + sorted(ALWAYS)
+    names = list(answers.planted_in(setup)) + sorted(ALWAYS)
     _check_report(report)
     if not callable(apply_fixes):
         raise TypeError("apply_fixes must be a function (config, rows, report) -> (config, rows) — the "
@@ -503,12 +482,12 @@ def _evaluate(got, setup: Setup) -> tuple[str | None, str | None]:
     if isinstance(learning_rate, (int, float)) and learning_rate > 1e-2:
         return (f"learning_rate={config['learning_rate']}", "0.05 is the hot rate of lesson 06: fp32 only "
                 "postpones the divergence. Use the base config's 3e-3.")
-    must_keep = N_ROWS - (int(BROKEN_SHARE * N_ROWS) if "long_prompts" in _planted(setup) else 0)
+    must_keep = N_ROWS - (int(BROKEN_SHARE * N_ROWS) if "long_prompts" in answers.planted_in(setup) else 0)
     if len(rows) < must_keep:
         return (f"{len(rows)} of {N_ROWS} rows left; {must_keep} fit max_length", "only the rows that do not "
                 "fit may go: measure each row's length with the template TRL trains with — a row's first "
                 "word says nothing about its length — and rename the 'gpt' roles, do not drop those rows.")
-    if not _planted(setup):  # the control: its healthy settings must survive the fix
+    if not answers.planted_in(setup):  # the control: its healthy settings must survive the fix
         for key in ("packing", "packing_strategy", "chat_template_path", "eos_token"):
             if config.get(key) != setup.config[key]:
                 return (f"{key}={config.get(key)!r} (the set-up had {setup.config[key]!r})",

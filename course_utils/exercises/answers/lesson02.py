@@ -32,7 +32,7 @@ def stop_ids_for_generate(tokenizer, generation_config) -> list[int]:
 
 def _qa(rng: random.Random) -> tuple[list[str], list[str]]:
     """A question and answer as token strings (reverse-the-words: the answer length varies)."""
-    words = rng.sample(_WORDS, rng.randint(3, 6))
+    words = rng.sample(_WORDS, rng.randint(3, 8))
     return ["Reverse", ":"] + words, list(reversed(words))
 
 
@@ -40,54 +40,80 @@ def broken_run_case(seed: int, graded: bool = True) -> tuple[dict, Diagnosis]:
     """Exercise 2's artefact and its truth, ``Diagnosis(cause, evidence)``; ``graded=False`` is the stream
     the notebook shows (``broken_generation_run``), ``graded=True`` another one, for the checker.
 
-    ``generate_config`` holds ``eos_tokens``, ``max_new_tokens``, ``padding_side`` and
-    ``attention_mask_passed``; ``format`` is "chat" or "plain". Five causes, drawn by ``seed``: three
-    from this lesson and two look-alikes (a ``max_new_tokens`` too small for the answers; left padding
-    without an attention mask, lesson 03).
+    The artefact is what a practitioner has in front of them: ``generations`` (a batched, left-padded
+    ``generate()``: prompt, reply tokens, ``stopped``, the ``reference`` answer), ``generate_call`` (what
+    they typed: ``max_new_tokens`` and whether the ``attention_mask`` went in), ``training_rows`` (three
+    rows of a training batch: tokens and which carry loss), ``special_tokens`` and ``format``. What decides
+    the cause is never a setting alone: the stop list generate() used is not shown (the reply shows it), the
+    collator is not named (the label array shows it), and every setting a cause needs also appears in runs
+    with another cause — a small budget that still fits the answers, pad == eos with a collator that keeps
+    the eos label, a missing attention mask that generate() rebuilds (pad != eos) or that no row needs
+    (prompts of one length).
     """
     rng = random.Random(f"graded-{seed}" if graded else seed)
     cause = CAUSES[seed % len(CAUSES)] if seed < len(CAUSES) else rng.choice(CAUSES)
     eot, opener, eos = rng.choice(_FAMILIES)
-    fmt = "plain" if cause == "pad_equals_eos" else "chat"
+    fmt = {"pad_equals_eos": "plain", "wrong_stop_ids": "chat"}.get(cause, rng.choice(("chat", "plain")))
     stop = eos if fmt == "plain" else eot
-    pad = eos if (fmt == "plain" or rng.random() < 0.5) else "<pad>"
-    budget = rng.choice((32, 40, 64))
-    cfg = {"eos_tokens": [eos, eot], "max_new_tokens": budget, "padding_side": "left",
-           "attention_mask_passed": True}
-    if cause == "wrong_stop_ids":
-        cfg["eos_tokens"] = [eos]
-    if cause == "left_padding_without_mask":
-        cfg["attention_mask_passed"] = False
+    pad = eos if cause in ("pad_equals_eos", "left_padding_without_mask") or rng.random() < 0.5 else "<pad>"
+    if cause == "stop_token_not_graded" and fmt == "plain":
+        pad = "<pad>"  # plain text whose rows never got the eos appended (pad == eos is the other cause)
     qas = [_qa(rng) for _ in range(rng.randint(4, 6))]
+    mask = cause != "left_padding_without_mask" and rng.random() < 0.6
+    if not mask and cause != "left_padding_without_mask" and pad == eos:
+        qas = [(q[:5], list(reversed(q[2:5]))) for q, _ in qas]  # one prompt length: no row is padded
     if cause == "left_padding_without_mask" and len({len(q) for q, _ in qas}) == 1:
         words = rng.sample(_WORDS, 3 if len(qas[0][0]) > 5 else 6)   # prompts of one length pad no row:
         qas[-1] = (["Reverse", ":"] + words, list(reversed(words)))   # make one of another length
-    if cause == "max_new_tokens_too_small":
-        cfg["max_new_tokens"] = budget = rng.randint(2, min(len(a) for _, a in qas) - 1)
+    longest_answer = max(len(a) for _, a in qas)
+    if cause == "max_new_tokens_too_small":  # cuts the longest answer, not necessarily the others
+        budget = rng.randint(2, longest_answer - 1)
+    else:  # room for every answer and its stop, and a few tokens past it
+        budget = rng.randint(longest_answer + 3, longest_answer + 12)
     longest = max(len(q) for q, _ in qas)
     generations = []
     for q, a in qas:
         gen = _broken_reply(rng, cause, a, stop, opener, len(q) < longest)[:budget]
-        stopped = bool(gen) and gen[-1] in cfg["eos_tokens"]
+        stopped = bool(gen) and gen[-1] == stop and cause != "wrong_stop_ids"
         generations.append({"prompt_tokens": q, "tokens": gen, "stopped": stopped, "reference": a})
-    graded = []
-    for _, a in qas[:3]:
-        span = (["###", "Answer", ":"] if fmt == "plain" else ["\n"]) + a
-        closing = [stop] if fmt == "plain" else [stop, "\n"]
-        graded.append(span if cause in ("stop_token_not_graded", "pad_equals_eos") else span + closing)
-    artefact = {"generations": generations, "generate_config": cfg, "graded_span": graded, "format": fmt,
-                "end_of_turn_token": eot, "eos_token": eos, "pad_token": pad,
-                "collator": ("transformers DataCollatorForLanguageModeling" if cause == "pad_equals_eos" else
-                             rng.choice(("TRL DataCollatorForLanguageModeling", "course collate_right")))}
-    if cause == "pad_equals_eos":
-        evidence = eos
-    elif cause in ("wrong_stop_ids", "stop_token_not_graded"):
-        evidence = eot
+    artefact = {"generations": generations,
+                "generate_call": {"max_new_tokens": budget, "attention_mask": mask},
+                "training_rows": _training_rows(cause, fmt, qas[:3], eot, opener, eos, pad),
+                "special_tokens": {"eos": eos, "pad": pad, "end_of_turn": eot}, "format": fmt}
+    if cause in ("pad_equals_eos", "wrong_stop_ids", "stop_token_not_graded"):
+        evidence = stop
     elif cause == "max_new_tokens_too_small":
         evidence = budget
     else:
         evidence = tuple(i for i, (q, _) in enumerate(qas) if len(q) < longest)
     return artefact, Diagnosis(cause, evidence)
+
+
+def _training_rows(cause: str, fmt: str, qas, eot: str, opener: str, eos: str, pad: str) -> list[dict]:
+    """Three rows of a right-padded training batch: ``tokens`` and ``graded`` (does it carry loss).
+
+    Chat rows grade the assistant's reply and its end-of-turn token, except under
+    ``stop_token_not_graded`` (a template that leaves the token outside ``{% generation %}``). Plain
+    rows grade every real token, the appended eos included, except under ``pad_equals_eos`` (a collator
+    that masks every position whose id is the pad id, and pad is the eos) and ``stop_token_not_graded``
+    (the tokenizer never appended the eos: it is not in the row).
+    """
+    rows = []
+    for q, a in qas:
+        if fmt == "chat":
+            prompt = [opener, "user", "\n", *q, eot, "\n", opener, "assistant", "\n"]
+            reply = a + [eot]
+            tokens = prompt + reply
+            graded = [False] * len(prompt) + [True] * len(a) + [cause != "stop_token_not_graded"]
+        else:
+            tokens = ["###", "Question", ":", *q, "\n", "###", "Answer", ":", *a]
+            if cause != "stop_token_not_graded":
+                tokens.append(eos)
+            graded = [True] * (len(tokens) - 1) + [cause != "pad_equals_eos"]
+        rows.append((tokens, graded))
+    width = max(len(t) for t, _ in rows)
+    return [{"tokens": t + [pad] * (width - len(t)), "graded": g + [False] * (width - len(t))}
+            for t, g in rows]
 
 
 def _broken_reply(rng: random.Random, cause: str, answer: list[str], stop: str, opener: str,
@@ -103,29 +129,37 @@ def _broken_reply(rng: random.Random, cause: str, answer: list[str], stop: str, 
     return answer + [stop]  # stops correctly (the budget may still cut it)
 
 
-def diagnose_generations(artefact: dict) -> Diagnosis:
-    """Exercise 2: read the generations first, then the config and the graded span.
+def _garbled(generation: dict) -> bool:
+    """A reply that does not even begin the answer (lesson 03's symptom of attending to padding)."""
+    return generation["tokens"][:1] != generation["reference"][:1]
 
-    The look-alikes are ruled out first: garbling only on padded rows (lesson 03), and replies cut
-    mid-answer without rambling (a too-small budget). Then: does the model write the end-of-turn
-    token? If yes and generate() does not watch it: config. If no: was it ever graded?
+
+def diagnose_generations(artefact: dict) -> Diagnosis:
+    """Exercise 2: read the replies first, then the training rows.
+
+    Garbled replies on padded rows only: lesson 03's look-alike. A reply that writes the stop token and
+    goes on: generate() is not watching it. A reply cut inside its answer: the budget. Otherwise the model
+    never writes its stop, and the training rows show why: the stop token never carries loss. When it is
+    also the pad token, a collator that masks by pad id erased it (5d); otherwise the template left it
+    outside the graded span (5c).
     """
-    gens, cfg = artefact["generations"], artefact["generate_config"]
-    eot = artefact["end_of_turn_token"]
-    if cfg["padding_side"] == "left" and not cfg["attention_mask_passed"]:
-        longest = max(len(g["prompt_tokens"]) for g in gens)
-        padded = [i for i, g in enumerate(gens) if len(g["prompt_tokens"]) < longest]
-        if padded and not any(gens[i]["stopped"] for i in padded):
-            return Diagnosis("left_padding_without_mask", padded[0])
-    writes_eot = any(eot in g["tokens"] for g in gens)
-    if writes_eot and eot not in cfg["eos_tokens"]:
-        return Diagnosis("wrong_stop_ids", eot)
-    if not any(g["stopped"] for g in gens) and not writes_eot:
-        stop = eot if artefact["format"] == "chat" else artefact["eos_token"]
-        if not any(stop in row for row in artefact["graded_span"]):
-            cause = "pad_equals_eos" if artefact["pad_token"] == stop else "stop_token_not_graded"
-            return Diagnosis(cause, stop)
-    return Diagnosis("max_new_tokens_too_small", cfg["max_new_tokens"])
+    gens, special = artefact["generations"], artefact["special_tokens"]
+    stop = special["end_of_turn"] if artefact["format"] == "chat" else special["eos"]
+    longest = max(len(g["prompt_tokens"]) for g in gens)
+    garbled = [i for i, g in enumerate(gens) if _garbled(g)]
+    if garbled and all(len(gens[i]["prompt_tokens"]) < longest for i in garbled):
+        return Diagnosis("left_padding_without_mask", garbled[0])
+    if any(stop in g["tokens"][:-1] for g in gens):
+        return Diagnosis("wrong_stop_ids", stop)
+    if any(len(g["tokens"]) < len(g["reference"]) and g["tokens"] == g["reference"][:len(g["tokens"])]
+           for g in gens):
+        return Diagnosis("max_new_tokens_too_small", artefact["generate_call"]["max_new_tokens"])
+    graded = {t for row in artefact["training_rows"] for t, g in zip(row["tokens"], row["graded"]) if g}
+    if stop in graded:  # never happens in these runs: a graded stop token is learned
+        raise ValueError(f"the training rows grade {stop!r}, yet no reply ends with it")
+    if special["pad"] == stop:  # every position holding the pad id is masked, the real eos with them
+        return Diagnosis("pad_equals_eos", stop)
+    return Diagnosis("stop_token_not_graded", stop)
 
 
 def collate_keep_eos(examples: list[dict], pad_token_id: int) -> dict:
@@ -147,7 +181,8 @@ def collate_keep_eos(examples: list[dict], pad_token_id: int) -> dict:
 
 SELF_TEST_CAUSES = {
     "wrong_stop_ids": "generate() does not watch the end-of-turn token",
-    "stop_token_not_graded": "the end-of-turn token never carried loss",
+    "stop_token_not_graded": "the stop token never carried loss (the template left it out, or it was never "
+                             "appended)",
     "pad_equals_eos": "pad == eos with a collator that masks labels by pad id",
     "max_new_tokens_too_small": "max_new_tokens cuts the answers short",
     "left_padding_without_mask": "batched generation with left padding and no attention mask",
@@ -156,19 +191,26 @@ SELF_TEST_CAUSES = {
 
 def self_test_case(seed: int) -> tuple[str, str, tuple[str, ...]]:
     """One self-test question: what a practitioner sees of a fine-tune that does not stop (the generate()
-    settings, the replies, the graded span of training rows), its true cause as a plain phrase, and the
-    phrases to choose from (fixed order). Deterministic per seed; drawn from the checker's stream."""
+    call, the replies, three training rows with the tokens that carry no loss in parentheses), its true
+    cause as a plain phrase, and the phrases to choose from (fixed order). Deterministic per seed; drawn
+    from the checker's stream."""
     artefact, truth = broken_run_case(seed, graded=True)
-    cfg = artefact["generate_config"]
-    mask = "passed" if cfg["attention_mask_passed"] else "not passed"
-    lines = [f"{artefact['format']} fine-tune; eos {artefact['eos_token']!r}, pad {artefact['pad_token']!r}, "
-             f"the template ends a turn with {artefact['end_of_turn_token']!r}; "
-             f"collator: {artefact['collator']}",
-             f"generate(eos_token_id={cfg['eos_tokens']}, max_new_tokens={cfg['max_new_tokens']}, "
-             f"padding_side={cfg['padding_side']!r}), attention mask {mask}"]
+    return show_run(artefact), SELF_TEST_CAUSES[truth.cause], tuple(SELF_TEST_CAUSES.values())
+
+
+def show_run(artefact: dict) -> str:
+    """The artefact as a practitioner reads it (the notebook prints the same through the exercise)."""
+    call, special = artefact["generate_call"], artefact["special_tokens"]
+    inputs = "**inputs" if call["attention_mask"] else "inputs['input_ids']"  # the mask goes in, or not
+    turn = f", the chat template ends a turn with {special['end_of_turn']!r}"
+    turn = turn if artefact["format"] == "chat" else ""
+    lines = [f"{artefact['format']} fine-tune; eos {special['eos']!r}, pad {special['pad']!r}{turn}",
+             f"model.generate({inputs}, max_new_tokens={call['max_new_tokens']}) on left-padded prompts:"]
     for g in artefact["generations"]:
-        reply = " ".join(g["tokens"])[:100]
-        lines.append(f"  {' '.join(g['prompt_tokens'])} -> {reply!r} (stopped: {g['stopped']})")
-    lines.append("tokens that carried loss in three training rows:")
-    lines += [f"  {row}" for row in artefact["graded_span"]]
-    return "\n".join(lines), SELF_TEST_CAUSES[truth.cause], tuple(SELF_TEST_CAUSES.values())
+        reply = " ".join(g["tokens"])
+        lines.append(f"  {' '.join(g['prompt_tokens'])} -> {reply[:100]!r} (stopped: {g['stopped']})")
+    lines.append("three training rows; tokens in (parentheses) carry no loss:")
+    for row in artefact["training_rows"]:
+        shown = (t.replace("\n", "\\n") for t in row["tokens"])
+        lines.append("  " + " ".join(t if g else f"({t})" for t, g in zip(shown, row["graded"])))
+    return "\n".join(lines)

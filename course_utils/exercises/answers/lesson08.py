@@ -6,7 +6,32 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...capstone import trl_training_template_path
+from ...capstone import Setup, trl_training_template_path
+
+PLANTED: dict[str, tuple[str, ...]] = {}  # str(config_path) -> what _broken_setup planted there
+
+
+def planted_in(setup) -> tuple[str, ...]:
+    """The failures planted in ``setup`` (one ``broken_setup`` / ``another_setup`` wrote in this process)."""
+    if not isinstance(setup, Setup):
+        raise TypeError(f"setup is a {type(setup).__name__}, not a Setup — only the lesson's set-ups have "
+                        "planted failures to compare with — pass broken_setup(seed)'s result.")
+    try:
+        return PLANTED[str(setup.config_path)]
+    except KeyError:
+        raise ValueError(f"{setup.config_path} was not written by broken_setup in this process — only the "
+                         "lesson's set-ups have planted failures to compare with — call "
+                         "setup = broken_setup(seed) (again, after a kernel restart).") from None
+
+
+def true_findings(setup) -> tuple[set[str], dict[str, list[int]]]:
+    """Exercise 1's truth: the checks that fire on ``setup`` (from what was planted, not from the doctor)
+    and, for the row checks, every row they concern."""
+    from ..lesson08 import _expected_checks  # the failure -> check table lives with the set-ups
+
+    checks = _expected_checks(planted_in(setup)) | ({"trainer-accumulation"} if setup.trainer else set())
+    renamed = [i for i, r in enumerate(setup.rows) if any(m["role"] == "gpt" for m in r["messages"])]
+    return checks, {"no-assistant-turns": renamed}
 
 
 def fix_setup(config: dict, rows: list[dict], tokenizer, report) -> tuple[dict, list[dict]]:
