@@ -1,6 +1,9 @@
 """The final self-test (issue 33): unseen cases from every lesson, mixed, graded with a score; the notebook
 never holds the truth; the right answers pass, a blanket answer and a wrong one do not."""
 
+import importlib
+import time
+
 import pytest
 from conftest import Row
 
@@ -28,6 +31,29 @@ def test_right_answers_pass_blanket_answers_fail(capsys):
     result = st.check_self_test(lambda q: q.choices[-1] if st._truth(q) != q.choices[-1] else q.choices[0],
                                 quiz, quiet=True)
     assert not result and "revisit lesson" in result.message and "0 of" in result.message
+
+
+@pytest.mark.parametrize("lesson", st.LESSONS)
+def test_each_lessons_cases_draw_every_cause_quickly_and_never_name_it(lesson):
+    """Each lesson's ``self_test_case(seed)`` (in its answers module): deterministic, a fraction of a second,
+    at most 25 lines, every cause within 24 seeds, and the text names neither the cause's phrase nor a
+    cause's code name."""
+    answers = importlib.import_module(f"course_utils.exercises.answers.lesson{lesson}")
+    exercise = importlib.import_module(f"course_utils.exercises.lesson{lesson}")
+    names = [n for n in getattr(answers, "CAUSES", getattr(exercise, "CAUSES", ())) if "_" in n]
+    phrases = tuple(answers.SELF_TEST_CAUSES.values())
+    answers.self_test_case(0)  # a tokenizer or template loads once
+    causes = set()
+    for seed in range(24):
+        start = time.perf_counter()
+        text, cause, choices = answers.self_test_case(seed)
+        assert time.perf_counter() - start < 0.5, f"seed {seed} is slow"
+        assert cause in choices and choices == phrases
+        assert cause.lower() not in text.lower() and len(text.splitlines()) <= 25
+        assert not any(name in text for name in names), "no cause's code name in what the learner reads"
+        assert (text, cause) == answers.self_test_case(seed)[:2], "deterministic per seed"
+        causes.add(cause)
+    assert causes == set(phrases)
 
 
 def test_bad_input_is_refused_with_the_fix():
