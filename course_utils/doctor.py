@@ -630,8 +630,6 @@ def _assistant_turn_findings(rows, form, args) -> list[Finding]:
 
 def _template_findings(tokenizer, args, form) -> tuple[list[Finding], str | None, bool]:
     """Whether TRL can train ``assistant_only_loss`` with this template; the template it would use."""
-    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
-
     if not args.assistant_only_loss or form == "tokenized":  # tokenized: the rows carry their own masks
         return [], None, True
     if form not in ("messages", "prompt_completion"):
@@ -646,10 +644,8 @@ def _template_findings(tokenizer, args, form) -> tuple[list[Finding], str | None
                         "assistant_only_loss=True but the tokenizer has no chat template",
                         "tokenizer.chat_template is None", "set chat_template_path to a template with "
                         "{% generation %} markers", "04")], None, False
-    if has_generation_markers(template):
-        return [], None, True
     try:
-        return [], get_training_chat_template(tokenizer), True
+        return [], internals.sft_chat_template(tokenizer), True
     except ValueError as exc:
         return _unpatchable_findings(template, exc)
 
@@ -1363,9 +1359,7 @@ def _run_checks(rows, form, tokenizer, args, setup) -> Report:
     except Exception as exc:  # noqa: BLE001 — a check that cannot run is a finding, not a traceback
         template_findings, chat_template, trainable = _could_not_check("template", exc), None, False
     findings += template_findings
-    completion_only = args.completion_only_loss
-    if completion_only is None:
-        completion_only = form.startswith("prompt_completion")
+    completion_only = internals.sft_completion_only(args, form.startswith("prompt_completion"))
     prepared = kept = None
     # rows without an answer are reported above; the rest is measured without them (TRL would refuse them)
     skip = set(_rows_without_answer(rows, form)) if args.assistant_only_loss else set()

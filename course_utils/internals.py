@@ -50,6 +50,25 @@ def prepare_sft_dataset(dataset, tokenizer, args, *, chat_template=None, complet
     return SFTTrainer._prepare_dataset(trainer, dataset, tokenizer, args, args.packing, None, "train")
 
 
+def sft_chat_template(tokenizer, assistant_only_loss: bool = True) -> str | None:
+    """The ``chat_template`` ``SFTTrainer.__init__`` hands its data preparation (TRL 1.16, sft_trainer.py):
+    ``None`` when it keeps the tokenizer's own — ``assistant_only_loss`` off, or the template already has
+    ``{% generation %}`` markers — else TRL's training copy of the template, found by exact string match
+    (``get_training_chat_template``). Raises ``ValueError`` where TRL ships none: SFTTrainer refuses then.
+    The one copy of that decision (``prepare_sft_dataset``'s callers pass its result)."""
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    if not assistant_only_loss or has_generation_markers(tokenizer.chat_template):
+        return None
+    return get_training_chat_template(tokenizer)
+
+
+def sft_completion_only(args, prompt_completion: bool) -> bool:
+    """``completion_only_loss`` as ``SFTTrainer`` applies it: unset (``None``) grades only the completion of
+    prompt-completion rows (``prompt_completion``) and every token of the others."""
+    return prompt_completion if args.completion_only_loss is None else bool(args.completion_only_loss)
+
+
 def feed_in_order(trainer) -> None:
     """Make ``trainer`` feed its training rows in dataset order (no shuffle): the Trainer builds its
     sampler in ``_get_train_sampler``; this instance's is replaced by a sequential one."""

@@ -136,9 +136,8 @@ def trained_rows(tokenizer, rows: list[dict], **config):
     """
     from datasets import Dataset
     from trl import SFTConfig
-    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 
-    from .internals import prepare_sft_dataset
+    from .internals import prepare_sft_dataset, sft_chat_template, sft_completion_only
     from .quiet import quiet_libraries
 
     validate.tokenizer("tokenizer", tokenizer)
@@ -163,12 +162,8 @@ def trained_rows(tokenizer, rows: list[dict], **config):
             **config,
         }
     )
-    chat_template = None
-    if args.assistant_only_loss and not has_generation_markers(tokenizer.chat_template):
-        chat_template = get_training_chat_template(tokenizer)
-    completion_only = args.completion_only_loss
-    if completion_only is None:
-        completion_only = "prompt" in rows[0] and "completion" in rows[0]
+    chat_template = sft_chat_template(tokenizer, args.assistant_only_loss)
+    completion_only = sft_completion_only(args, "prompt" in rows[0] and "completion" in rows[0])
     with quiet_libraries(logs=False):
         return prepare_sft_dataset(
             Dataset.from_list(list(rows)),

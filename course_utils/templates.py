@@ -309,13 +309,11 @@ def _template_variant(edit: str, markers: str) -> str:
 
 def _sft_template(tokenizer) -> str | None:
     """The template ``SFTTrainer(assistant_only_loss=True)`` renders with: its own if it has markers, else
-    TRL's patched copy found by exact match (``trl/trainer/sft_trainer.py`` ~l.941); ``None``: it refuses."""
-    from trl.chat_template_utils import get_training_chat_template, has_generation_markers  # see the top
+    TRL's patched copy found by exact match (``internals.sft_chat_template``); ``None``: it refuses."""
+    from .internals import sft_chat_template
 
-    if has_generation_markers(tokenizer.chat_template):
-        return tokenizer.chat_template
     try:
-        return get_training_chat_template(tokenizer)
+        return sft_chat_template(tokenizer) or tokenizer.chat_template
     except ValueError:
         return None
 
