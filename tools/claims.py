@@ -275,9 +275,10 @@ def _nan_for_good(ctx):
     "05",
 )
 def _packed_nan(ctx):
-    # nanochat's set-up (lesson 05 §4b): rows of max_seq_len + 1 tokens, conversations cut only at a render
-    # cap 4x the row, a best-fit buffer of 100, a fixed number of rows per optimizer step (total_batch_size)
-    # with gradient accumulation, and the log showing the last micro-batch of each step
+    # nanochat's set-up (lesson 05, Optional: nanochat's best-fit packer): rows of max_seq_len + 1 tokens,
+    # conversations cut only at a render cap 4x the row, a best-fit buffer of 100, a fixed number of rows
+    # per optimizer step (total_batch_size) with gradient accumulation, and the log showing the last
+    # micro-batch of each step
     with captured_log("transformers"):  # "longer than the model's maximum": only tokenized, never run here
         examples = ctx.examples(400, seed=1, context_words=20, long_tail=True)
     lengths = [len(e["input_ids"]) for e in examples]
@@ -941,7 +942,8 @@ def _grad_spike(ctx):
         "first "
         "NaN); false for a masked-label NaN (the step with no target has grad_norm exactly 0, the lowest "
         "of the "
-        "run) and for an fp16 overflow that is non-finite from its first step (lesson 06 §3a)",
+        "run) and for an fp16 overflow that is non-finite from its first step (lesson 06, Optional: does the "
+        "gradient norm warn you?)",
     )
 
 
