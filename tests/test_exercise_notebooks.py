@@ -152,7 +152,8 @@ def test_exercise_notebook_survives_run_all_and_gives_nothing_away(path):
 def test_probe_finds_calls_and_learner_functions():
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("def mine(x):\n    raise NotImplementedError('Exercise')"),
-                nbformat.v4.new_code_cell("# NBVAL_CHECK_OUTPUT\nres = lesson.check_mine(mine, tok)\n")]
+                nbformat.v4.new_code_cell("res = lesson.check_mine(mine, tok)\n",
+                                          metadata={"tags": ["nbval-check-output"]})]
     learner = _learner_names(nb)
     assert learner == {"mine"}
     assert _checker_calls(nb, learner) == ["lesson.check_mine(_candidate, tok)"]

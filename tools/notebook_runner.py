@@ -22,8 +22,9 @@ from nbclient import NotebookClient
 from course_utils import COURSE_DEFAULTS
 from tools import ROOT
 
-# What `make test` passes too: lax (only cells marked NBVAL_CHECK_OUTPUT compare their output), the
-# current interpreter, the sanitizer for numbers that move between machines, no pytest cache files.
+# What `make test` passes too: lax (only cells tagged nbval-check-output compare their output: a tag, so
+# the learner never reads a test-harness marker), the current interpreter, the sanitizer for numbers that
+# move between machines, no pytest cache files.
 NBVAL_ARGS = ("--nbval-lax", "--nbval-current-env", "--nbval-sanitize-with",
               str(ROOT / "tests" / "nbval_sanitize.cfg"), "-p", "no:cacheprovider", "-q")
 
