@@ -55,8 +55,8 @@ def check_label_diagnosis(fn, tokenizer, seeds=None):
     return check_diagnosis(
         "diagnose_labels", fn, lambda seed: _answers.labelled_case(tokenizer, seed), seeds=seeds,
         misconceptions=_LABEL_MISCONCEPTIONS,
-        hint=Hints("Which positions have a label that is not -100, and is each label the token at its own "
-                   "position? Is <|im_end|> among them?",
+        hint=Hints("Open the token viewer of §2 beside this example: which property of a correct labelling "
+                   "could a broken pipeline lose?",
                    "Compare example['labels'] with example['input_ids'] position by position; the token "
                    "viewer of §2 shows what a correct example looks like.",
                    "graded = [i for i, l in enumerate(labels) if l != -100]; a label != input_ids[i] -> "

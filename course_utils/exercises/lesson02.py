@@ -144,9 +144,8 @@ CAUSES = answers.CAUSES  # what can stop a fine-tune from stopping (the learner 
 def broken_generation_run(seed: int) -> dict:
     """A fine-tune that does not stop as it should, as a learner would meet it: exercise 2's artefact.
 
-    ``generations`` (a batched generate() on left-padded prompts: ``prompt_tokens``, the reply's
-    ``tokens``, ``stopped``, the ``reference`` answer), ``generate_call`` (``max_new_tokens``, whether the
-    ``attention_mask`` was passed), ``training_rows`` (three rows of a training batch: ``tokens`` and
+    ``generations`` (``prompt_tokens``, the reply's ``tokens``, ``stopped``, the ``reference`` answer),
+    ``generate_call`` (``max_new_tokens``), ``training_rows`` (three rows of a training batch: ``tokens`` and
     ``graded``, True where the token carries loss), ``special_tokens`` (``eos``, ``pad``, ``end_of_turn``)
     and ``format`` ("chat" or "plain"). ``show_run(artefact)`` prints it as a practitioner reads it. Its
     cause is one of ``CAUSES``: finding it is the exercise (the checker grades on other seeds).
@@ -164,12 +163,6 @@ def show_run(artefact: dict) -> None:
         raise ValueError(f"artefact must be the dict broken_generation_run(seed) returns, got {got!r:.80} — "
                          f"show_run reads its keys {list(need)} — pass broken_generation_run(seed).")
     print(answers.show_run(artefact))
-
-
-def _evidence_ok(got, truth) -> bool:
-    if truth.cause == "left_padding_without_mask":  # any garbled (padded) row, or all of them
-        return got in truth.evidence or (isinstance(got, (list, tuple)) and set(got) == set(truth.evidence))
-    return got == truth.evidence
 
 
 DIAGNOSIS_MISCONCEPTIONS = {  # (your cause, the true cause): the look-alike you took it for
@@ -195,29 +188,17 @@ DIAGNOSIS_MISCONCEPTIONS = {  # (your cause, the true cause): the look-alike you
         "the replies finish the answer and go on: the budget is not what ends them",
     ("max_new_tokens_too_small", "pad_equals_eos"):
         "the replies finish the answer and go on: the budget is not what ends them",
-    ("max_new_tokens_too_small", "left_padding_without_mask"):
-        "the garbled replies never start the answer, and only on the shorter (padded) prompts (lesson 03)",
-    ("stop_token_not_graded", "left_padding_without_mask"):
-        "the longest prompt's reply is fine and stops: only padded rows are garbled (lesson 03)",
-    ("wrong_stop_ids", "left_padding_without_mask"):
-        "the longest prompt's reply is fine and stops: only padded rows are garbled (lesson 03)",
-    ("pad_equals_eos", "left_padding_without_mask"):
-        "the longest prompt's reply is fine and stops: only padded rows are garbled (lesson 03)",
-    ("left_padding_without_mask", "pad_equals_eos"):
-        "no reply is garbled — generate() builds the mask itself when pad != eos, and needs none when no "
-        "row is padded; these replies answer and then ramble",
 }
 
 DIAGNOSIS_HINTS = Hints(
-    question="Are the replies garbled, cut inside the answer, or complete and then going on? Does any reply "
-             "contain the stop token — and did that token ever carry loss in the training rows?",
+    question="Where does each reply end: inside its answer, or after it? And what did the model write "
+             "after the answer?",
     pointer="show_run(artefact); then compare each reply with its 'reference' and look for the stop token "
             "(the end-of-turn token for chat, the eos for plain text) in the replies and in the graded "
             "tokens — sections 3 (generate's stop list), 5c (graded span) and 5d (pad == eos).",
-    answer="garbled only on padded rows -> left_padding_without_mask (evidence: a garbled row); writes the "
-           "stop token and goes on -> wrong_stop_ids (the token); a reply cut inside its answer -> "
-           "max_new_tokens_too_small (max_new_tokens); never writes it and the rows never grade it -> "
-           "pad_equals_eos if pad is that token, else stop_token_not_graded (the token).")
+    answer="writes the stop token and goes on -> wrong_stop_ids (the token); a reply cut inside its "
+           "answer -> max_new_tokens_too_small (max_new_tokens); never writes it and the rows never grade "
+           "it -> pad_equals_eos if pad is that token, else stop_token_not_graded (the token).")
 
 
 def check_diagnosis_exercise(fn, seeds: Sequence[int] | None = None):
@@ -232,7 +213,7 @@ def check_diagnosis_exercise(fn, seeds: Sequence[int] | None = None):
         seeds = list(range(len(CAUSES))) + fresh  # every cause at least once, then fresh draws
     seeds = validate.seeds("seeds", seeds)
     return check_diagnosis("diagnose_generations", fn, answers.broken_run_case, seeds=seeds,
-                           evidence_ok=_evidence_ok, misconceptions=DIAGNOSIS_MISCONCEPTIONS,
+                           misconceptions=DIAGNOSIS_MISCONCEPTIONS,
                            hint=DIAGNOSIS_HINTS)
 
 
@@ -316,8 +297,8 @@ def _diagnose_collate(got, case: Case) -> str | None:
 
 
 COLLATE_HINTS = Hints(
-    question="With pad == eos, how can a collator tell the example's own eos from the padding after it, "
-             "if not by its id?",
+    question="With pad == eos, the example's own eos and the padding after it are the same id: what does "
+             "the collator know about each example that the id cannot tell it?",
     pointer="Section 5d: TRL's collator masks by position (where each example ends), transformers' "
             "by pad id. Pad with pad_token_id, but decide the -100s from each example's length.",
     answer="for each example: ids + [pad]*k, mask [1]*len + [0]*k, "

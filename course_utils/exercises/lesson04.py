@@ -182,8 +182,8 @@ def check_mask_diagnosis(fn, seeds: Sequence[int] | None = None):
     seeds = validate.seeds("seeds", fresh_seeds(3 * len(MASK_CAUSES)) if seeds is None else seeds)
     return check_diagnosis(
         "diagnose_mask", fn, _rendering_case, seeds=seeds, misconceptions=MASK_MISCONCEPTIONS,
-        hint=Hints("Which tokens carry loss: any at all? the system prompt and the user's turn? the "
-                   "end-of-turn token that closes each answer?",
+        hint=Hints("Print the tokens whose loss_mask is 1: for a correct assistant-only example, which "
+                   "tokens would you expect them to be, and which would you expect to be missing?",
                    "Section 2 shows the tokens TRL trains for a correct template, section 6 the same with "
                    "our markers; section 4 shows a mask of zeros. Print the tokens whose loss_mask is 1.",
                    "no token graded -> markers_mark_nothing (0); the first token graded -> "

@@ -57,8 +57,8 @@ def check_diagnose_log(fn, seeds=None) -> object:
             "not a perfect step), even when the run goes on.",
             ("nan_weights", "healthy"): "no step lacks a graded token and nothing is NaN.",
         },
-        hint=Hints(question="Is there a step whose num_tokens is 0? What did its gradient norm do, and "
-                            "are the steps after it, which have graded tokens again, finite?",
+        hint=Hints(question="What does a step with no graded token look like in this log, and how would a "
+                            "run that survived it differ from one whose weights it broke?",
                    pointer="Section 2's table: an all-masked micro-batch gives NaN loss with a ZERO "
                            "gradient under ignore_index (0.0 under a clamped count), NaN gradients with a "
                            "loss computed at every position; section 1: one NaN keeps a running average "

@@ -9,8 +9,7 @@ from ...checks import Diagnosis
 from ...data import IGNORE_INDEX
 from ...eos import end_of_turn_token
 
-CAUSES = ("wrong_stop_ids", "stop_token_not_graded", "pad_equals_eos", "max_new_tokens_too_small",
-          "left_padding_without_mask")
+CAUSES = ("wrong_stop_ids", "stop_token_not_graded", "pad_equals_eos", "max_new_tokens_too_small")
 # Chat families the generator draws from: (end-of-turn token, turn opener, eos) as their templates write them.
 _FAMILIES = (("<|im_end|>", "<|im_start|>", "<|endoftext|>"), ("<|eot_id|>", "<|start_header_id|>",
              "<|end_of_text|>"), ("<end_of_turn>", "<start_of_turn>", "<eos>"), ("<|end|>", "<|user|>",
@@ -40,53 +39,39 @@ def broken_run_case(seed: int, graded: bool = True) -> tuple[dict, Diagnosis]:
     """Exercise 2's artefact and its truth, ``Diagnosis(cause, evidence)``; ``graded=False`` is the stream
     the notebook shows (``broken_generation_run``), ``graded=True`` another one, for the checker.
 
-    The artefact is what a practitioner has in front of them: ``generations`` (a batched, left-padded
-    ``generate()``: prompt, reply tokens, ``stopped``, the ``reference`` answer), ``generate_call`` (what
-    they typed: ``max_new_tokens`` and whether the ``attention_mask`` went in), ``training_rows`` (three
-    rows of a training batch: tokens and which carry loss), ``special_tokens`` and ``format``. What decides
-    the cause is never a setting alone: the stop list generate() used is not shown (the reply shows it), the
-    collator is not named (the label array shows it), and every setting a cause needs also appears in runs
-    with another cause — a small budget that still fits the answers, pad == eos with a collator that keeps
-    the eos label, a missing attention mask that generate() rebuilds (pad != eos) or that no row needs
-    (prompts of one length).
+    The artefact is what a practitioner has in front of them: ``generations`` (prompt, reply tokens,
+    ``stopped``, the ``reference`` answer), ``generate_call`` (what they typed: ``max_new_tokens``),
+    ``training_rows`` (three rows of a training batch: tokens and which carry loss), ``special_tokens`` and
+    ``format``. What decides the cause is never a setting alone: the stop list generate() used is not shown
+    (the reply shows it), the collator is not named (the label array shows it), and every setting a cause
+    needs also appears in runs with another cause — a small budget that still fits the answers, pad == eos
+    with a collator that keeps the eos label, a chat format either way. Four causes, drawn by ``seed``:
+    three from this lesson and a look-alike (a ``max_new_tokens`` too small for the answers).
     """
     rng = random.Random(f"graded-{seed}" if graded else seed)
     cause = CAUSES[seed % len(CAUSES)] if seed < len(CAUSES) else rng.choice(CAUSES)
     eot, opener, eos = rng.choice(_FAMILIES)
     fmt = {"pad_equals_eos": "plain", "wrong_stop_ids": "chat"}.get(cause, rng.choice(("chat", "plain")))
     stop = eos if fmt == "plain" else eot
-    pad = eos if cause in ("pad_equals_eos", "left_padding_without_mask") or rng.random() < 0.5 else "<pad>"
+    pad = eos if cause == "pad_equals_eos" or rng.random() < 0.5 else "<pad>"
     if cause == "stop_token_not_graded" and fmt == "plain":
         pad = "<pad>"  # plain text whose rows never got the eos appended (pad == eos is the other cause)
     qas = [_qa(rng) for _ in range(rng.randint(4, 6))]
-    mask = cause != "left_padding_without_mask" and rng.random() < 0.6
-    if not mask and cause != "left_padding_without_mask" and pad == eos:
-        qas = [(q[:5], list(reversed(q[2:5]))) for q, _ in qas]  # one prompt length: no row is padded
-    if cause == "left_padding_without_mask" and len({len(q) for q, _ in qas}) == 1:
-        words = rng.sample(_WORDS, 3 if len(qas[0][0]) > 5 else 6)   # prompts of one length pad no row:
-        qas[-1] = (["Reverse", ":"] + words, list(reversed(words)))   # make one of another length
     longest_answer = max(len(a) for _, a in qas)
     if cause == "max_new_tokens_too_small":  # cuts the longest answer, not necessarily the others
         budget = rng.randint(2, longest_answer - 1)
     else:  # room for every answer and its stop, and a few tokens past it
         budget = rng.randint(longest_answer + 3, longest_answer + 12)
-    longest = max(len(q) for q, _ in qas)
     generations = []
     for q, a in qas:
-        gen = _broken_reply(rng, cause, a, stop, opener, len(q) < longest)[:budget]
+        gen = _broken_reply(rng, cause, a, stop, opener)[:budget]
         stopped = bool(gen) and gen[-1] == stop and cause != "wrong_stop_ids"
         generations.append({"prompt_tokens": q, "tokens": gen, "stopped": stopped, "reference": a})
     artefact = {"generations": generations,
-                "generate_call": {"max_new_tokens": budget, "attention_mask": mask},
+                "generate_call": {"max_new_tokens": budget},
                 "training_rows": _training_rows(cause, fmt, qas[:3], eot, opener, eos, pad),
                 "special_tokens": {"eos": eos, "pad": pad, "end_of_turn": eot}, "format": fmt}
-    if cause in ("pad_equals_eos", "wrong_stop_ids", "stop_token_not_graded"):
-        evidence = stop
-    elif cause == "max_new_tokens_too_small":
-        evidence = budget
-    else:
-        evidence = tuple(i for i, (q, _) in enumerate(qas) if len(q) < longest)
-    return artefact, Diagnosis(cause, evidence)
+    return artefact, Diagnosis(cause, budget if cause == "max_new_tokens_too_small" else stop)
 
 
 def _training_rows(cause: str, fmt: str, qas, eot: str, opener: str, eos: str, pad: str) -> list[dict]:
@@ -116,39 +101,26 @@ def _training_rows(cause: str, fmt: str, qas, eot: str, opener: str, eos: str, p
             for t, g in rows]
 
 
-def _broken_reply(rng: random.Random, cause: str, answer: list[str], stop: str, opener: str,
-                  padded: bool) -> list[str]:
+def _broken_reply(rng: random.Random, cause: str, answer: list[str], stop: str, opener: str) -> list[str]:
     """What the model generates for one prompt under ``cause`` (tokens; cut to the budget later)."""
     ramble = [rng.choice(_WORDS) for _ in range(80)]
     if cause == "wrong_stop_ids":  # writes the end-of-turn token, nobody watches it: invents turns
         return answer + [stop, "\n", opener, "assistant", "\n"] + ramble
     if cause in ("stop_token_not_graded", "pad_equals_eos"):  # never learned the stop: rambles on
         return answer + (["\n", "###", "Question", ":"] if cause == "pad_equals_eos" else ["\n"]) + ramble
-    if cause == "left_padding_without_mask" and padded:  # attends to pad columns: garbled from token 1
-        return [rng.choice(("##", "ss", "w", "0", "nsw")) for _ in range(80)]
     return answer + [stop]  # stops correctly (the budget may still cut it)
-
-
-def _garbled(generation: dict) -> bool:
-    """A reply that does not even begin the answer (lesson 03's symptom of attending to padding)."""
-    return generation["tokens"][:1] != generation["reference"][:1]
 
 
 def diagnose_generations(artefact: dict) -> Diagnosis:
     """Exercise 2: read the replies first, then the training rows.
 
-    Garbled replies on padded rows only: lesson 03's look-alike. A reply that writes the stop token and
-    goes on: generate() is not watching it. A reply cut inside its answer: the budget. Otherwise the model
-    never writes its stop, and the training rows show why: the stop token never carries loss. When it is
-    also the pad token, a collator that masks by pad id erased it (5d); otherwise the template left it
-    outside the graded span (5c).
+    A reply that writes the stop token and goes on: generate() is not watching it. A reply cut inside its
+    answer: the budget. Otherwise the model never writes its stop, and the training rows show why: the
+    stop token never carries loss. When it is also the pad token, a collator that masks by pad id erased
+    it (5d); otherwise the template left it outside the graded span, or it was never appended (5c).
     """
     gens, special = artefact["generations"], artefact["special_tokens"]
     stop = special["end_of_turn"] if artefact["format"] == "chat" else special["eos"]
-    longest = max(len(g["prompt_tokens"]) for g in gens)
-    garbled = [i for i, g in enumerate(gens) if _garbled(g)]
-    if garbled and all(len(gens[i]["prompt_tokens"]) < longest for i in garbled):
-        return Diagnosis("left_padding_without_mask", garbled[0])
     if any(stop in g["tokens"][:-1] for g in gens):
         return Diagnosis("wrong_stop_ids", stop)
     if any(len(g["tokens"]) < len(g["reference"]) and g["tokens"] == g["reference"][:len(g["tokens"])]
@@ -185,7 +157,6 @@ SELF_TEST_CAUSES = {
                              "appended)",
     "pad_equals_eos": "pad == eos with a collator that masks labels by pad id",
     "max_new_tokens_too_small": "max_new_tokens cuts the answers short",
-    "left_padding_without_mask": "batched generation with left padding and no attention mask",
 }
 
 
@@ -201,11 +172,10 @@ def self_test_case(seed: int) -> tuple[str, str, tuple[str, ...]]:
 def show_run(artefact: dict) -> str:
     """The artefact as a practitioner reads it (the notebook prints the same through the exercise)."""
     call, special = artefact["generate_call"], artefact["special_tokens"]
-    inputs = "**inputs" if call["attention_mask"] else "inputs['input_ids']"  # the mask goes in, or not
     turn = f", the chat template ends a turn with {special['end_of_turn']!r}"
     turn = turn if artefact["format"] == "chat" else ""
     lines = [f"{artefact['format']} fine-tune; eos {special['eos']!r}, pad {special['pad']!r}{turn}",
-             f"model.generate({inputs}, max_new_tokens={call['max_new_tokens']}) on left-padded prompts:"]
+             f"model.generate(**inputs, max_new_tokens={call['max_new_tokens']}), prompt by prompt:"]
     for g in artefact["generations"]:
         reply = " ".join(g["tokens"])
         lines.append(f"  {' '.join(g['prompt_tokens'])} -> {reply[:100]!r} (stopped: {g['stopped']})")
