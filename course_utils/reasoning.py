@@ -2,15 +2,16 @@
 
 Lesson 09. The course model learns Qwen3's ``<think>`` / ``<tool_call>`` format here (the tokens come from
 ``model.add_reasoning_tokens``); the chats come from the course's two tasks (``data.make_messages``) with a
-short reasoning that restates the sum or the reversal, so a 0.5 M-parameter model learns the *format* in
-seconds. Three kinds of helper:
+short reasoning that restates the sum or the reversal, so a model of under a million parameters learns the
+*format* in seconds. Three kinds of helper:
 
 - data: ``reasoning_chats`` (single- or multi-turn, some turns without reasoning), ``tool_chats`` (a call
   to ``add`` with its arguments as a dict or as a JSON string, the tool's reply, the answer);
 - what is graded, read from rows TRL prepared (``internals.prepare_sft_dataset``): ``think_blocks``,
   ``reasoning_budget``, ``tool_budget``;
-- what the trained model wrote: ``read_reply`` / ``reply_kinds`` (reasoned, an empty block, no block,
-  reasoning leaked past the block), ``read_tool_call`` (the call a server would parse);
+- what the trained model wrote: ``reply_to`` (greedy replies to chat histories, stopping at the end of
+  turn), ``read_reply`` / ``reply_kinds`` (reasoned, an empty block, no block, reasoning leaked past the
+  block), ``read_tool_call`` (the call a server would parse);
 - ``reasoning_explorer``: the lesson's "what if" over its runs.
 
 The lesson's notebook generates with ``eos.generate_greedy`` and passes the records here.
@@ -396,6 +397,26 @@ def reply_kinds(records) -> dict:
     return shares
 
 
+def reply_to(model, tokenizer, histories, max_new_tokens: int = 48, **render) -> list[dict]:
+    """Greedy replies to each history (a list of message lists), rendered by the tokenizer's template with the
+    generation prompt (``render``: more template arguments, e.g. ``enable_thinking=False``), stopping at
+    ``<|im_end|>`` or ``<|endoftext|>``: ``generate_greedy``'s records."""
+    from .eos import generate_greedy
+
+    if isinstance(histories, (str, dict)) or not isinstance(histories, Sequence) or not histories:
+        raise ValueError(
+            f"histories must be a non-empty list of message lists, got {type(histories).__name__} — each is "
+            "one prompt to reply to — pass e.g. [conversation[:1] for conversation in chats]."
+        )
+    validate.positive_int("max_new_tokens", max_new_tokens, why="it caps each reply")
+    prompts = [
+        tokenizer.apply_chat_template(h, tokenize=False, add_generation_prompt=True, **render)
+        for h in histories
+    ]
+    stop = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    return generate_greedy(model, tokenizer, prompts, max_new_tokens=max_new_tokens, eos_token_id=stop)
+
+
 def read_tool_call(text: str) -> dict | None:
     """The first ``<tool_call>`` of a reply as a Hermes-style server parses it: ``{"name", "arguments"}``
     with ``arguments`` as the JSON held there — a dict when the model wrote an object, a *string* when it
@@ -474,10 +495,11 @@ def train_on(chat_template: str, rows: list[dict], *, steps: int = 60, batch: in
     """One lesson run: a fresh course model with the reasoning tokens (``load_reasoning_model``), TRL's
     ``SFTTrainer`` on ``rows`` (TRL's data forms) for ``steps`` optimizer steps of ``batch`` rows, the
     course's CPU defaults (``training.make_sft_trainer``); ``config``: more ``SFTConfig`` fields. Returns the
-    trained ``(model, tokenizer)``, the model in eval mode."""
+    trained ``(model, tokenizer)``, the model in eval mode; the loss the trainer logged at each step is kept
+    on the model as ``model.logged_loss`` (a list, in step order)."""
     from datasets import Dataset
 
-    from .training import make_sft_trainer
+    from .training import logged, make_sft_trainer
 
     validate.positive_int("steps", steps, why="it counts optimizer steps")
     validate.positive_int("batch", batch, why="it is the rows per step")
@@ -497,6 +519,7 @@ def train_on(chat_template: str, rows: list[dict], *, steps: int = 60, batch: in
         **config,
     )
     trainer.train()
+    trainer.model.logged_loss = logged(trainer, "loss")
     return trainer.model.eval(), tokenizer
 
 

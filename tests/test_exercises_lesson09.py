@@ -106,7 +106,7 @@ WRONG = [
     ("turn_rows", whole_conversation, "never reach the loss"),
     ("turn_rows", last_turn_only, "never reach the loss"),
     ("turn_rows", per_turn_without_the_flag, "empty think block"),
-    ("turn_rows", per_turn_thinking_off, "rendered with enable_thinking=False"),
+    ("turn_rows", per_turn_thinking_off, "opening <think> sits in the row's prompt"),
     ("diagnose_rendering", always_healthy, "is not what broke"),
     ("diagnose_rendering", any_empty_block, "in the prompt (not graded)"),
     ("diagnose_rendering", any_turn_without_a_block, "loses nothing"),

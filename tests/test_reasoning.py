@@ -27,6 +27,7 @@ from course_utils.reasoning import (
     reasoning_explorer,
     reasoning_for,
     reply_kinds,
+    reply_to,
     think_blocks,
     tool_budget,
     tool_chats,
@@ -215,9 +216,18 @@ def test_explorer_shows_a_run_served_one_way():
             "add_reasoning_tokens",
         ),
         (lambda: reasoning_explorer({}), "non-empty dict"),
+        (lambda: reply_to(*load_course_model(), {"role": "user", "content": "hi"}), "list of message lists"),
         (lambda: add_reasoning_tokens(load_course_model()[0], "tokenizer"), "tokenizer"),
     ],
 )
 def test_bad_input_is_refused_with_what_why_fix(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()
+
+
+def test_reply_to_renders_each_history_and_stops_at_the_end_of_turn():
+    model, tok = load_reasoning_model(qwen3_chat_template)
+    history = [{"role": "user", "content": "What is 2 plus 3?"}]
+    records = reply_to(model, tok, [history, history], max_new_tokens=5)
+    assert len(records) == 2 and records[0]["ids"] == records[1]["ids"]
+    assert all(r["n_new"] <= 5 for r in records)

@@ -89,24 +89,23 @@ def _compare_turn_rows(got, conversation) -> str | None:
     ]
     if cut:
         return (
-            "a turn with reasoning was rendered with enable_thinking=False: its prompt ends with an empty "
-            "block, so the reasoning's start falls into the prompt and the opening <think> is never trained "
-            "— keep thinking on for the turns that reason"
+            f"{len(cut)} reasoning block(s) are only partly graded: the opening <think> sits in the row's "
+            "prompt, after an empty block, and is never trained — which rendering setting put it there, and "
+            "for which turns?"
         )
     if budget["graded_reasoning_tokens"] < data["reasoning_tokens"]:
         return (
             f"{data['reasoning_tokens'] - budget['graded_reasoning_tokens']} of {data['reasoning_tokens']} "
-            "reasoning tokens never reach the loss: Qwen3's template drops the reasoning of every assistant "
-            "turn before the last user message — make each turn the last one of its own row"
+            "reasoning tokens never reach the loss: which assistant turns does Qwen3's template render with "
+            "their reasoning?"
         )
     if budget["graded_reasoning_tokens"] > data["reasoning_tokens"]:
-        return "some reasoning is graded twice: each turn belongs to one row's completion"
+        return "some reasoning is graded twice: in how many rows' completions does each turn appear?"
     if budget["graded_empty_blocks"]:
         return (
-            f"{budget['graded_empty_blocks']} empty think block(s) carry loss: a turn without reasoning "
-            "rendered as the last turn gets <think>\\n\\n</think> inside the completion, which teaches the "
-            "model to skip reasoning — render that row with enable_thinking=False (chat_template_kwargs) "
-            "so the block is in the prompt"
+            f"{budget['graded_empty_blocks']} empty think block(s) carry loss: they teach the model to skip "
+            "reasoning — what does the template render in a completion for a turn without reasoning, and "
+            "where else could that block sit?"
         )
     im_start, im_end = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
     graded_ends = graded_starts = 0
@@ -120,13 +119,13 @@ def _compare_turn_rows(got, conversation) -> str | None:
         )
     if graded_starts:
         return (
-            "tokens outside the assistant's replies carry loss (a turn's <|im_start|> is graded): the "
-            "completion holds one assistant message"
+            "tokens outside the assistant's replies carry loss (a turn's <|im_start|> is graded): what do "
+            "your rows' completions hold?"
         )
     if graded_ends != len(turns):
         return (
-            f"{graded_ends} graded replies for {len(turns)} assistant turns: every turn's reply is trained "
-            "once — one row per assistant turn"
+            f"{graded_ends} graded replies for {len(turns)} assistant turns: how many times is each turn's "
+            "reply trained?"
         )
     for row in rows:
         first = next(i for i, label in enumerate(row["labels"]) if label != IGNORE_INDEX)
@@ -147,7 +146,7 @@ def _compare_turn_rows(got, conversation) -> str | None:
 TURN_ROWS_HINTS = Hints(
     question="Which assistant turns does Qwen3's template render with their reasoning — and what does it "
     "render, in a row's completion, for a turn that has none?",
-    pointer="Section 4 (the template's jinja: last_query_index) and section 5 (the empty block, and the "
+    pointer="Section 4 (the template's jinja: last_query_index) and section 5a (the empty block, and the "
     "prompt-completion fix with chat_template_kwargs).",
     answer="[{'prompt': conversation[:i], 'completion': [m], 'chat_template_kwargs': {'enable_thinking': "
     "bool(m.get('reasoning_content'))}} for i, m in enumerate(conversation) if m['role'] == 'assistant']",
@@ -261,7 +260,7 @@ DIAGNOSIS_MISCONCEPTIONS = {
 DIAGNOSIS_HINTS = Hints(
     question="For each row: which of the data's reasoning, tool calls and tool replies reach the rendering, "
     "and which rendered tokens are graded?",
-    pointer="Sections 3, 5 and 7: count graded tokens inside each <think>…</think> and <tool_response>…"
+    pointer="Sections 3 and 5: count graded tokens inside each <think>…</think> and <tool_response>…"
     "</tool_response>, look for each call's name in the rendering and for '\"arguments\": \"'.",
     answer='Sum over rows: calls missing from the text -> tool_calls_dropped; \'"arguments": "\' -> '
     "arguments_as_string; tool_response blocks with a graded token -> tool_reply_graded; empty think "
