@@ -69,7 +69,8 @@ BASE_CONFIG = {"assistant_only_loss": True, "max_length": 64, "per_device_train_
 INSTRUCT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 BASE_SYSTEM = "You are a helpful assistant."
 CONTROL_SYSTEM = "You are a concise assistant."  # the control set-up's own (healthy) training template
-ALLOWED_WARNINGS = {"learning-rate"}  # a 0.6 M-parameter model wants a rate a real one would not take
+# a model of under a million parameters wants a learning rate a real one would not take
+ALLOWED_WARNINGS = {"learning-rate"}
 _TRL_REFUSES = {"base_template": ValueError, "renamed_roles": RuntimeError}  # TRL checks these two itself
 
 
@@ -395,9 +396,8 @@ def fixes_explorer(setup: Setup, report: Report, apply_fixes, model, tokenizer):
 
 HINTS = {
     "template-unpatchable": "TRL recognises a template by exact string (lesson 04): the base model's "
-                            "template differs from Instruct's in one sentence. Give SFTTrainer a template "
-                            "with {% generation %} markers: config['chat_template_path'] = TRL's "
-                            "qwen2_5_training.jinja.",
+                            "template differs from Instruct's in one sentence. SFTTrainer needs a template "
+                            "with {% generation %} markers: the finding's fix column says which.",
     "fully-truncated": "rows whose prompt fills max_length lose every graded token (lesson 05) and TRL drops "
                        "them without a word. Measure each prompt with the template TRL trains with (the "
                        "training template's system prompt is longer than the base one) and drop what does "
@@ -405,16 +405,29 @@ HINTS = {
     "max-length-below-prompts": "max_length must exceed a typical prompt (lesson 05), not only the answer.",
     "no-assistant-turns": "look at the roles of the rows the doctor lists: to the chat template 'gpt' is not "
                           "'assistant'. Renaming keeps the rows; dropping them throws data away.",
-    "fp16-overflow-risk": "fp16 tops out at 65504 (lesson 06): use fp32 on a CPU (or bf16 on a GPU) and a "
-                          "learning rate this model trains with (the config's base rate, 3e-3).",
-    "packing-no-boundaries": "wrapped packing lets examples attend to each other (lesson 03): "
-                             "packing_strategy='bfd' keeps the boundaries, packing=False avoids the "
-                             "question.",
-    "eos-mismatch": "generate() stops only on generation_config.eos_token_id (lesson 02): set "
-                    "config['eos_token'] = '<|im_end|>', the token the template ends a turn with.",
+    "fp16-overflow-risk": "fp16 tops out at 65504 (lesson 06), and a hot learning rate gets there sooner: "
+                          "which precision does a CPU train in, and which rate did the other set-ups use?",
+    "packing-no-boundaries": "wrapped packing lets examples attend to each other (lesson 03): which of "
+                             "TRL's packing strategies keeps each example's boundaries?",
+    "answers-packed-apart": "wrapped packing splits a long row across packed rows, its answer apart from its "
+                            "prompt (lessons 03 and 05): the same packing fix as for the boundaries.",
+    "eos-mismatch": "generate() stops only on generation_config.eos_token_id (lesson 02): which SFTConfig "
+                    "field writes the template's end-of-turn token there?",
     "stop-token-untrained": "the end-of-turn token must sit inside {% generation %} (lesson 02).",
     "trl-preparation": "TRL cannot tokenize the rows: read the error the doctor quotes.",
 }
+
+
+FIX_HINTS = Hints(
+    question="Which findings does the report name, and which settings and rows does each one concern? What "
+             "does the set-up do right that a fix must leave alone?",
+    pointer="Each finding's fix column (section 3), apply_fixes in section 5 — but max_length stays here: "
+            "measure each row with the template TRL will train with, and keep every row that fits.",
+    answer="for each finding in report.checks('error') | report.checks('warning'): template-unpatchable -> "
+           "chat_template_path = trl_training_template_path(); eos-mismatch -> eos_token = '<|im_end|>'; "
+           "fp16-overflow-risk -> fp16=False, learning_rate 3e-3; packing-no-boundaries or "
+           "answers-packed-apart -> packing_strategy='bfd'; rename 'gpt' roles; drop the rows whose "
+           "rendering with that template exceeds max_length.")
 
 
 # Two hidden set-ups that, together, plant every failure (and long prompts in both: they interact with the
@@ -539,5 +552,4 @@ def check_fix_setup(fn, cases=CHECK_CASES, control: bool = True):
     def diagnose_answer(got, _case):
         return evaluate(got)[1]
 
-    return run_check("fix_setup", run_one, cases, compare=compare, diagnose=diagnose_answer,
-                     hint="run diagnose() on your fixed set-up and read each finding's fix column.")
+    return run_check("fix_setup", run_one, cases, compare=compare, diagnose=diagnose_answer, hint=FIX_HINTS)
