@@ -116,7 +116,7 @@ CHECKERS = [
 ALSO_CORRECT = [("save_for_serving", save_merged_copy), ("diagnose_saved", diagnose_saved_other_order)]
 WRONG = [
     ("save_for_serving", save_adapter_and_generation_config, "peft does not read a generation_config.json"),
-    ("save_for_serving", save_merged_without_tokenizer, "save the tokenizer too"),
+    ("save_for_serving", save_merged_without_tokenizer, "not the one the run trained with"),
     ("save_for_serving", save_merged_in_bf16, "the model loads in torch.bfloat16"),
     ("save_for_serving", save_lora_matrices_only, "modules_to_save"),
     ("diagnose_saved", reads_the_adapters_own_generation_config, "beside the adapter is not read"),

@@ -88,21 +88,20 @@ def _compare_saved(_got, expected: dict) -> str | None:
     eos = [eos] if isinstance(eos, int) else list(eos or [])
     if expected["eos"][0] not in eos:
         if info["kind"] == "adapter":
-            return ("an adapter directory is served on its base, with the base's generation_config: the "
-                    "end-of-turn fix stays behind (peft does not read a generation_config.json saved beside "
-                    f"the adapter; served eos_token_id {eos}) — merge_and_unload() and save the merged model")
-        return (f"the saved generation_config has eos_token_id {eos}, without the end-of-turn token the run "
-                "added — save the trained model's own generation_config (merge the in-memory model, not a "
-                "reloaded one)")
+            return (f"served eos_token_id {eos}, without the end-of-turn id {expected['eos'][0]}: an adapter "
+                    "directory is served on its base, with the base's generation_config (peft does not read "
+                    "a generation_config.json saved beside the adapter) — which saved object carries it?")
+        return (f"served eos_token_id {eos}, without the end-of-turn id {expected['eos'][0]} the run added "
+                "in memory — which model object's generation_config did your directory get?")
     if served_tok.chat_template != expected["template"]:
-        return ("the chat template served is not the one the run trained with — the base's tokenizer is "
-                "used when none is saved: save the tokenizer too")
+        return ("the chat template served is not the one the run trained with — where does a user's "
+                "loader take the template from when the directory has none?")
     drift = _drift(expected["logits"], _logits(served, expected["batches"]), expected["batches"])
     if drift["max_abs"] > LOGIT_TOLERANCE:
         dtype = next(p.dtype for p in served.parameters() if p.is_floating_point())
         if dtype != torch.float32:
             return (f"the model loads in {dtype} (transformers' dtype='auto' reads the config): its logits "
-                    f"move by {drift['max_abs']:.3g} — save in float32, the dtype the run trained in")
+                    f"move by {drift['max_abs']:.3g} from the trained model's — what dtype did it train in?")
         return (f"the served logits differ from the trained model's by {drift['max_abs']:.3g} (KL "
                 f"{drift['kl']:.3g}): the trained embedding and head rows (modules_to_save) or the LoRA "
                 "update were not saved")
