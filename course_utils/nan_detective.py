@@ -6,6 +6,7 @@ Used by lesson 06 only. What is here:
   (bitsandbytes, works on CPU) and LoRA adapters on every linear layer (peft ``"all-linear"``).
 - ``nonfinite_steps`` / ``first_nonfinite_step``: the steps whose loss or gradient norm is inf/NaN;
   the latter *raises* when there is none (a search that finds nothing must not return ``None``).
+- ``learned_vs_control``: did a run learn more than its own noise (an untrained control on the same batches)?
 - ``lowest_diverging_lr``: a short search for the smallest learning rate on a grid that diverges;
   ``lr_explorer`` browses the runs it made (a learning-rate slider: loss, gradient norm, first bad step).
 - ``plant_large_update`` / ``overflow_scale``: make one MLP projection's output large on purpose (a
@@ -145,6 +146,30 @@ def batch_at_step(batches: Sequence[dict], step: int) -> dict:
     validate.positive_int("step", step, why="train() counts steps from 1")
     validate.batches("batches", batches, need=("input_ids",))
     return batches[(step - 1) % len(batches)]
+
+
+def learned_vs_control(untrained, step_batches: Sequence[dict],
+                       losses: Sequence[float]) -> tuple[float, float]:
+    """Did a run learn, measured against its own noise? ``untrained`` (the run's starting model, not
+    trained) scores ``step_batches`` -- the batch of each logged step, in order -- so that batch difficulty
+    cancels. Returns ``(learned, noise)``: how far the run's last two logged ``losses`` sit below the
+    control's last two (nats, mean), and the control's mean step-to-step change. A run learned when
+    ``learned > noise``."""
+    from .losses import mean_ignore_index, model_logits
+
+    validate.model("untrained", untrained)
+    validate.batches("step_batches", step_batches, need=("input_ids", "labels"))
+    if len(losses) != len(step_batches) or len(losses) < 2:
+        raise ValueError(f"losses has {len(losses)} values and step_batches {len(step_batches)} batches — "
+                         "one logged loss per batch, at least two steps — pass the batch of every logged "
+                         "step.")
+    # left in train mode: qlora_model's LoRA has no dropout, and bitsandbytes 0.50 repacks eval-mode
+    # 4-bit weights on AVX512-BF16 CPUs, which fails for some widths (see qlora_model)
+    with torch.no_grad():
+        control = [mean_ignore_index(model_logits(untrained, b), b["labels"]).item() for b in step_batches]
+    learned = (sum(control[-2:]) - sum(losses[-2:])) / 2
+    noise = sum(abs(a - b) for a, b in zip(control, control[1:])) / (len(control) - 1)
+    return learned, noise
 
 
 def lowest_diverging_lr(run: Callable[[float], list[dict]], lrs: Sequence[float]) -> tuple[float, dict]:

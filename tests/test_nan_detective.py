@@ -245,3 +245,19 @@ def test_largest_finite_ignores_inf_and_nan():
         assert nd._largest_finite(t) == 3.0, dtype
     assert nd._largest_finite(torch.tensor([nan, inf])) == 0.0, "nothing finite: 0"
     assert nd._largest_finite(torch.zeros(0)) == 0.0
+
+
+def test_learned_vs_control_scores_the_untrained_model_on_the_run_batches(course):
+    from course_utils import make_batches, make_messages
+    from course_utils.losses import mean_ignore_index, model_logits
+
+    model, tok = course
+    batches = make_batches(tok, make_messages(n=12, seed=0), batch_size=4)
+    with torch.no_grad():
+        control = [mean_ignore_index(model_logits(model, b), b["labels"]).item() for b in batches]
+    learned, noise = nd.learned_vs_control(model, batches, [c - 1.0 for c in control])  # a run 1 nat below
+    assert math.isclose(learned, 1.0, rel_tol=1e-6)
+    steps = (abs(control[0] - control[1]) + abs(control[1] - control[2])) / 2
+    assert math.isclose(noise, steps, rel_tol=1e-6)
+    with pytest.raises(ValueError, match=WHAT_WHY_FIX):
+        nd.learned_vs_control(model, batches, control[:2])  # one loss per batch
