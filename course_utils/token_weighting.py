@@ -140,7 +140,8 @@ def equal_count_micro_batches(tokenizer, k: int = 4, batch_size: int = 2, seed: 
     """``k`` micro-batches with the *same* supervised-token count each, but different prompt lengths.
 
     Chats are grouped by their number of supervised tokens, so only the padding and the prompts
-    differ between micro-batches: the case where the per-micro-batch mean is exact.
+    differ between micro-batches: the case where the per-micro-batch mean is exact. Every micro-batch
+    has a different width (padded length): guaranteed, or a ``ValueError``.
     """
     _check_split(tokenizer, k, batch_size, seed)
     by_count: dict[int, list] = {}
@@ -149,11 +150,22 @@ def equal_count_micro_batches(tokenizer, k: int = 4, batch_size: int = 2, seed: 
         e = tokenize_chat(tokenizer, conv)
         by_count.setdefault(n_graded(e["labels"]), []).append(e)
     count, group = max(by_count.items(), key=lambda kv: len(kv[1]))
-    if len(group) < k * batch_size:
-        raise ValueError(f"only {len(group)} chats share a token count — need k*batch_size = "
-                         f"{k * batch_size} — pass smaller k or batch_size.")
-    return [collate_right(group[i * batch_size: (i + 1) * batch_size], tokenizer.pad_token_id)
-            for i in range(k)]
+    chunks, widths, chunk = [], set(), []
+    for e in group:  # in order; a full micro-batch whose width is taken drops its longest chat and fills on
+        chunk.append(e)
+        if len(chunk) < batch_size:
+            continue
+        width = max(len(x["input_ids"]) for x in chunk)
+        if width in widths:
+            chunk.remove(max(chunk, key=lambda x: len(x["input_ids"])))
+            continue
+        chunks.append(chunk)
+        widths.add(width)
+        chunk = []
+        if len(chunks) == k:
+            return [collate_right(c, tokenizer.pad_token_id) for c in chunks]
+    raise ValueError(f"only {len(group)} chats share a token count, too few to fill k = {k} micro-batches of "
+                     f"{batch_size} with {k} different widths — pass smaller k or batch_size.")
 
 
 def merge_micro_batches(micro_batches: list[dict], pad_token_id: int = 0) -> dict:

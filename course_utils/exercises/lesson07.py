@@ -87,10 +87,11 @@ def check_trace_diagnosis(fn, seeds=None):
         "accumulation_trace", fn, _graded_case, seeds=seeds, evidence_ok=_trace_evidence_ok,
         misconceptions=_TRACE_MISCONCEPTIONS,
         hint=Hints(question="What weight does ONE token of each row get in the step's gradient, once DDP has "
-                            "averaged the ranks? Is it the same for every row, and do the weights add up "
-                            "to 1?",
+                            "averaged the ranks?",
                    pointer="A row's per-token weight is backward_loss / summed_loss, divided by world_size "
-                           "(DDP's average); section 4 gives the weights each scheme should produce.",
+                           "(DDP's average). Then two tests: is it the same for every row, and do the "
+                           "weights times the tokens add up to 1? Section 4 gives the weights each scheme "
+                           "should produce.",
                    answer="w = backward_loss / summed_loss / world_size; NaN -> empty_micro_batch (that "
                           "micro_step); all w equal and Σ w·n = K -> missing_division_by_k (evidence K); "
                           "all w "
