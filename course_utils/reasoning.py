@@ -14,7 +14,7 @@ short reasoning that restates the sum or the reversal, so a model of under a mil
   block), ``read_tool_call`` (the call a server would parse);
 - ``reasoning_explorer``: the lesson's "what if" over its runs.
 
-The lesson's notebook generates with ``eos.generate_greedy`` and passes the records here.
+The lesson's notebook generates with ``generation.generate_greedy`` and passes the records here.
 """
 
 from __future__ import annotations
@@ -401,7 +401,7 @@ def reply_to(model, tokenizer, histories, max_new_tokens: int = 48, **render) ->
     """Greedy replies to each history (a list of message lists), rendered by the tokenizer's template with the
     generation prompt (``render``: more template arguments, e.g. ``enable_thinking=False``), stopping at
     ``<|im_end|>`` or ``<|endoftext|>``: ``generate_greedy``'s records."""
-    from .eos import generate_greedy
+    from .generation import generate_greedy
 
     if isinstance(histories, (str, dict)) or not isinstance(histories, Sequence) or not histories:
         raise ValueError(

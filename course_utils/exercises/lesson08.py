@@ -268,7 +268,7 @@ def _compare_findings(got, setup: Setup) -> str | None:
     if not isinstance(got, dict) or not all(isinstance(k, str) for k in got):
         return (f"expected a dict {{check name: row ids or None}}, got {type(got).__name__} — e.g. "
                 "{'eos-mismatch': None, 'no-assistant-turns': [3, 7, ...]}")
-    checks, rows = answers.true_findings(setup)
+    checks, rows = answers.true_findings(setup, _expected_checks(answers.planted_in(setup)))
     stated = set(got) - OPTIONAL_FINDINGS
     missing, extra = sorted(checks - stated), sorted(stated - checks)
     if "trainer-accumulation" in missing:

@@ -24,12 +24,11 @@ def planted_in(setup) -> tuple[str, ...]:
                          "setup = broken_setup(seed) (again, after a kernel restart).") from None
 
 
-def true_findings(setup) -> tuple[set[str], dict[str, list[int]]]:
-    """Exercise 1's truth: the checks that fire on ``setup`` (from what was planted, not from the doctor)
-    and, for the row checks, every row they concern."""
-    from ..lesson08 import _expected_checks  # the failure -> check table lives with the set-ups
-
-    checks = _expected_checks(planted_in(setup)) | ({"trainer-accumulation"} if setup.trainer else set())
+def true_findings(setup, expected_checks: set[str]) -> tuple[set[str], dict[str, list[int]]]:
+    """Exercise 1's truth: the checks that fire on ``setup`` — ``expected_checks``, the checks of what was
+    planted (the exercise module maps failures to checks), plus the trainer check when the set-up has its own
+    trainer class — and, for the row checks, every row they concern."""
+    checks = set(expected_checks) | ({"trainer-accumulation"} if setup.trainer else set())
     renamed = [i for i, r in enumerate(setup.rows) if any(m["role"] == "gpt" for m in r["messages"])]
     return checks, {"no-assistant-turns": renamed}
 
