@@ -6,7 +6,8 @@ that to happen: the *config* (``generate()`` must be told the template's end-of-
 must sit inside the graded span, or the model never learns to emit it). This module measures both:
 
 - ``end_of_turn_token`` / ``stop_token_ids``: read the end-of-turn token off the chat template.
-- ``generate_greedy`` / ``stop_rate`` / ``answer_accuracy``: batched greedy generation, the fraction
+- ``stop_rate`` / ``answer_accuracy`` on ``generate_greedy``'s records (batched greedy generation, in the
+  core: ``course_utils.generation``; re-exported here): the fraction
   that stopped (ended on a stop id *without opening a new turn*), and how many answered correctly.
 - ``stop_probability`` / ``StopCriterion`` / ``train_until_stops`` / ``stop_criterion_callback``:
   train *until* the model ends its training answers with the stop token and its own replies to
