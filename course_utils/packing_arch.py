@@ -35,7 +35,8 @@ from . import validate
 # the shared keys: experts for the MoE models, layer types for the hybrids (one linear/Mamba/conv layer and one
 # attention layer, so both mechanisms are present).
 _SHARED = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, head_dim=16, max_position_embeddings=256, initializer_range=0.1)
+               num_key_value_heads=2, head_dim=16, max_position_embeddings=256, initializer_range=0.1,
+               bos_token_id=None, eos_token_id=None, pad_token_id=None)  # the families' own ids lie past 256
 _LINEAR_HEADS = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
                      linear_value_head_dim=16, layer_types=["linear_attention", "full_attention"])
 _MAMBA = dict(mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=1, mamba_d_state=16, mamba_chunk_size=16)
@@ -44,7 +45,8 @@ ARCHITECTURES = {
     "opt": dict(ffn_dim=128, word_embed_proj_dim=64),
     "mpt": dict(d_model=64, n_heads=4, n_layers=2),
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
-                    layer_types=["sliding_attention", "full_attention"]),
+                    layer_types=["sliding_attention", "full_attention"],
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),  # YaRN needs 4k positions
     "afmoe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_dense_layers=1),
     "qwen3_next": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                        shared_expert_intermediate_size=32, **_LINEAR_HEADS),
@@ -83,38 +85,52 @@ def tiny_model(model_type: str, attn_implementation: str = "sdpa", *, seed: int 
 
 
 def in_qwen2_5_vl(model):
-    """The weights of a Qwen2 causal LM (the course model) inside a Qwen2.5-VL model, with a 1-block vision tower.
+    """The weights of a Qwen2 or Llama causal LM (either course model) inside a Qwen2.5-VL model.
 
-    The language model is the same network with multimodal rotary positions (mRoPE), so on one sequence the
-    logits are identical: what changes is only how the model reads ``position_ids``.
+    Qwen2.5-VL's language model is a Qwen2 decoder with multimodal rotary positions (mRoPE): a Llama's
+    weights fit it with zero q/k/v biases. On one sequence the logits are identical (lesson 12 measures it);
+    what changes is only how the model reads ``position_ids``. The vision tower (one block) is never used.
     """
     from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
 
     validate.model("model", model)
     config = model.config
-    if getattr(config, "model_type", None) != "qwen2":
-        raise ValueError(f"model is a {getattr(config, 'model_type', type(model).__name__)} model, not qwen2 — "
-                         "Qwen2.5-VL's language model is a Qwen2 decoder, so only Qwen2 weights copy one to one — "
-                         "pass the course model (COURSE_MODEL=tiny-qwen) or any Qwen2ForCausalLM.")
-    half = config.hidden_size // config.num_attention_heads // 2  # rotary frequencies per head
-    section = [half // 4, (half - half // 4) // 2]  # temporal, height, width rows, summing to half
+    kind = getattr(config, "model_type", type(model).__name__)
+    biased = getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False)
+    if kind not in ("qwen2", "llama") or (kind == "llama" and biased):
+        raise ValueError(f"model is a {kind} model — Qwen2.5-VL's language model is a Qwen2 decoder, so only "
+                         "Qwen2 weights (or a bias-free Llama's) copy one to one — pass a course model "
+                         "(COURSE_MODEL=tiny-qwen or tiny-llama) or a Qwen2ForCausalLM.")
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    half = head_dim // 2  # rotary frequencies per head, split into mRoPE's t/h/w sections
+    section = [half // 4, (half - half // 4) // 2]
     section.append(half - sum(section))
-    text = {k: getattr(config, k) for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                                            "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
-                                            "rms_norm_eps", "hidden_act", "tie_word_embeddings")}
+    names = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "hidden_act", "tie_word_embeddings")
+    text = {k: getattr(config, k) for k in names}
     text["rope_parameters"] = {"rope_type": "default", "rope_theta": config.rope_parameters["rope_theta"],
                                "mrope_section": section}
+    # Qwen's own special ids (151643…) lie outside the course vocabulary: carry the model's instead
+    text.update(bos_token_id=None, eos_token_id=config.eos_token_id, pad_token_id=getattr(config, "pad_token_id", None))
     unused = config.vocab_size - 1  # the image/video markers never occur in text rows
     vl_config = AutoConfig.for_model(
         "qwen2_5_vl", text_config=text, tie_word_embeddings=config.tie_word_embeddings,
         vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
                            out_hidden_size=config.hidden_size, fullatt_block_indexes=[0]),
-        image_token_id=unused, video_token_id=unused - 1, vision_start_token_id=unused - 2)
+        image_token_id=unused, video_token_id=unused - 1, vision_start_token_id=unused - 2,
+        bos_token_id=None, eos_token_id=config.eos_token_id, pad_token_id=getattr(config, "pad_token_id", None))
     vl = Qwen2_5_VLForConditionalGeneration(vl_config)
-    vl.model.language_model.load_state_dict(model.model.state_dict(), strict=True)
-    vl.lm_head.weight.data.copy_(model.lm_head.weight.data)
+    language = vl.model.language_model
+    missing, unexpected = language.load_state_dict(model.model.state_dict(), strict=False)
+    if unexpected or any(not k.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")) for k in missing):
+        raise ValueError(f"the weights do not fit Qwen2.5-VL's language model (missing {missing[:3]}, unexpected "
+                         f"{unexpected[:3]}) — only a Qwen2 or bias-free Llama decoder maps one to one — pass a "
+                         "course model.")
+    with torch.no_grad():
+        for name in missing:  # a Llama has no q/k/v biases: zero ones leave every projection unchanged
+            language.get_parameter(name).zero_()
+        vl.lm_head.weight.copy_(model.lm_head.weight)
     vl.config.use_cache = model.config.use_cache
-    vl.config._attn_implementation = model.config._attn_implementation
     return vl.to(model.device).eval()
 
 
@@ -409,7 +425,8 @@ def tiny_vl_model(model_type: str = "qwen2_5_vl", *, seed: int = 0):
         vision["fullatt_block_indexes"] = [0]
     text = {k: v for k, v in _SHARED.items() if k != "initializer_range"}
     config = AutoConfig.for_model(model_type, text_config=dict(text, rope_parameters=rope), vision_config=vision,
-                                  image_token_id=250, video_token_id=251, vision_start_token_id=252)
+                                  image_token_id=250, video_token_id=251, vision_start_token_id=252,
+                                  bos_token_id=None, eos_token_id=None, pad_token_id=None)
     config.text_config.initializer_range = config.initializer_range = _SHARED["initializer_range"]
     with torch.random.fork_rng():
         torch.manual_seed(seed)
