@@ -32,10 +32,11 @@ import torch
 from . import validate
 
 # Tiny configs (2 layers, hidden 64) of the families the lesson measures. Only what each family needs beyond
-# the shared keys: experts for the MoE models, layer types for the hybrids (one linear/Mamba/conv layer and one
-# attention layer, so both mechanisms are present).
-_SHARED = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, head_dim=16, max_position_embeddings=256, initializer_range=0.1,
+# the shared keys: experts for the MoE models, layer types for the hybrids (one linear/Mamba/conv layer and
+# one attention layer, so both mechanisms are present).
+_SHARED = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+               initializer_range=0.1,  # logits of a few units, like a trained model's
                bos_token_id=None, eos_token_id=None, pad_token_id=None)  # the families' own ids lie past 256
 _LINEAR_HEADS = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
                      linear_value_head_dim=16, layer_types=["linear_attention", "full_attention"])
@@ -46,7 +47,7 @@ ARCHITECTURES = {
     "mpt": dict(d_model=64, n_heads=4, n_layers=2),
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
                     layer_types=["sliding_attention", "full_attention"],
-                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),  # YaRN needs 4k positions
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),  # YaRN wants 4k tokens
     "afmoe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_dense_layers=1),
     "qwen3_next": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                        shared_expert_intermediate_size=32, **_LINEAR_HEADS),
@@ -106,26 +107,29 @@ def in_qwen2_5_vl(model):
     section = [half // 4, (half - half // 4) // 2]
     section.append(half - sum(section))
     names = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-             "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "hidden_act", "tie_word_embeddings")
+             "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "hidden_act",
+             "tie_word_embeddings")
     text = {k: getattr(config, k) for k in names}
     text["rope_parameters"] = {"rope_type": "default", "rope_theta": config.rope_parameters["rope_theta"],
                                "mrope_section": section}
     # Qwen's own special ids (151643…) lie outside the course vocabulary: carry the model's instead
-    text.update(bos_token_id=None, eos_token_id=config.eos_token_id, pad_token_id=getattr(config, "pad_token_id", None))
+    specials = dict(bos_token_id=None, eos_token_id=config.eos_token_id,
+                    pad_token_id=getattr(config, "pad_token_id", None))
+    text.update(specials)
     unused = config.vocab_size - 1  # the image/video markers never occur in text rows
     vl_config = AutoConfig.for_model(
         "qwen2_5_vl", text_config=text, tie_word_embeddings=config.tie_word_embeddings,
         vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
                            out_hidden_size=config.hidden_size, fullatt_block_indexes=[0]),
         image_token_id=unused, video_token_id=unused - 1, vision_start_token_id=unused - 2,
-        bos_token_id=None, eos_token_id=config.eos_token_id, pad_token_id=getattr(config, "pad_token_id", None))
+        **specials)
     vl = Qwen2_5_VLForConditionalGeneration(vl_config)
     language = vl.model.language_model
     missing, unexpected = language.load_state_dict(model.model.state_dict(), strict=False)
     if unexpected or any(not k.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")) for k in missing):
-        raise ValueError(f"the weights do not fit Qwen2.5-VL's language model (missing {missing[:3]}, unexpected "
-                         f"{unexpected[:3]}) — only a Qwen2 or bias-free Llama decoder maps one to one — pass a "
-                         "course model.")
+        raise ValueError(f"the weights do not fit Qwen2.5-VL's language model (missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]}) — only a Qwen2 or bias-free Llama decoder maps one "
+                         f"to one — pass a course model.")
     with torch.no_grad():
         for name in missing:  # a Llama has no q/k/v biases: zero ones leave every projection unchanged
             language.get_parameter(name).zero_()
@@ -139,7 +143,7 @@ def in_qwen2_5_vl(model):
 # ------------------------------------------------------------------------------------------------
 
 COLLATORS = {
-    # transformers' DataCollatorWithFlattening() with its defaults: one row, restarted position_ids, nothing else
+    # transformers' DataCollatorWithFlattening() with its defaults: one row, restarted position_ids only
     "flattening": "transformers DataCollatorWithFlattening(): position_ids only",
     # TRL 1.16's padding-free collator (SFTConfig(packing=True) / padding_free=True): boundary metadata too
     "trl": "TRL padding-free collator: position_ids + cu_seq_lens_* + seq_idx",
@@ -155,8 +159,8 @@ def two_samples(vocab_size: int, lengths=(37, 29), *, seed: int = 0) -> list[dic
     """
     vocab_size = validate.integer("vocab_size", vocab_size, minimum=16, why="the ids are drawn below it")
     if not isinstance(lengths, (list, tuple)) or len(lengths) != 2:
-        raise ValueError(f"lengths={lengths!r} must be two lengths — the probe packs sample A, then sample B — "
-                         "pass e.g. lengths=(37, 29).")
+        raise ValueError(f"lengths={lengths!r} must be two lengths — the probe packs sample A, then sample B "
+                         f"— pass e.g. lengths=(37, 29).")
     lengths = [validate.integer("lengths item", n, minimum=2, why="a sample needs a next-token prediction")
                for n in lengths]
     gen = torch.Generator().manual_seed(validate.seed("seed", seed))
@@ -168,8 +172,8 @@ def pack(features: list[dict], collator: str = "trl") -> dict:
     validate.choice("collator", collator, tuple(COLLATORS), why="the lesson's three ways to batch samples")
     if not isinstance(features, (list, tuple)) or len(features) < 2 or not all(
             isinstance(f, dict) and "input_ids" in f for f in features):
-        raise ValueError("features must be a list of at least two dicts with 'input_ids' — packing puts several "
-                         "samples in one row — pass e.g. two_samples(model.config.vocab_size).")
+        raise ValueError("features must be a list of at least two dicts with 'input_ids' — packing puts "
+                         "several samples in one row — pass e.g. two_samples(model.config.vocab_size).")
     rows = [{"input_ids": validate.token_ids(f"features[{i}]['input_ids']", f["input_ids"])}
             for i, f in enumerate(features)]
     return _pack(rows, collator)
@@ -186,9 +190,9 @@ def _pack(rows: list[dict], collator: str) -> dict:
         batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(rows)
     else:
         width = max(len(r["input_ids"]) for r in rows)
-        batch = {"input_ids": torch.tensor([r["input_ids"] + [0] * (width - len(r["input_ids"])) for r in rows]),
-                 "attention_mask": torch.tensor([[1] * len(r["input_ids"]) + [0] * (width - len(r["input_ids"]))
-                                                 for r in rows])}
+        pads = [width - len(r["input_ids"]) for r in rows]
+        batch = {"input_ids": torch.tensor([r["input_ids"] + [0] * n for r, n in zip(rows, pads)]),
+                 "attention_mask": torch.tensor([[1] * (width - n) + [0] * n for n in pads])}
     batch.pop("labels", None)  # the probe compares logits; labels would only add a loss
     return batch
 
@@ -203,8 +207,9 @@ def with_position_rows(batch: dict, rows: int) -> dict:
     validate.batch("batch", batch, need=("input_ids", "position_ids"))
     pos = batch["position_ids"]
     if pos.dim() != 2:
-        raise ValueError(f"batch['position_ids'] has {pos.dim()} dimensions, expected 2 — the rows are built from "
-                         "a collator's [batch, length] positions — pass the collator's batch unchanged.")
+        raise ValueError(f"batch['position_ids'] has {pos.dim()} dimensions, expected 2 — the rows are built "
+                         f"from a collator's [batch, length] positions — pass the collator's batch "
+                         f"unchanged.")
     return {**batch, "position_ids": pos[None].expand(rows, -1, -1).clone()}
 
 
@@ -244,15 +249,17 @@ def _recording_mask_positions(model, seen: list):
 def positions_seen(model, batch: dict) -> dict:
     """Run ``model(**batch, use_cache=False)`` once and return what it used for positions:
 
-    ``{"passed": the batch's position_ids, "rotary": what the (text) rotary embedding received,
-    "mask": what the causal-mask builder received (None: it built no packed mask from positions),
-    "mask_called": whether a mask builder ran at all, "logits": the output}``. The rotary row count says how the model read the
-    positions (1 = text, 3 = mRoPE's t/h/w rows); the mask entry says whether the boundaries reached attention.
+    ``{"passed": the batch's position_ids, "rotary": what the (text) rotary embedding received, "mask": what
+    the causal-mask builder received (None: it built no packed mask from positions), "mask_called": whether a
+    mask builder ran at all, "logits": the output}``. The rotary row count says how the model read the
+    positions (1 = text, 3 = mRoPE's t/h/w rows); the mask entry says whether the boundaries reached
+    attention.
     """
     validate.model("model", model)
     if not isinstance(batch, dict) or not isinstance(batch.get("input_ids"), torch.Tensor):
         raise ValueError("batch must be a dict with an 'input_ids' tensor — it is passed to the model as "
-                         "model(**batch) — pass a collator's output, e.g. pack(two_samples(V), 'flattening').")
+                         "model(**batch) — pass a collator's output, e.g. pack(two_samples(V), "
+                         "'flattening').")
     return _positions_seen(model, batch)
 
 
@@ -290,9 +297,9 @@ ROUND_OFF = 1e-4
 @dataclass
 class PackingLeak:
     """The two-sample probe's result: ``max_delta`` (max |Δlogit| of sample B packed vs B alone),
-    ``argmax_agreement`` (share of B's positions whose next-token argmax is unchanged), ``positions`` (what the
-    mask builder received: None = no packed mask was built from positions), ``raised`` (the error the packed
-    forward raised, or None), ``threshold`` (the leak threshold used: ROUND_OFF x the logit scale) and
+    ``argmax_agreement`` (share of B's positions whose next-token argmax is unchanged), ``positions`` (what
+    the mask builder received: None = no packed mask was built from positions), ``raised`` (the error the
+    packed forward raised, or None), ``threshold`` (the leak threshold used: ROUND_OFF x the logit scale) and
     ``verdict``: "clean", "leaks" or "raises"."""
 
     max_delta: float | None
@@ -397,7 +404,8 @@ def packing_frame(model_type: str, attn_implementation: str, collator: str):
 
 
 def packing_explorer():
-    """What if: architecture × attention implementation × collator → the probe, redrawn (one tiny model each)."""
+    """What if: architecture × attention implementation × collator → the probe, redrawn (one tiny model
+    each)."""
     from .viz import what_if
 
     return what_if(packing_frame, {"model_type": list(ARCHITECTURES), "attn_implementation": list(ATTENTION),
@@ -424,7 +432,8 @@ def tiny_vl_model(model_type: str = "qwen2_5_vl", *, seed: int = 0):
     else:
         vision["fullatt_block_indexes"] = [0]
     text = {k: v for k, v in _SHARED.items() if k != "initializer_range"}
-    config = AutoConfig.for_model(model_type, text_config=dict(text, rope_parameters=rope), vision_config=vision,
+    config = AutoConfig.for_model(model_type, text_config=dict(text, rope_parameters=rope),
+                                  vision_config=vision,
                                   image_token_id=250, video_token_id=251, vision_start_token_id=252,
                                   bos_token_id=None, eos_token_id=None, pad_token_id=None)
     config.text_config.initializer_range = config.initializer_range = _SHARED["initializer_range"]
@@ -432,3 +441,65 @@ def tiny_vl_model(model_type: str = "qwen2_5_vl", *, seed: int = 0):
         torch.manual_seed(seed)
         model = AutoModelForImageTextToText.from_config(config)
     return model.eval()
+
+
+# ------------------------------------------------------------------------------------------------
+# Showing the measurements: B's drift token by token, and the family table
+# ------------------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def drift_by_token(model, call: dict, b_ids) -> torch.Tensor:
+    """|Δlogit| (max over the vocabulary) of each token of sample ``b_ids``, the *last* sample of the packed
+    row in ``call``, against ``b_ids`` run alone; the call is made with ``use_cache=False``."""
+    validate.model("model", model)
+    b = torch.as_tensor(validate.token_ids("b_ids", b_ids)).reshape(1, -1)
+    if not isinstance(call, dict) or not isinstance(call.get("input_ids"), torch.Tensor):
+        raise ValueError("call must be the dict of tensors passed to the model (input_ids, position_ids…) — "
+                         "the helper runs model(**call, use_cache=False) — pass e.g. {'input_ids': ids, "
+                         "'position_ids': pos}.")
+    if b.shape[1] > call["input_ids"].shape[-1]:
+        raise ValueError(f"b_ids has {b.shape[1]} tokens but the packed row {call['input_ids'].shape[-1]} — B "
+                         "is the last sample of the row — pass the ids of the row's last sample.")
+    packed = model(**_on(model, call), use_cache=False).logits[0, -b.shape[1]:].float().cpu()
+    alone = model(input_ids=b.to(model.device), use_cache=False).logits[0].float().cpu()
+    return (packed - alone).abs().amax(-1)
+
+
+def plot_drift_by_token(curves: dict, threshold: float):
+    """One line per ``{name: drift_by_token(...)}``, on a log axis, with the leak ``threshold`` drawn."""
+    from .viz import figure
+
+    if not isinstance(curves, dict) or not curves:
+        raise ValueError("curves must be a non-empty dict {name: drift_by_token(...)} — one line each — pass "
+                         "e.g. {'course model': drift_by_token(model, call, b_ids)}.")
+    threshold = validate.number("threshold", threshold, positive=True, why="above it B saw sample A")
+    fig, ax = figure(7, 3.2)
+    for name, values in curves.items():
+        ax.plot(torch.as_tensor(values).clamp(min=1e-9), marker=".", lw=1, label=name)
+    ax.axhline(threshold, color="#d62828", ls="--", lw=1, label=f"leak threshold ({threshold:.0e})")
+    ax.set_yscale("log")
+    ax.set_ylim(1e-9, 100)
+    ax.set_xlabel("position in sample B (token index)")
+    ax.set_ylabel("max |Δlogit| vs B alone\n(0 drawn at 1e-9)")
+    ax.set_title("Sample B packed after sample A, against B alone", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def leak_table_text(table: dict, threshold: float = 1e-3) -> str:
+    """``{(family, attn, collator): max |Δlogit| or an error message}`` as rows of family × attention, one
+    column per collator ("ok", "LEAK" above ``threshold``, "raises" for an error)."""
+    if not isinstance(table, dict) or not table or not all(isinstance(k, tuple) and len(k) == 3 for k in table):
+        raise ValueError("table must map (family, attention, collator) to a drift or an error message — one "
+                         "cell each — build it as section 5 does.")
+    collators = list(dict.fromkeys(k[2] for k in table))
+    lines = [f"{'family':17} {'attn':6} " + " ".join(f"{c:>16}" for c in collators)]
+    for family, attn in dict.fromkeys(k[:2] for k in table):
+        cells = []
+        for c in collators:
+            value = table.get((family, attn, c))
+            cells.append("—" if value is None else "raises" if isinstance(value, str) else
+                         f"{value:.1e} {'LEAK' if value > threshold else 'ok'}")
+        lines.append(f"{family:17} {attn:6} " + " ".join(f"{c:>16}" for c in cells))
+    return "\n".join(lines)

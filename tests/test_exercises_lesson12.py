@@ -1,7 +1,7 @@
-"""Lesson 12's exercise graders (``course_utils.exercises.lesson12``): the tables of its checkers (the reference
-answer, a second correct answer, each known wrong answer with its misconception: ``tests/test_checkers.py`` runs
-them), the set-up generator covers every verdict with measured truth, shortcuts a learner has fail, and the
-graders refuse bad non-learner arguments."""
+"""Lesson 12's exercise graders (``course_utils.exercises.lesson12``): the tables of its checkers (the
+reference answer, a second correct answer, each known wrong answer with its misconception:
+``tests/test_checkers.py`` runs them), the set-up generator covers every verdict with measured truth,
+shortcuts a learner has fail, and the graders refuse bad non-learner arguments."""
 
 import json
 from pathlib import Path
@@ -15,6 +15,7 @@ from course_utils.exercises import lesson12 as L
 from course_utils.exercises.answers import lesson12
 
 ROOT = Path(__file__).resolve().parent.parent
+COPY = ROOT / "notebooks" / "12_packing_new_architectures.ipynb"
 
 # =================================================================================================
 # Answers: a second correct one per checker, and the wrong ones (each docstring names its misconception)
@@ -91,7 +92,8 @@ def _every_vl_leaks(setup):
 
 
 def _hybrids_always_raise(setup):
-    """Misconception: transformers refuses every packed batch of a hybrid (it refuses only boundary metadata)."""
+    """Misconception: transformers refuses every packed batch of a hybrid (it refuses only boundary
+    metadata)."""
     truth = lesson12.setup_verdict(setup)
     return Diagnosis("raises") if truth.cause == "leaks" and "seq_idx" not in setup["batch"] and \
         setup["model"].config.model_type in ("qwen3_5_text", "granitemoehybrid", "falcon_h1") else truth
@@ -149,17 +151,18 @@ def test_setups_cover_every_verdict_and_the_truth_is_measured():
 
 def test_the_public_setup_is_the_artefact_only_and_the_graded_stream_is_apart():
     shown = L.packing_setup(3)
-    assert set(shown) == {"model", "features", "batch"} and not any(isinstance(v, Diagnosis) for v in shown.values())
+    assert set(shown) == {"model", "features", "batch"}
+    assert not any(isinstance(v, Diagnosis) for v in shown.values())
     graded_case = lesson12.setup_case(3, graded=True)[0]
     assert shown["features"] != graded_case["features"], "drawn apart"
     assert not hasattr(L, "setup_case") and not hasattr(L, "probe_case"), "the truth lives with the answers"
 
 
 def test_probe_cases_are_families_the_notebook_does_not_show():
-    cells = json.loads((ROOT / "notebooks" / "12_packing_new_architectures.ipynb").read_text(encoding="utf-8"))["cells"]
+    cells = json.loads(COPY.read_text(encoding="utf-8"))["cells"]
     code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     for family, _ in lesson12.PROBE_ARCHITECTURES:
-        assert f'"{family}"' not in code, f"{family} is shown in the notebook: exercise 1 grades unseen families"
+        assert f'"{family}"' not in code, f"{family} is in the notebook: exercise 1 grades unseen families"
 
 
 # =================================================================================================
@@ -221,7 +224,7 @@ def test_each_shortcut_fails_the_checker(exercise, description, function, capsys
 def test_the_probe_helpers_are_out_of_the_exercises_reach():
     """Before exercise 2 ends, the copy neither imports nor names the finished probe (packing_leak,
     trl_packing_raises): they are the doctor's, introduced in an optional section after the exercises."""
-    cells = json.loads((ROOT / "notebooks" / "12_packing_new_architectures.ipynb").read_text(encoding="utf-8"))["cells"]
+    cells = json.loads(COPY.read_text(encoding="utf-8"))["cells"]
     text = ["".join(c["source"]) for c in cells]
     exercise_2_check = next(i for i, t in enumerate(text) if "check_packing_verdict(verdict)" in t)
     before = "\n".join(text[:exercise_2_check + 1])

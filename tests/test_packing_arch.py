@@ -1,6 +1,7 @@
-"""Lesson 12's helpers (``course_utils.packing_arch``): the tiny models build offline, the collators are the real
-ones, ``positions_seen`` reports what the model used, and the probe the doctor will call (``packing_leak``,
-``trl_packing_raises``) is right on healthy and leaking set-ups, fast; bad input is refused with what/why/fix."""
+"""Lesson 12's helpers (``course_utils.packing_arch``): the tiny models build offline, the collators are the
+real ones, ``positions_seen`` reports what the model used, and the probe the doctor will call
+(``packing_leak``, ``trl_packing_raises``) is right on healthy and leaking set-ups, fast; bad input is refused
+with what/why/fix."""
 
 import pytest
 import torch
@@ -56,7 +57,9 @@ def test_course_weights_in_qwen2_5_vl_are_identical_alone_and_leak_packed(course
     vl = P.in_qwen2_5_vl(model)
     ids = torch.tensor([P.two_samples(model.config.vocab_size)[1]["input_ids"]])
     with torch.no_grad():
-        assert torch.equal(model(input_ids=ids, use_cache=False).logits, vl(input_ids=ids, use_cache=False).logits)
+        alone, wrapped = (m(input_ids=ids, use_cache=False).logits for m in (model, vl))
+        same = torch.equal(alone, wrapped)
+    assert same, "identical alone"
     assert P.packing_leak(model, "trl").verdict == "clean"
     assert P.packing_leak(vl, "trl").verdict == "leaks"
     seen = P.positions_seen(vl, P.pack(P.two_samples(model.config.vocab_size), "flattening"))
@@ -70,7 +73,8 @@ def test_the_llama_course_model_fits_qwen2_5_vl_too():
     vl = P.in_qwen2_5_vl(llama)
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     with torch.no_grad():
-        gap = (llama(input_ids=ids, use_cache=False).logits - vl(input_ids=ids, use_cache=False).logits).abs().max()
+        gap = (llama(input_ids=ids, use_cache=False).logits - vl(input_ids=ids, use_cache=False).logits)
+    gap = gap.abs().max()
     assert gap < 1e-5
 
 

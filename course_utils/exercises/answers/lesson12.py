@@ -19,13 +19,16 @@ PROBE_ARCHITECTURES = (("mistral", "sdpa"), ("olmo2", "eager"), ("mpt", "eager")
                        ("falcon_h1", "eager"), ("granitemoehybrid", "sdpa"), ("qwen3_5_text", "eager"))
 
 # Exercise 2's set-ups: (family, attention implementation, collator, mRoPE rows). Look-alikes on purpose: the
-# same family clean unpacked and leaking packed, Qwen2.5-VL clean with 4 rows and leaking with 2 or 3, Qwen3-VL
-# the other way round for 2-D positions, hybrids leaking with position_ids only and raising with metadata.
+# same family clean unpacked and leaking packed, Qwen2.5-VL clean with 4 rows and leaking with 2 or 3,
+# Qwen3-VL the other way round for 2-D positions, hybrids leaking with position_ids only and raising with
+# metadata.
 SETUPS = (
-    ("mistral", "sdpa", "flattening", None), ("olmo2", "eager", "trl", None), ("qwen2_5_vl", "sdpa", "padded", None),
-    ("qwen2_5_vl", "sdpa", "trl", 4), ("qwen3_vl", "sdpa", "flattening", None), ("mpt", "eager", "padded", None),
+    ("mistral", "sdpa", "flattening", None), ("olmo2", "eager", "trl", None),
+    ("qwen2_5_vl", "sdpa", "padded", None), ("qwen2_5_vl", "sdpa", "trl", 4),
+    ("qwen3_vl", "sdpa", "flattening", None), ("mpt", "eager", "padded", None),
     ("falcon_h1", "sdpa", "padded", None),
-    ("mpt", "eager", "trl", None), ("afmoe", "sdpa", "flattening", None), ("qwen2_5_vl", "sdpa", "flattening", None),
+    ("mpt", "eager", "trl", None), ("afmoe", "sdpa", "flattening", None),
+    ("qwen2_5_vl", "sdpa", "flattening", None),
     ("qwen3_vl", "sdpa", "trl", 3), ("falcon_h1", "eager", "flattening", None),
     ("granitemoehybrid", "sdpa", "flattening", None), ("qwen3_5_text", "sdpa", "flattening", None),
     ("qwen3_5_text", "eager", "trl", None), ("granitemoehybrid", "eager", "trl", None),
@@ -66,10 +69,10 @@ def packed_b_drift(model, a: list[int], b: list[int]) -> float:
 
 
 def setup_case(seed: int, graded: bool = True) -> tuple[dict, Diagnosis]:
-    """Exercise 2's set-up of ``seed`` and its measured verdict. ``graded`` picks the stream: the shown and the
-    graded set-ups draw their weights and samples apart. The artefact: ``model`` (a tiny random model of the
-    family), ``features`` (samples A and B, as token-id dicts) and ``batch`` (what the collator built, as the
-    trainer would pass it; mRoPE positions already in their rows)."""
+    """Exercise 2's set-up of ``seed`` and its measured verdict. ``graded`` picks the stream: the shown and
+    the graded set-ups draw their weights and samples apart. The artefact: ``model`` (a tiny random model of
+    the family), ``features`` (samples A and B, as token-id dicts) and ``batch`` (what the collator built, as
+    the trainer would pass it; mRoPE positions already in their rows)."""
     rng = random.Random(f"{'graded' if graded else 'shown'}-setup-{seed}")
     family, attn, collator, rows = SETUPS[seed % len(SETUPS)]
     model = _model(family, attn, rng.randrange(10_000))
@@ -78,7 +81,8 @@ def setup_case(seed: int, graded: bool = True) -> tuple[dict, Diagnosis]:
     if rows is not None:
         batch = with_position_rows(batch, rows)
     truth = _probe(model, batch, [len(a), len(b)], collator).verdict
-    return {"model": model, "features": [{"input_ids": a}, {"input_ids": b}], "batch": batch}, Diagnosis(truth)
+    artefact = {"model": model, "features": [{"input_ids": a}, {"input_ids": b}], "batch": batch}
+    return artefact, Diagnosis(truth)
 
 
 @torch.no_grad()
