@@ -458,8 +458,8 @@ def drift_by_token(model, call: dict, b_ids) -> torch.Tensor:
                          "the helper runs model(**call, use_cache=False) — pass e.g. {'input_ids': ids, "
                          "'position_ids': pos}.")
     if b.shape[1] > call["input_ids"].shape[-1]:
-        raise ValueError(f"b_ids has {b.shape[1]} tokens but the packed row {call['input_ids'].shape[-1]} — B "
-                         "is the last sample of the row — pass the ids of the row's last sample.")
+        raise ValueError(f"b_ids has {b.shape[1]} tokens but the packed row {call['input_ids'].shape[-1]} — "
+                         "B is the last sample of the row — pass the ids of the row's last sample.")
     packed = model(**_on(model, call), use_cache=False).logits[0, -b.shape[1]:].float().cpu()
     alone = model(input_ids=b.to(model.device), use_cache=False).logits[0].float().cpu()
     return (packed - alone).abs().amax(-1)
@@ -490,7 +490,8 @@ def plot_drift_by_token(curves: dict, threshold: float):
 def leak_table_text(table: dict, threshold: float = 1e-3) -> str:
     """``{(family, attn, collator): max |Δlogit| or an error message}`` as rows of family × attention, one
     column per collator ("ok", "LEAK" above ``threshold``, "raises" for an error)."""
-    if not isinstance(table, dict) or not table or not all(isinstance(k, tuple) and len(k) == 3 for k in table):
+    if not isinstance(table, dict) or not table or not all(isinstance(k, tuple) and len(k) == 3
+                                                           for k in table):
         raise ValueError("table must map (family, attention, collator) to a drift or an error message — one "
                          "cell each — build it as section 5 does.")
     collators = list(dict.fromkeys(k[2] for k in table))
