@@ -467,13 +467,14 @@ def drift_by_token(model, call: dict, b_ids) -> torch.Tensor:
 
 def plot_drift_by_token(curves: dict, threshold: float):
     """One line per ``{name: drift_by_token(...)}``, on a log axis, with the leak ``threshold`` drawn."""
-    from .viz import figure
+    # Deferred: pyplot picks a backend when imported (in a notebook: inline, which shows the figure)
+    import matplotlib.pyplot as plt
 
     if not isinstance(curves, dict) or not curves:
         raise ValueError("curves must be a non-empty dict {name: drift_by_token(...)} — one line each — pass "
                          "e.g. {'course model': drift_by_token(model, call, b_ids)}.")
     threshold = validate.number("threshold", threshold, positive=True, why="above it B saw sample A")
-    fig, ax = figure(7, 3.2)
+    fig, ax = plt.subplots(figsize=(7, 3.2))
     for name, values in curves.items():
         ax.plot(torch.as_tensor(values).clamp(min=1e-9), marker=".", lw=1, label=name)
     ax.axhline(threshold, color="#d62828", ls="--", lw=1, label=f"leak threshold ({threshold:.0e})")
@@ -484,6 +485,7 @@ def plot_drift_by_token(curves: dict, threshold: float):
     ax.set_title("Sample B packed after sample A, against B alone", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
+    fig.tight_layout()
     return fig
 
 
