@@ -83,10 +83,14 @@ def tiny_config(model_type: str, **overrides):
     return AutoConfig.for_model(model_type, **{**_SMALL, **FAMILIES[model_type], **overrides})
 
 
-def tiny_model(model_type: str, *, seed: int = 0, meta: bool = False, **overrides):
-    """A tiny random ``AutoModelForCausalLM`` of ``model_type`` (``meta=True``: no memory, no weights)."""
+def tiny_model(model_type: str, *, seed: int = 0, meta: bool = False, tokenizer=None, **overrides):
+    """A tiny random ``AutoModelForCausalLM`` of ``model_type`` (``meta=True``: no memory, no weights).
+    ``tokenizer``: size the vocabulary and set pad/eos ids for it (to train on the course's chats)."""
     from transformers import AutoModelForCausalLM
 
+    if tokenizer is not None:
+        overrides = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
+                     "eos_token_id": tokenizer.eos_token_id, "bos_token_id": None, **overrides}
     config = tiny_config(model_type, **overrides)
     if meta:
         with torch.device("meta"):
@@ -208,9 +212,14 @@ def lora_coverage(peft_model) -> dict[str, dict]:
     return table
 
 
-def frozen_groups(table: dict) -> list[str]:
-    """The groups of a coverage table that have weights but no adapter, in ``GROUPS`` order."""
-    return [g for g in GROUPS if g in table and table[g]["tensors"] and not table[g]["adapted"]]
+def frozen_groups(table: dict, *, include_router: bool = False) -> list[str]:
+    """The groups of a coverage table that have weights but no adapter, in ``GROUPS`` order. The router is
+    left out unless asked for: recipes often keep it frozen on purpose (the load balance it learned)."""
+    if not isinstance(table, dict):
+        raise TypeError(f"table must be a coverage table (a dict), got {type(table).__name__} — from lora_coverage() "
+                        "or adapter_coverage()['table'].")
+    return [g for g in GROUPS if g in table and table[g]["tensors"] and not table[g]["adapted"]
+            and (include_router or g != "router")]
 
 
 def format_table(table: dict) -> str:
@@ -270,7 +279,7 @@ def adapter_coverage(model_or_config, lora_config) -> dict:
                  if before[key] != after[key] and not (key == "target_modules" and isinstance(before[key], str)
                                                        and not after.get("target_parameters"))}
     table = lora_coverage(peft_model)
-    return {"table": table, "frozen": frozen_groups(table), "rewritten": rewritten, "error": None}
+    return {"table": table, "frozen": frozen_groups(table, include_router=True), "rewritten": rewritten, "error": None}
 
 
 def gradient_by_group(peft_model, input_ids: torch.Tensor) -> dict[str, dict]:
@@ -302,6 +311,34 @@ def gradient_by_group(peft_model, input_ids: torch.Tensor) -> dict[str, dict]:
         row["with_grad"] += any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in params)
     peft_model.zero_grad(set_to_none=True)
     return {g: out[g] for g in GROUPS if g in out}
+
+
+def weights_by_group(model) -> dict[str, torch.Tensor]:
+    """``{tensor name: a detached copy}`` of every grouped weight — take it before training, then compare
+    with ``weight_change_by_group`` after merging."""
+    groups = module_groups(model)
+    return {name: p.detach().clone() for name, p in _base_of(model).named_parameters() if name in groups}
+
+
+def weight_change_by_group(before: dict, model) -> dict[str, float]:
+    """``{group: max |Δweight|}`` between ``before`` (``weights_by_group`` of the untrained model) and
+    ``model`` (a merged model, or a PeftModel, which is merged in a copy): what training moved, per group."""
+    if not isinstance(before, dict) or not before:
+        raise ValueError("before must be weights_by_group(model) taken before training — it is the reference the "
+                         "change is measured from — call it on the base model first.")
+    if hasattr(model, "peft_config"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = copy.deepcopy(model).merge_and_unload()
+    groups, current = module_groups(model), dict(model.named_parameters())
+    change: dict[str, float] = {}
+    for name, old in before.items():
+        group = groups.get(name)
+        if group is None or name not in current:
+            continue
+        delta = float((current[name].detach() - old).abs().max())
+        change[group] = max(change.get(group, 0.0), delta)
+    return {g: change[g] for g in GROUPS if g in change}
 
 
 def lora_config_as_trl_builds(fields):
