@@ -232,9 +232,10 @@ def format_table(table: dict) -> str:
 
 
 def _as_set(value) -> set | str | None:
+    """A target list as a set (None for none at all: peft's remap turns None into an empty set)."""
     if value is None or isinstance(value, str):
         return value
-    return set(value)
+    return set(value) or None
 
 
 def adapter_coverage(model_or_config, lora_config) -> dict:
