@@ -53,7 +53,7 @@ _DELTANET = dict(num_hidden_layers=4, linear_num_value_heads=4, linear_num_key_h
 FAMILIES = {
     "qwen3_moe": dict(num_experts=4, **_EXPERTS),
     "olmoe": dict(num_experts=4, num_experts_per_tok=2),
-    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, layer_types=["sliding_attention", "full_attention"]),
+    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, layer_types=None),   # None: derived from the depth
     "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2),
     "qwen2_moe": dict(num_experts=4, shared_expert_intermediate_size=24, **_EXPERTS),
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
