@@ -44,30 +44,66 @@ GROUPS = ("attention", "linear_mixer", "router", "routed_experts", "shared_exper
 TUTORIAL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 EXPERT_PARAMETERS = ["experts.gate_up_proj", "experts.down_proj"]  # the fused 3-D expert weights
 
-_SMALL = dict(vocab_size=256, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=8, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+_SMALL = dict(
+    vocab_size=256,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 _EXPERTS = dict(num_experts_per_tok=2, moe_intermediate_size=16)
-_DELTANET = dict(num_hidden_layers=4, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
-                 linear_value_head_dim=8)
+_DELTANET = dict(
+    num_hidden_layers=4,
+    linear_num_value_heads=4,
+    linear_num_key_heads=2,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+)
 # Tiny configs of the families the lesson measures: each one's own field names for the expert count etc.
 FAMILIES = {
     "qwen3_moe": dict(num_experts=4, **_EXPERTS),
     "olmoe": dict(num_experts=4, num_experts_per_tok=2),
-    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, layer_types=None),   # None: derived from the depth
+    "gpt_oss": dict(
+        num_local_experts=4, num_experts_per_tok=2, layer_types=None
+    ),  # None: derived from the depth
     "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2),
     "qwen2_moe": dict(num_experts=4, shared_expert_intermediate_size=24, **_EXPERTS),
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
-    "glm4_moe": dict(n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
-                     **_EXPERTS),
-    "deepseek_v3": dict(n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
-                        q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
-                        **_EXPERTS),
+    "glm4_moe": dict(
+        n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, **_EXPERTS
+    ),
+    "deepseek_v3": dict(
+        n_routed_experts=4,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+        q_lora_rank=16,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=16,
+        **_EXPERTS,
+    ),
     "qwen3_5_text": dict(_DELTANET),
     "qwen3_5_moe_text": dict(num_experts=4, shared_expert_intermediate_size=24, **_EXPERTS, **_DELTANET),
-    "qwen3_next": dict(num_experts=4, shared_expert_intermediate_size=24, **_EXPERTS, **_DELTANET,
-                       linear_conv_kernel_dim=4),
-    "nemotron_h": dict(mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=8, n_groups=1, n_routed_experts=4,
-                       moe_shared_expert_intermediate_size=16, **_EXPERTS),
+    "qwen3_next": dict(
+        num_experts=4, shared_expert_intermediate_size=24, **_EXPERTS, **_DELTANET, linear_conv_kernel_dim=4
+    ),
+    "nemotron_h": dict(
+        mamba_num_heads=4,
+        mamba_head_dim=8,
+        ssm_state_size=8,
+        n_groups=1,
+        n_routed_experts=4,
+        moe_shared_expert_intermediate_size=16,
+        **_EXPERTS,
+    ),
 }
 # the class-name markers of the token mixers that are not softmax attention
 _LINEAR_MIXER = re.compile(r"GatedDeltaNet|Mamba|LinearAttention|ShortConv|DeltaNet|Lightning", re.I)
@@ -78,8 +114,10 @@ def tiny_config(model_type: str, **overrides):
     from transformers import AutoConfig
 
     if model_type not in FAMILIES:
-        raise ValueError(f"no tiny config for model_type {model_type!r} — the lesson measures {sorted(FAMILIES)} — "
-                         "pick one of those, or build your own with transformers.AutoConfig.for_model(...).")
+        raise ValueError(
+            f"no tiny config for model_type {model_type!r} — the lesson measures {sorted(FAMILIES)} — "
+            "pick one of those, or build your own with transformers.AutoConfig.for_model(...)."
+        )
     return AutoConfig.for_model(model_type, **{**_SMALL, **FAMILIES[model_type], **overrides})
 
 
@@ -89,8 +127,13 @@ def tiny_model(model_type: str, *, seed: int = 0, meta: bool = False, tokenizer=
     from transformers import AutoModelForCausalLM
 
     if tokenizer is not None:
-        overrides = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
-                     "eos_token_id": tokenizer.eos_token_id, "bos_token_id": None, **overrides}
+        overrides = {
+            "vocab_size": len(tokenizer),
+            "pad_token_id": tokenizer.pad_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "bos_token_id": None,
+            **overrides,
+        }
     config = tiny_config(model_type, **overrides)
     if meta:
         with torch.device("meta"):
@@ -129,7 +172,7 @@ def _group(path: str, chain: list) -> str | None:
     """The group of a tensor from its module path and its owners' class names (nearest first)."""
     parts = path.split(".")
     if "shared_expert_gate" in parts:
-        return "router"           # Qwen's scalar gate in front of the shared expert: a routing weight
+        return "router"  # Qwen's scalar gate in front of the shared expert: a routing weight
     if any(p.startswith("shared_expert") for p in parts):
         return "shared_experts"
     for module in chain:
@@ -142,9 +185,9 @@ def _group(path: str, chain: list) -> str | None:
             return "linear_mixer"
         if "Attention" in name:
             return "attention"
-        if "MLP" in name or "FeedForward" in name:   # before the MoE test: Glm4MoeMLP is a dense MLP
+        if "MLP" in name or "FeedForward" in name:  # before the MoE test: Glm4MoeMLP is a dense MLP
             return "dense_mlp"
-        if "MoE" in name or "Moe" in name:   # a MoE block's own Linear (the router in older layouts)
+        if "MoE" in name or "Moe" in name:  # a MoE block's own Linear (the router in older layouts)
             return "router" if parts[-2] in ("gate", "router") else None
     return None
 
@@ -154,8 +197,10 @@ def module_groups(model) -> dict[str, str]:
     (embeddings, the head, norms and convolutions are left out). Names are the plain model's, also when
     ``model`` is a PeftModel (its ``base_layer`` wrappers are looked through)."""
     if not _is_model(model):
-        raise TypeError(f"module_groups needs a transformers model, got {type(model).__name__} — it reads the "
-                        "module tree — pass AutoModelForCausalLM.from_config(config) or a PeftModel.")
+        raise TypeError(
+            f"module_groups needs a transformers model, got {type(model).__name__} — it reads the "
+            "module tree — pass AutoModelForCausalLM.from_config(config) or a PeftModel."
+        )
     base = _base_of(model)
     modules = dict(base.named_modules())
     groups = {}
@@ -165,7 +210,7 @@ def module_groups(model) -> dict[str, str]:
         owner_path, _, _ = name.rpartition(".")
         chain = []
         path = owner_path
-        while True:          # the owning module, then its parents up to the model
+        while True:  # the owning module, then its parents up to the model
             chain.append(modules[path])
             if not path:
                 break
@@ -186,10 +231,16 @@ def _adapted(peft_model) -> dict[str, int]:
     for path, module in _base_of(peft_model).named_modules():
         if not isinstance(module, LoraLayer):
             continue
-        target = getattr(module, "parameter_name", None)   # a ParamWrapper (target_parameters) names its tensor
+        target = getattr(
+            module, "parameter_name", None
+        )  # a ParamWrapper (target_parameters) names its tensor
         name = _clean(f"{path}.{target}" if target else f"{path}.weight")
-        numel = sum(p.numel() for key in ("lora_A", "lora_B") for p in getattr(module, key).parameters()
-                    if p.requires_grad)
+        numel = sum(
+            p.numel()
+            for key in ("lora_A", "lora_B")
+            for p in getattr(module, key).parameters()
+            if p.requires_grad
+        )
         if numel:
             out[name] = out.get(name, 0) + numel
     return out
@@ -200,15 +251,20 @@ def lora_coverage(peft_model) -> dict[str, dict]:
     "adapted": how many carry a trainable LoRA, "lora_params": trainable LoRA parameters}}``, for the groups
     the model has. ``print_trainable_parameters()`` gives one total; this says where it sits."""
     if not hasattr(peft_model, "peft_config"):
-        raise TypeError(f"lora_coverage needs a PeftModel, got {type(peft_model).__name__} — it reads the LoRA "
-                        "layers — wrap the model first: peft.get_peft_model(model, LoraConfig(...)).")
+        raise TypeError(
+            f"lora_coverage needs a PeftModel, got {type(peft_model).__name__} — it reads the LoRA "
+            "layers — wrap the model first: peft.get_peft_model(model, LoraConfig(...))."
+        )
     groups, adapted = module_groups(peft_model), _adapted(peft_model)
     table = {}
     for group in GROUPS:
         names = [n for n, g in groups.items() if g == group]
         if names:
-            table[group] = {"tensors": len(names), "adapted": sum(n in adapted for n in names),
-                            "lora_params": sum(adapted.get(n, 0) for n in names)}
+            table[group] = {
+                "tensors": len(names),
+                "adapted": sum(n in adapted for n in names),
+                "lora_params": sum(adapted.get(n, 0) for n in names),
+            }
     return table
 
 
@@ -216,10 +272,18 @@ def frozen_groups(table: dict, *, include_router: bool = False) -> list[str]:
     """The groups of a coverage table that have weights but no adapter, in ``GROUPS`` order. The router is
     left out unless asked for: recipes often keep it frozen on purpose (the load balance it learned)."""
     if not isinstance(table, dict):
-        raise TypeError(f"table must be a coverage table (a dict), got {type(table).__name__} — from lora_coverage() "
-                        "or adapter_coverage()['table'].")
-    return [g for g in GROUPS if g in table and table[g]["tensors"] and not table[g]["adapted"]
-            and (include_router or g != "router")]
+        raise TypeError(
+            f"table must be a coverage table (a dict), got {type(table).__name__} — from lora_coverage() "
+            "or adapter_coverage()['table']."
+        )
+    return [
+        g
+        for g in GROUPS
+        if g in table
+        and table[g]["tensors"]
+        and not table[g]["adapted"]
+        and (include_router or g != "router")
+    ]
 
 
 def format_table(table: dict) -> str:
@@ -227,7 +291,9 @@ def format_table(table: dict) -> str:
     lines = [f"{'group':16s} {'adapted':>9s} {'LoRA params':>12s}"]
     for group, row in table.items():
         flag = "  <- no adapter" if row["tensors"] and not row["adapted"] else ""
-        lines.append(f"{group:16s} {row['adapted']:>4d}/{row['tensors']:<4d} {row['lora_params']:>12,d}{flag}")
+        lines.append(
+            f"{group:16s} {row['adapted']:>4d}/{row['tensors']:<4d} {row['lora_params']:>12,d}{flag}"
+        )
     return "\n".join(lines)
 
 
@@ -251,36 +317,58 @@ def adapter_coverage(model_or_config, lora_config) -> dict:
     from transformers import AutoModelForCausalLM, PretrainedConfig
 
     if not isinstance(lora_config, LoraConfig):
-        raise TypeError(f"lora_config must be a peft.LoraConfig, got {type(lora_config).__name__} — the table is "
-                        "what peft builds from it — build one, or lora_config_as_trl_builds(fields) for trl sft's.")
+        raise TypeError(
+            f"lora_config must be a peft.LoraConfig, got {type(lora_config).__name__} — the table is "
+            "what peft builds from it — build one, or lora_config_as_trl_builds(fields) for trl sft's."
+        )
     if isinstance(model_or_config, PretrainedConfig):
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(model_or_config)
     elif _is_model(model_or_config) and not hasattr(model_or_config, "peft_config"):
-        model = copy.deepcopy(model_or_config) if next(model_or_config.parameters()).device.type != "meta" \
+        model = (
+            copy.deepcopy(model_or_config)
+            if next(model_or_config.parameters()).device.type != "meta"
             else model_or_config
+        )
         if next(model.parameters()).device.type != "meta":
-            model = model.to("meta")   # a meta copy: the table needs the module tree only
+            model = model.to("meta")  # a meta copy: the table needs the module tree only
     else:
-        raise TypeError(f"model_or_config must be a transformers model (not yet wrapped by peft) or its config, "
-                        f"got {type(model_or_config).__name__} — pass AutoConfig.from_pretrained(name) to load "
-                        "nothing but the config.")
+        raise TypeError(
+            f"model_or_config must be a transformers model (not yet wrapped by peft) or its config, "
+            f"got {type(model_or_config).__name__} — pass AutoConfig.from_pretrained(name) to load "
+            "nothing but the config."
+        )
     config = copy.deepcopy(lora_config)
-    before = {"target_modules": _as_set(config.target_modules), "target_parameters": _as_set(config.target_parameters)}
+    before = {
+        "target_modules": _as_set(config.target_modules),
+        "target_parameters": _as_set(config.target_parameters),
+    }
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")      # peft's notices are not the table
+            warnings.simplefilter("ignore")  # peft's notices are not the table
             peft_model = get_peft_model(model, config)
     except ValueError as exc:
         return {"table": {}, "frozen": [], "rewritten": {}, "error": str(exc)}
     after_config = peft_model.peft_config["default"]
-    after = {"target_modules": _as_set(after_config.target_modules),
-             "target_parameters": _as_set(after_config.target_parameters)}
-    rewritten = {key: (before[key], after[key]) for key in before
-                 if before[key] != after[key] and not (key == "target_modules" and isinstance(before[key], str)
-                                                       and not after.get("target_parameters"))}
+    after = {
+        "target_modules": _as_set(after_config.target_modules),
+        "target_parameters": _as_set(after_config.target_parameters),
+    }
+    rewritten = {
+        key: (before[key], after[key])
+        for key in before
+        if before[key] != after[key]
+        and not (
+            key == "target_modules" and isinstance(before[key], str) and not after.get("target_parameters")
+        )
+    }
     table = lora_coverage(peft_model)
-    return {"table": table, "frozen": frozen_groups(table, include_router=True), "rewritten": rewritten, "error": None}
+    return {
+        "table": table,
+        "frozen": frozen_groups(table, include_router=True),
+        "rewritten": rewritten,
+        "error": None,
+    }
 
 
 def gradient_by_group(peft_model, input_ids: torch.Tensor) -> dict[str, dict]:
@@ -290,11 +378,18 @@ def gradient_by_group(peft_model, input_ids: torch.Tensor) -> dict[str, dict]:
     from peft.tuners.lora import LoraLayer
 
     if not hasattr(peft_model, "peft_config"):
-        raise TypeError(f"gradient_by_group needs a PeftModel, got {type(peft_model).__name__} — it reads the "
-                        "LoRA layers' gradients — wrap the model with peft.get_peft_model first.")
-    if not (isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and not input_ids.is_floating_point()):
-        raise ValueError(f"input_ids must be a 2-D integer tensor (batch, tokens), got {getattr(input_ids, 'shape', input_ids)!r}"
-                         " — it is fed to the model — e.g. torch.randint(vocab_size, (2, 16)).")
+        raise TypeError(
+            f"gradient_by_group needs a PeftModel, got {type(peft_model).__name__} — it reads the "
+            "LoRA layers' gradients — wrap the model with peft.get_peft_model first."
+        )
+    if not (
+        isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and not input_ids.is_floating_point()
+    ):
+        raise ValueError(
+            f"input_ids must be a 2-D integer tensor (batch, tokens), "
+            f"got {getattr(input_ids, 'shape', input_ids)!r}"
+            " — it is fed to the model — e.g. torch.randint(vocab_size, (2, 16))."
+        )
     groups = module_groups(peft_model)
     peft_model.zero_grad(set_to_none=True)
     peft_model(input_ids=input_ids, labels=input_ids).loss.backward()
@@ -304,7 +399,9 @@ def gradient_by_group(peft_model, input_ids: torch.Tensor) -> dict[str, dict]:
             continue
         target = getattr(module, "parameter_name", None)
         group = groups.get(_clean(f"{path}.{target}" if target else f"{path}.weight"))
-        params = [p for key in ("lora_A", "lora_B") for p in getattr(module, key).parameters() if p.requires_grad]
+        params = [
+            p for key in ("lora_A", "lora_B") for p in getattr(module, key).parameters() if p.requires_grad
+        ]
         if group is None or not params:
             continue
         row = out.setdefault(group, {"adapted": 0, "with_grad": 0})
@@ -325,8 +422,10 @@ def weight_change_by_group(before: dict, model) -> dict[str, float]:
     """``{group: max |Δweight|}`` between ``before`` (``weights_by_group`` of the untrained model) and
     ``model`` (a merged model, or a PeftModel, which is merged in a copy): what training moved, per group."""
     if not isinstance(before, dict) or not before:
-        raise ValueError("before must be weights_by_group(model) taken before training — it is the reference the "
-                         "change is measured from — call it on the base model first.")
+        raise ValueError(
+            "before must be weights_by_group(model) taken before training — it is the reference the "
+            "change is measured from — call it on the base model first."
+        )
     if hasattr(model, "peft_config"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -358,16 +457,22 @@ def lora_config_as_trl_builds(fields):
     elif isinstance(fields, dict) or hasattr(fields, "__dict__"):
         values = dict(fields) if isinstance(fields, dict) else vars(fields)
         known = ModelConfig.__dataclass_fields__
-        wanted = {k: v for k, v in values.items() if k in known and (k.startswith("lora_") or k in ("use_peft",
-                                                                                                  "use_rslora", "use_dora"))}
+        wanted = {
+            k: v
+            for k, v in values.items()
+            if k in known and (k.startswith("lora_") or k in ("use_peft", "use_rslora", "use_dora"))
+        }
         model_args = ModelConfig(**wanted)
     else:
-        raise TypeError(f"fields must be a dict of trl sft settings or a trl.ModelConfig, got {type(fields).__name__}"
-                        " — e.g. {'use_peft': True, 'lora_target_modules': ['q_proj', 'v_proj']}.")
+        raise TypeError(
+            f"fields must be a dict of trl sft settings or a trl.ModelConfig, got {type(fields).__name__}"
+            " — e.g. {'use_peft': True, 'lora_target_modules': ['q_proj', 'v_proj']}."
+        )
     return get_peft_config(model_args)
 
 
 # --- the saved adapter -------------------------------------------------------------------------------------
+
 
 def adapter_layout(adapter_dir) -> dict:
     """What a saved adapter holds: ``{"target_modules", "target_parameters", "rank_pattern": from
@@ -376,24 +481,33 @@ def adapter_layout(adapter_dir) -> dict:
 
     path = Path(adapter_dir)
     if not (path / "adapter_config.json").is_file() or not (path / "adapter_model.safetensors").is_file():
-        raise ValueError(f"{adapter_dir!s} is not a saved peft adapter — adapter_layout reads adapter_config.json and "
-                         "adapter_model.safetensors — pass the directory PeftModel.save_pretrained wrote.")
+        raise ValueError(
+            f"{adapter_dir!s} is not a saved peft adapter — adapter_layout reads adapter_config.json and "
+            "adapter_model.safetensors — pass the directory PeftModel.save_pretrained wrote."
+        )
     config = json.loads((path / "adapter_config.json").read_text())
     with safe_open(str(path / "adapter_model.safetensors"), "pt") as f:
         tensors = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
-    return {"target_modules": config.get("target_modules"), "target_parameters": config.get("target_parameters"),
-            "rank_pattern": config.get("rank_pattern") or {}, "tensors": tensors}
+    return {
+        "target_modules": config.get("target_modules"),
+        "target_parameters": config.get("target_parameters"),
+        "rank_pattern": config.get("rank_pattern") or {},
+        "tensors": tensors,
+    }
 
 
 def drop_tensors(adapter_dir, out_dir, contains: str) -> list[str]:
     """Copy an adapter, leaving out every tensor whose name contains ``contains`` and those targets from
-    ``target_parameters``: the adapter as a loader that cannot map them serves it. Returns the dropped names."""
+    ``target_parameters``: the adapter as a loader that cannot map them serves it. Returns the dropped
+    names."""
     from safetensors.torch import load_file, save_file
 
-    layout = adapter_layout(adapter_dir)   # validates the directory
+    layout = adapter_layout(adapter_dir)  # validates the directory
     if not isinstance(contains, str) or not contains:
-        raise ValueError(f"contains must be a non-empty string, got {contains!r} — it selects tensor names — "
-                         "e.g. 'experts'.")
+        raise ValueError(
+            f"contains must be a non-empty string, got {contains!r} — it selects tensor names — "
+            "e.g. 'experts'."
+        )
     out = Path(out_dir)
     shutil.copytree(adapter_dir, out, dirs_exist_ok=True)
     state = load_file(str(Path(adapter_dir) / "adapter_model.safetensors"))
@@ -405,3 +519,45 @@ def drop_tensors(adapter_dir, out_dir, contains: str) -> list[str]:
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2))
     del layout
     return dropped
+
+
+def coverage_heatmap(survey: dict, title: str = ""):
+    """A figure of ``survey`` — ``{(family, config label): adapter_coverage(...)}`` — one panel per
+    config label:
+    families by groups, each cell the fraction of the group's weights that carry a LoRA (green all, red none,
+    blank: no such group; "raises" where peft refuses the config). A family peft's remap rewrote is marked."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if not isinstance(survey, dict) or not survey:
+        raise ValueError(
+            "survey must be a non-empty {(family, label): adapter_coverage(...)} dict — it is what "
+            "the figure draws — build it with a dict comprehension over families and configs."
+        )
+    families = list(dict.fromkeys(f for f, _ in survey))
+    labels = list(dict.fromkeys(label for _, label in survey))
+    fig, axes = plt.subplots(
+        1, len(labels), figsize=(5.5 * len(labels), 0.42 * len(families) + 1.6), sharey=True, squeeze=False
+    )
+    for ax, label in zip(axes[0], labels):
+        grid = np.full((len(families), len(GROUPS)), np.nan)
+        for i, family in enumerate(families):
+            result = survey[family, label]
+            for j, group in enumerate(GROUPS):
+                row = result["table"].get(group)
+                if result["error"]:
+                    ax.text(j, i, "raises", ha="center", va="center", fontsize=6)
+                elif row:
+                    grid[i, j] = row["adapted"] / row["tensors"]
+                    ax.text(j, i, f"{row['adapted']}/{row['tensors']}", ha="center", va="center", fontsize=7)
+        ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
+        ax.set_xticks(range(len(GROUPS)), GROUPS, rotation=35, ha="right")
+        ax.set_yticks(
+            range(len(families)),
+            [f + (" (remapped)" if survey[f, label]["rewritten"] else "") for f in families],
+        )
+        ax.set_xlabel("module group")
+        ax.set_title(f"{label}: weights adapted / weights")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -1,6 +1,7 @@
 """Lesson 13's exercises (``course_utils.exercises.lesson13``): the tables of its checkers (the reference, a
 second correct answer, each known wrong answer with its misconception: ``tests/test_checkers.py`` runs them);
-shortcuts a learner has at each exercise fail; the graded adapters come from a stream apart from the shown ones.
+shortcuts a learner has at each exercise fail; the graded adapters come from a stream apart from the shown
+ones.
 """
 
 import torch
@@ -14,21 +15,36 @@ from course_utils.lora_coverage import EXPERT_PARAMETERS, GROUPS, TUTORIAL_TARGE
 
 
 def coverage_by_parameter_shapes(config):
-    """A second correct answer: every Linear by name (the router's too: allowed), every parameter with 3 dims by
-    its owner's leaf name; drops out_proj only where peft refuses it (asks peft)."""
+    """A second correct answer: every Linear by name (the router's too: allowed), every parameter with
+    3 dims by its owner's leaf name; drops out_proj only where peft refuses it (asks peft)."""
     from course_utils.lora_coverage import adapter_coverage
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     modules = dict(model.named_modules())
-    linears = {n.rpartition(".")[2] for n, m in modules.items() if isinstance(m, torch.nn.Linear)} - {"lm_head"}
-    params = {f"{n.rpartition('.')[0].rpartition('.')[2]}.{n.rpartition('.')[2]}"
-              for n, p in model.named_parameters() if p.dim() == 3 and "conv" not in n}
-    lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=sorted(linears),
-                      target_parameters=sorted(params) or None)
+    linears = {n.rpartition(".")[2] for n, m in modules.items() if isinstance(m, torch.nn.Linear)} - {
+        "lm_head"
+    }
+    params = {
+        f"{n.rpartition('.')[0].rpartition('.')[2]}.{n.rpartition('.')[2]}"
+        for n, p in model.named_parameters()
+        if p.dim() == 3 and "conv" not in n
+    }
+    lora = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        target_modules=sorted(linears),
+        target_parameters=sorted(params) or None,
+    )
     if adapter_coverage(config, lora)["error"]:
-        lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=sorted(linears - {"out_proj", "conv1d"}),
-                          target_parameters=sorted(params) or None)
+        lora = LoraConfig(
+            r=4,
+            lora_alpha=8,
+            lora_dropout=0.0,
+            target_modules=sorted(linears - {"out_proj", "conv1d"}),
+            target_parameters=sorted(params) or None,
+        )
     return lora
 
 
@@ -44,23 +60,32 @@ def all_linear_with_expert_parameters(config):
 
 def trl_default_dropout(config):
     """What `trl sft --lora_target_parameters ...` builds: TRL's lora_dropout=0.05 makes peft refuse it."""
-    return lora_config_as_trl_builds({"use_peft": True, "lora_target_modules": TUTORIAL_TARGETS + ["in_proj"],
-                                      "lora_target_parameters": EXPERT_PARAMETERS + ["experts.up_proj"]})
+    return lora_config_as_trl_builds(
+        {
+            "use_peft": True,
+            "lora_target_modules": TUTORIAL_TARGETS + ["in_proj"],
+            "lora_target_parameters": EXPERT_PARAMETERS + ["experts.up_proj"],
+        }
+    )
 
 
 def usual_expert_names_only(config):
     """Hand list with gate_up_proj/down_proj, Mamba's in_proj: misses Nemotron-H's experts.up_proj."""
-    return LoraConfig(lora_dropout=0.0, target_modules=TUTORIAL_TARGETS + ["in_proj", "in_proj_qkv", "in_proj_z",
-                                                                          "in_proj_a", "in_proj_b", "in_proj_qkvz",
-                                                                          "in_proj_ba"],
-                      target_parameters=EXPERT_PARAMETERS)
+    return LoraConfig(
+        lora_dropout=0.0,
+        target_modules=TUTORIAL_TARGETS
+        + ["in_proj", "in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "in_proj_qkvz", "in_proj_ba"],
+        target_parameters=EXPERT_PARAMETERS,
+    )
 
 
 def not_a_lora_config(config):
     """An always-equal object instead of a config."""
+
     class Equal:
         def __eq__(self, other):
             return True
+
     return Equal()
 
 
@@ -71,16 +96,22 @@ def read_adapter_by_layer_modules(artefact):
     out = {g: 0 for g in set(artefact["base_tensors"].values())}
     for tensor, group in artefact["base_tensors"].items():
         module, _, leaf = tensor.rpartition(".")
-        carried = any(n.startswith(module + ".lora_") or n.startswith(module + ".base_layer.lora_") for n in names)
+        carried = any(
+            n.startswith(module + ".lora_") or n.startswith(module + ".base_layer.lora_") for n in names
+        )
         if carried and (leaf == "weight" or any(tensor == t or tensor.endswith("." + t) for t in targets)):
             out[group] += 1
     return out
 
 
 def any_lora_on_the_module_adapts_all(artefact):
-    """Counts every parameter of an experts module that carries LoRA, ignoring which target_parameters it names."""
-    modules = {n.split(".lora_")[0].removeprefix("base_model.model.").replace(".base_layer", "")
-               for n in artefact["adapter_tensors"] if ".lora_" in n}
+    """Counts every parameter of an experts module that carries LoRA, ignoring which target_parameters
+    it names."""
+    modules = {
+        n.split(".lora_")[0].removeprefix("base_model.model.").replace(".base_layer", "")
+        for n in artefact["adapter_tensors"]
+        if ".lora_" in n
+    }
     out = {}
     for tensor, group in artefact["base_tensors"].items():
         out[group] = out.get(group, 0) + (tensor.rpartition(".")[0] in modules)
@@ -108,7 +139,10 @@ CHECKERS = [
     Row("full_coverage", graded(ex.check_full_coverage), lesson13.full_coverage_config),
     Row("read_adapter", graded(ex.check_read_adapter), lesson13.adapted_per_group),
 ]
-ALSO_CORRECT = [("full_coverage", coverage_by_parameter_shapes), ("read_adapter", read_adapter_by_layer_modules)]
+ALSO_CORRECT = [
+    ("full_coverage", coverage_by_parameter_shapes),
+    ("read_adapter", read_adapter_by_layer_modules),
+]
 WRONG = [
     ("full_coverage", tutorial_list, "target_modules cannot reach them"),
     ("full_coverage", all_linear_with_expert_parameters, "leave those out"),
@@ -122,7 +156,9 @@ WRONG = [
 
 
 def test_the_shown_and_graded_adapters_are_streams_apart():
-    assert not hasattr(ex, "saved_adapter_case"), "the generator that knows the truth is in answers/lesson13.py"
+    assert not hasattr(ex, "saved_adapter_case"), (
+        "the generator that knows the truth is in answers/lesson13.py"
+    )
     shown, graded_ = ex.saved_adapter(3), lesson13.saved_adapter_case(3, graded=True)[0]
     assert shown == lesson13.saved_adapter_case(3, graded=False)[0] and shown != graded_
 
@@ -130,7 +166,9 @@ def test_the_shown_and_graded_adapters_are_streams_apart():
 def test_the_graded_adapters_include_frozen_experts_and_partial_expert_lora():
     drawn = [lesson13.saved_adapter_case(seed, graded=True) for seed in range(24)]
     assert any(t.get("routed_experts", 1) == 0 for _, t in drawn), "an adapter that leaves the experts frozen"
-    assert any(a["target_parameters"] and t.get("routed_experts", 0) for a, t in drawn), "one that adapts them"
+    assert any(a["target_parameters"] and t.get("routed_experts", 0) for a, t in drawn), (
+        "one that adapts them"
+    )
     assert all(set(t) <= set(GROUPS) for _, t in drawn)
 
 

@@ -27,11 +27,15 @@ def test_tutorial_list_leaves_fused_experts_frozen_unless_peft_remaps():
 
 def test_target_parameters_reach_the_experts_and_dropout_is_refused():
     config = lc.tiny_config("gpt_oss")
-    fixed = lc.adapter_coverage(config, LoraConfig(lora_dropout=0.0, target_modules=["q_proj"],
-                                                   target_parameters=lc.EXPERT_PARAMETERS))
+    fixed = lc.adapter_coverage(
+        config,
+        LoraConfig(lora_dropout=0.0, target_modules=["q_proj"], target_parameters=lc.EXPERT_PARAMETERS),
+    )
     assert fixed["table"]["routed_experts"]["adapted"] == fixed["table"]["routed_experts"]["tensors"]
-    refused = lc.adapter_coverage(config, LoraConfig(lora_dropout=0.05, target_modules=["q_proj"],
-                                                     target_parameters=lc.EXPERT_PARAMETERS))
+    refused = lc.adapter_coverage(
+        config,
+        LoraConfig(lora_dropout=0.05, target_modules=["q_proj"], target_parameters=lc.EXPERT_PARAMETERS),
+    )
     assert "dropout" in refused["error"] and refused["table"] == {}
 
 
@@ -40,12 +44,16 @@ def test_hybrids_mixers_and_all_linear_on_mamba():
     listed = lc.adapter_coverage(qwen35, LoraConfig(target_modules=lc.TUTORIAL_TARGETS))
     assert listed["frozen"] == ["linear_mixer"]
     assert lc.adapter_coverage(qwen35, LoraConfig(target_modules="all-linear"))["frozen"] == []
-    assert "incompatible" in lc.adapter_coverage(lc.tiny_config("nemotron_h"),
-                                                 LoraConfig(target_modules="all-linear"))["error"]
+    assert (
+        "incompatible"
+        in lc.adapter_coverage(lc.tiny_config("nemotron_h"), LoraConfig(target_modules="all-linear"))["error"]
+    )
 
 
 def test_meta_table_equals_the_real_model_and_every_adapter_gets_a_gradient():
-    lora = LoraConfig(lora_dropout=0.0, target_modules=lc.TUTORIAL_TARGETS, target_parameters=lc.EXPERT_PARAMETERS)
+    lora = LoraConfig(
+        lora_dropout=0.0, target_modules=lc.TUTORIAL_TARGETS, target_parameters=lc.EXPERT_PARAMETERS
+    )
     planned = lc.adapter_coverage(lc.tiny_config("qwen2_moe"), lora)["table"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -72,20 +80,33 @@ def test_lora_config_as_trl_builds_is_trls():
     from trl import ModelConfig, get_peft_config
 
     assert lc.lora_config_as_trl_builds({"use_peft": False}) is None
-    built = lc.lora_config_as_trl_builds({"use_peft": True, "lora_target_modules": ["q_proj"],
-                                          "lora_target_parameters": lc.EXPERT_PARAMETERS, "learning_rate": 1e-4})
-    assert built.lora_dropout == 0.05 and built.target_modules == {"q_proj"} or built.target_modules == "q_proj"
+    built = lc.lora_config_as_trl_builds(
+        {
+            "use_peft": True,
+            "lora_target_modules": ["q_proj"],
+            "lora_target_parameters": lc.EXPERT_PARAMETERS,
+            "learning_rate": 1e-4,
+        }
+    )
+    assert (
+        built.lora_dropout == 0.05 and built.target_modules == {"q_proj"} or built.target_modules == "q_proj"
+    )
     assert sorted(built.target_parameters) == sorted(lc.EXPERT_PARAMETERS)
-    same = get_peft_config(ModelConfig(use_peft=True, lora_target_modules=["q_proj"],
-                                       lora_target_parameters=lc.EXPERT_PARAMETERS))
+    same = get_peft_config(
+        ModelConfig(
+            use_peft=True, lora_target_modules=["q_proj"], lora_target_parameters=lc.EXPERT_PARAMETERS
+        )
+    )
     assert built.to_dict() == same.to_dict()
 
 
 def test_saved_adapter_layout_and_drop(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = get_peft_model(lc.tiny_model("qwen3_moe"), LoraConfig(lora_dropout=0.0, target_modules=["q_proj"],
-                                                                      target_parameters=lc.EXPERT_PARAMETERS))
+        model = get_peft_model(
+            lc.tiny_model("qwen3_moe"),
+            LoraConfig(lora_dropout=0.0, target_modules=["q_proj"], target_parameters=lc.EXPERT_PARAMETERS),
+        )
     model.save_pretrained(tmp_path / "a")
     layout = lc.adapter_layout(tmp_path / "a")
     assert sorted(layout["target_parameters"]) == sorted(lc.EXPERT_PARAMETERS)
@@ -94,17 +115,20 @@ def test_saved_adapter_layout_and_drop(tmp_path):
     assert dropped and not any("experts" in k for k in lc.adapter_layout(tmp_path / "b")["tensors"])
 
 
-@pytest.mark.parametrize("call, phrase", [
-    (lambda: lc.tiny_config("llama4"), "no tiny config"),
-    (lambda: lc.module_groups("model"), "needs a transformers model"),
-    (lambda: lc.lora_coverage(lc.tiny_model("qwen2_moe", meta=True)), "needs a PeftModel"),
-    (lambda: lc.adapter_coverage(lc.tiny_config("qwen2_moe"), {"r": 8}), "must be a peft.LoraConfig"),
-    (lambda: lc.adapter_coverage("qwen2_moe", LoraConfig()), "model_or_config must be"),
-    (lambda: lc.lora_config_as_trl_builds(["q_proj"]), "fields must be a dict"),
-    (lambda: lc.adapter_layout("/nonexistent"), "is not a saved peft adapter"),
-    (lambda: lc.frozen_groups([]), "must be a coverage table"),
-    (lambda: lc.weight_change_by_group({}, None), "before must be"),
-])
+@pytest.mark.parametrize(
+    "call, phrase",
+    [
+        (lambda: lc.tiny_config("llama4"), "no tiny config"),
+        (lambda: lc.module_groups("model"), "needs a transformers model"),
+        (lambda: lc.lora_coverage(lc.tiny_model("qwen2_moe", meta=True)), "needs a PeftModel"),
+        (lambda: lc.adapter_coverage(lc.tiny_config("qwen2_moe"), {"r": 8}), "must be a peft.LoraConfig"),
+        (lambda: lc.adapter_coverage("qwen2_moe", LoraConfig()), "model_or_config must be"),
+        (lambda: lc.lora_config_as_trl_builds(["q_proj"]), "fields must be a dict"),
+        (lambda: lc.adapter_layout("/nonexistent"), "is not a saved peft adapter"),
+        (lambda: lc.frozen_groups([]), "must be a coverage table"),
+        (lambda: lc.weight_change_by_group({}, None), "before must be"),
+    ],
+)
 def test_bad_input_says_what_why_and_how(call, phrase):
     with pytest.raises((TypeError, ValueError), match=phrase):
         call()
