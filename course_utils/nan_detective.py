@@ -603,8 +603,10 @@ def _make_guard_callback_class():
     from transformers import TrainerCallback
 
     class GuardCallback(TrainerCallback):
-        """Run ``guard(model, control)`` in ``on_pre_optimizer_step`` — after the backward and the
+        """Run ``guard(model, control, scaler)`` in ``on_pre_optimizer_step`` — after the backward and the
         clipping, just before ``optimizer.step()``, the last moment a bad gradient can be stopped.
+        ``scaler`` is the run's ``GradScaler`` (accelerate keeps it on the optimizer it wraps; None
+        without fp16 mixed precision): with one, an inf gradient is a step the scaler skips.
         ``guard`` returns the name of what it found non-finite (or None) and does the rest itself:
         keeping the bad gradient out of the weights and asking the Trainer to stop. The callback
         records ``stopped_at`` (the 1-based step) and ``culprit`` (what the guard named).
@@ -612,12 +614,12 @@ def _make_guard_callback_class():
 
         def __init__(self, guard: Callable):
             if not callable(guard):
-                raise TypeError(f"guard must be a function guard(model, control), got {type(guard).__name__}"
+                raise TypeError(f"guard must be a function guard(model, control, scaler), got {type(guard).__name__}"
                                 " — the callback calls it before each optimizer step — pass your function.")
             self.guard, self.stopped_at, self.culprit = guard, None, None
 
-        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-            found = self.guard(model, control)
+        def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kwargs):
+            found = self.guard(model, control, getattr(optimizer, "scaler", None))
             if found and self.stopped_at is None:
                 self.stopped_at, self.culprit = state.global_step + 1, found  # global_step counts done steps
             return control

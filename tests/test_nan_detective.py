@@ -31,6 +31,25 @@ def test_guard_callback_records_step_and_culprit():
         nd.GuardCallback("not a function")
 
 
+def test_guard_callback_hands_the_guard_the_optimizers_scaler():
+    """accelerate's AcceleratedOptimizer keeps the GradScaler as .scaler: with one, an inf is a skipped step."""
+    callback = nd.GuardCallback(ref.guard)
+    model = torch.nn.Linear(2, 2)
+    model.weight.grad = torch.full_like(model.weight, float("inf"))
+
+    class State:
+        global_step = 0
+
+    class Control:
+        should_training_stop = False
+
+    class Optimizer:
+        scaler = torch.amp.GradScaler("cpu")
+
+    control = callback.on_pre_optimizer_step(None, State(), Control(), model=model, optimizer=Optimizer())
+    assert not control.should_training_stop and callback.stopped_at is None and model.weight.grad is not None
+
+
 # ---- tools: searches raise instead of returning None ------------------------------------------
 
 def _records(losses, norms):
