@@ -29,8 +29,8 @@ Then the empty micro-batch of lesson 05 on one rank (rank 1's labels all ``-100`
   each rank launched (a counting DDP comm hook) and the gradient, which equals rank 0's data alone.
 
 Rank 0 writes ``{"rank_mean", "global_count", "global_count_no_world", "n_tokens", "world_size", "seed",
-"batch_size", "skip", "zero_loss", "zero_loss_collectives", "skip_timeout"}`` with ``torch.save``; lesson 07's notebook compares the
-gradients with the single-process full-batch gradient. Launch it
+"batch_size", "skip", "zero_loss", "zero_loss_collectives", "skip_timeout"}`` with ``torch.save``; lesson 07's
+notebook compares the gradients with the single-process full-batch gradient. Launch it
 from Python with ``token_weighting.run_ddp_grad()``: it runs this file as a module, so it works from a
 checkout and from an installed wheel alike.
 """

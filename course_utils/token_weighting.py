@@ -545,7 +545,8 @@ def trainer_step_grad(dataset, *, per_device_train_batch_size: int, gradient_acc
             "micro_batches": captured["micro_batches"]}
 
 
-def loss_count_ignored(config: dict, *, gradient_accumulation_steps: int = 1, world_size: int = 1) -> list[str]:
+def loss_count_ignored(config: dict, *, gradient_accumulation_steps: int = 1,
+                       world_size: int = 1) -> list[str]:
     """The model classes a ``config.json`` names whose ``accepts_loss_kwargs`` is False, when that matters.
 
     ``Trainer.__init__`` reads the class's ``accepts_loss_kwargs`` (or, without one, looks for ``**kwargs``

@@ -122,7 +122,7 @@ def test_worker_in_one_process_matches_full_batch(model_tok, monkeypatch, tmp_pa
     model, tok = model_tok
     ref = tw.full_batch_grad(model, tw.uneven_micro_batches(tok, k=1, batch_size=2, seed=3), tok.pad_token_id)
     assert result["world_size"] == 1 and len(result["n_tokens"]) == 1
-    for scheme in ("rank_mean", "global_count", "global_count_no_world"):  # one rank: W = 1, all the full batch
+    for scheme in ("rank_mean", "global_count", "global_count_no_world"):  # one rank (W = 1): all exact
         assert tw.relative_error(result[scheme], ref) < 1e-5
 
 
@@ -340,7 +340,8 @@ def test_loss_count_ignored_reads_the_flag_from_the_installed_classes():
     assert tw.loss_count_ignored(vl, gradient_accumulation_steps=2) == ["Qwen2_5_VLForConditionalGeneration"]
     assert tw.loss_count_ignored(gemma4) == [], "one micro-batch on one process: its own count is the step's"
     for healthy in ({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"},
-                    {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, {"model_type": "unknown"}):
+                    {"architectures": ["LlamaForCausalLM"], "model_type": "llama"},
+                    {"model_type": "unknown"}):
         assert tw.loss_count_ignored(healthy, gradient_accumulation_steps=8, world_size=4) == []
 
 

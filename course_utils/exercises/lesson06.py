@@ -241,8 +241,8 @@ def _diagnose_guard(got, case: Case):
     if case.tag == "healthy":
         return None
     if case.tag == "scaler_inf":
-        return ("with a GradScaler (fp16=True on a GPU) an inf gradient is a skipped step: scaler.step() skips "
-                "it and halves the scale, and the next steps train (section 'fp16=True — autocast and "
+        return ("with a GradScaler (fp16=True on a GPU) an inf gradient is a skipped step: scaler.step() "
+                "skips it and halves the scale, and the next steps train (section 'fp16=True — autocast and "
                 "GradScaler' measures it). When scaler is not None, return None and leave the gradients to "
                 "it; stop only in a loop without a scaler.")
     if got["found"] is None:
@@ -276,7 +276,8 @@ GUARD_HINTS = Hints(
 
 
 def check_guard(fn):
-    """Checker for exercise 2: ``fn(model, control, scaler) -> str | None`` — see the notebook's exercise text."""
+    """Checker for exercise 2: ``fn(model, control, scaler) -> str | None`` — see the notebook's exercise
+    text."""
     validate.function("fn", fn)
     cases = [Case((tag, 3 + i), None, label=f"gradients: {tag}", tag=tag)
              for i, (tag, *_) in enumerate(_GUARD_CASES)]
