@@ -472,7 +472,8 @@ def thinking_flag_diff(tokenizer, conversation: list[dict]) -> list[str]:
     if isinstance(conversation, (str, dict)) or not isinstance(conversation, Sequence) or not conversation \
             or not all(isinstance(m, dict) and "role" in m for m in conversation):
         raise ValueError(f"conversation must be a non-empty list of messages, got {conversation!r:.60} — the "
-                         "template renders it twice — pass e.g. [{'role': 'user', 'content': 'What is 2 + 2?'}].")
+                         "template renders it twice — pass e.g. "
+                         "[{'role': 'user', 'content': 'What is 2 + 2?'}].")
     on, off = (tokenizer.apply_chat_template(list(conversation), tokenize=False, add_generation_prompt=True,
                                              enable_thinking=flag) for flag in (True, False))
     diff = difflib.unified_diff(on.splitlines(), off.splitlines(), lineterm="", n=0)
@@ -512,8 +513,8 @@ def reasoning_explorer(runs: dict):
     )
 
 
-def train_on(chat_template: str, rows: list[dict], *, steps: int = 60, batch: int = 16, progress: bool = False,
-             **config):
+def train_on(chat_template: str, rows: list[dict], *, steps: int = 60, batch: int = 16,
+             progress: bool = False, **config):
     """One lesson run: a fresh course model with the reasoning tokens (``load_reasoning_model``), TRL's
     ``SFTTrainer`` on ``rows`` (TRL's data forms) for ``steps`` optimizer steps of ``batch`` rows, the
     course's CPU defaults (``training.make_sft_trainer``); ``config``: more ``SFTConfig`` fields. Returns the

@@ -475,7 +475,7 @@ def accumulation_explorer(model, tokenizer, seed: int = 0, n_chats: int = 8):
 
 def trainer_step_grad(dataset, *, per_device_train_batch_size: int, gradient_accumulation_steps: int,
                       count_items: bool = True, bf16: bool = False, accepts_loss_kwargs: bool = True,
-                      seed: int = 0) -> dict:
+                      seed: int = 0, name_or_path=None) -> dict:
     """Run one optimizer step of TRL's ``SFTTrainer`` on a fresh course model; return its gradient.
 
     A ``TrainerCallback.on_pre_optimizer_step`` copies ``.grad`` right before ``optimizer.step()``:
@@ -487,7 +487,8 @@ def trainer_step_grad(dataset, *, per_device_train_batch_size: int, gradient_acc
     (CPU autocast in bfloat16, ~1e-2 gradient noise), which ``make_sft_trainer`` turns off.
     ``accepts_loss_kwargs=False`` sets that flag on the model, as ``Gemma4ForConditionalGeneration`` and the
     Qwen-VL classes declare it (``loss_count_ignored`` lists them): the ``Trainer`` then never counts the
-    step's tokens, so the same per-micro-batch-mean path runs with no hook at all.
+    step's tokens, so the same per-micro-batch-mean path runs with no hook at all. ``name_or_path``: the
+    course model to load (``COURSE_MODEL`` when None; ``tools.claims`` passes each shipped model).
     Returns ``{"grad", "num_items", "micro_batches"}``: the count the Trainer passed to
     ``compute_loss`` (or None) and the micro-batches exactly as the Trainer fed them to the model.
     """
@@ -515,7 +516,7 @@ def trainer_step_grad(dataset, *, per_device_train_batch_size: int, gradient_acc
     from transformers import TrainerCallback  # see the note on imports at the top
     from trl import SFTTrainer
 
-    model, tokenizer = load_course_model()
+    model, tokenizer = load_course_model(name_or_path)
     if not accepts_loss_kwargs:  # Trainer.__init__ reads the model's flag before anything else
         model.accepts_loss_kwargs = False
     captured: dict = {"micro_batches": []}
