@@ -1370,27 +1370,28 @@ def _merge_4bit(ctx):
     from peft import LoraConfig, get_peft_model
 
     batch = ctx.batches()[0]
-    errors = {}
+    change = {}
     for name, base in (("4-bit nf4 base", _qlora(ctx)), ("float32 base", ctx.model())):
         set_seed(ctx.seed)
         lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
         model = get_peft_model(base, lora)  # init_lora_weights=False: a non-zero update, as after training
+        # train mode (no dropout here): bitsandbytes 0.50.2's CPU inference path (eval mode, on a CPU with
+        # avx512-bf16) repacks 4-bit weights and fails when in_features is not a multiple of 64 (tiny-llama)
         with torch.no_grad():
-            before = model_logits(model, batch).float()
+            before = model_logits(model.train(), batch).float()
             with quiet_libraries(capture_output=True, python_warnings=False):
                 merged = model.merge_and_unload()
-            after = model_logits(merged, batch).float()
-        errors[name] = float((after - before).abs().max())
-    numbers = {f"{name}: largest |logit change| from merging": v for name, v in errors.items()}
-    inexact = errors["4-bit nf4 base"] > 100 * max(errors["float32 base"], 1e-6)
+            change[name] = float((model_logits(merged.train(), batch).float() - before).abs().max())
+    numbers = {f"{name}: largest |logit change| from merging": v for name, v in change.items()}
+    fp32, four_bit = change["float32 base"], change["4-bit nf4 base"]
+    exact_fp32 = fp32 < 1e-3
+    inexact = four_bit > 100 * max(fp32, 1e-6)
     return Result(
-        "false" if inexact else "true",
+        ("false" if inexact else "true") if exact_fp32 else "depends",
         numbers,
-        "merging into a float32 base is exact to round-off; into a 4-bit base peft dequantises each "
-        "weight, adds "
-        "the update and quantises the sum again, so the merged model is another model (its logits "
-        "move by the "
-        "printed amount): merge into a float16/bfloat16/float32 copy of the base and check the "
+        "merging into a float32 base is exact to round-off; into a 4-bit base peft dequantises each weight, "
+        "adds the update and quantises the sum again, so the merged model is another model (its logits move "
+        "by the printed amount): merge into a float16/bfloat16/float32 copy of the base and check the "
         "result (lesson 10)",
     )
 
