@@ -130,16 +130,21 @@ def stop_token_findings(tokenizer, prepared, eot, args, chat_template) -> list[F
                     "templates do), or train on the full sequence (assistant_only_loss=False)", "02")]
 
 
-def eos_findings(tokenizer, eot, gen_eos, args, conversational=True) -> list[Finding]:
+def eos_findings(tokenizer, eot, gen_eos, args, conversational=True, peft=None) -> list[Finding]:
     """Will ``generate()`` stop at the token the rows end with after this training? For chats that is
-    the template's end of turn; for text rows the ``tokenizer.eos_token`` TRL appends (``eot`` then)."""
+    the template's end of turn; for text rows the ``tokenizer.eos_token`` TRL appends (``eot`` then). With
+    LoRA, SFTConfig's ``eos_token`` reaches the in-memory model only: the adapter ``trainer.save_model``
+    writes carries no ``generation_config.json`` (lesson 10), so the advice says how to ship it."""
     if eot is None or (not conversational and not gen_eos):  # no generation_config: generate() uses eos
         return []
     stop_ids = list(gen_eos)
+    fixed_in_memory = False
     if args.eos_token is not None and args.eos_token in tokenizer.get_vocab():
         stop_ids = [tokenizer.convert_tokens_to_ids(args.eos_token), *stop_ids]  # TRL prepends it
+        fixed_in_memory = eot not in gen_eos
     if eot in stop_ids:
-        return []
+        shipped = peft and fixed_in_memory
+        return [_adapter_eos_finding(tokenizer.convert_ids_to_tokens(eot))] if shipped else []
     token = tokenizer.convert_ids_to_tokens(eot)
     names = [tokenizer.convert_ids_to_tokens(i) for i in stop_ids]
     where = ("the chat template ends a turn with" if conversational else
@@ -151,7 +156,21 @@ def eos_findings(tokenizer, eot, gen_eos, args, conversational=True) -> list[Fin
                     f"generation_config eos ids {stop_ids} = {names}; tokenizer.eos_token="
                     f"{tokenizer.eos_token!r}; {where} {token!r}",
                     f"set eos_token={token!r} in the SFTConfig (TRL adds it to generation_config), or pass "
-                    f"eos_token_id={[*stop_ids, eot]} to generate()", "02")]
+                    f"eos_token_id={[*stop_ids, eot]} to generate()"
+                    + (f"; with LoRA that fixes the in-memory model only: {_SHIP_EOS}" if peft else ""),
+                    "02" if not peft else "02, 10")]
+
+
+_SHIP_EOS = ("an adapter saved by trainer.save_model has no generation_config.json and peft reads none, so a "
+             "server uses the base's eos list — merge, save with the trained generation_config (or give the "
+             "server the stop list), then run python -m course_utils.ship on what you saved")
+
+
+def _adapter_eos_finding(token: str) -> Finding:
+    return Finding("info", "adapter-eos",
+                   f"SFTConfig's eos_token={token!r} stops the in-memory LoRA model only",
+                   "TRL writes it into the in-memory model's generation_config; the saved adapter does not "
+                   "carry it", _SHIP_EOS, "10")
 
 
 def pad_eos_findings(tokenizer, prepared, eot, args) -> list[Finding]:

@@ -350,16 +350,20 @@ def read_peft_config(peft_config=None):
 
 def lora_setup(config: dict, peft_config):
     """The LoRA set-up training would use: the user's ``LoraConfig`` (``SFTTrainer(peft_config=...)``), or
-    the one ``trl sft`` builds from ModelConfig fields (``use_peft``, ``lora_r``: TRL's defaults r=16,
-    alpha=32), or None (full fine-tuning)."""
+    the one ``trl sft`` builds from ModelConfig fields (``use_peft``, ``lora_*``: TRL's defaults r=16,
+    alpha=32, dropout 0.05 — built by TRL's own ``get_peft_config``), or None (full fine-tuning)."""
     if peft_config is not None:
         return peft_config
     if not (config.get("use_peft") or config.get("lora_r")):
         return None
-    fields = {"r": config.get("lora_r", 16), "lora_alpha": config.get("lora_alpha", 32)}
-    if config.get("lora_target_modules"):
-        fields["target_modules"] = config["lora_target_modules"]
-    return _peft_config_from(fields)
+    from ..lora_coverage import lora_config_as_trl_builds
+
+    try:  # TRL's own path (ModelConfig, then get_peft_config): its lora_dropout=0.05, target_parameters
+        return lora_config_as_trl_builds({**config, "use_peft": True})
+    except (TypeError, ValueError) as exc:
+        raise DoctorInputError(f"trl sft cannot build a LoraConfig from these lora_* fields: "
+                               f"{str(exc)[:200]} "
+                               "— training would fail the same way — fix the field it names.") from None
 
 
 def _peft_config_from(fields: dict):

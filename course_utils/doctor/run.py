@@ -9,7 +9,7 @@ import types
 
 from .. import internals
 from ..quiet import no_progress_bars
-from . import checks, inputs, lengths, precision, reasoning, trainer, trl_view
+from . import architecture, checks, inputs, lengths, precision, reasoning, trainer, trl_view
 from .inputs import DoctorInputError
 from .report import SAMPLED, SEVERITIES, Finding, Report, could_not_check, guarded
 from .trainer import import_trainer
@@ -127,7 +127,7 @@ def _run_checks(rows, form, tokenizer, args, setup) -> Report:
                         chat_template)
     if gen_eos is not None:
         findings += guarded("eos-mismatch", checks.eos_findings, tokenizer, eot, gen_eos, args,
-                            conversational)
+                            conversational, setup.peft)
     findings += guarded("pad-is-eos", checks.pad_eos_findings, tokenizer, prepared, eot, args)
     masked = args.assistant_only_loss or (form.startswith("prompt_completion") and completion_only)
     stop_ids = {i for i in (eot, tokenizer.eos_token_id, *(gen_eos or [])) if i is not None}
@@ -149,6 +149,9 @@ def _run_checks(rows, form, tokenizer, args, setup) -> Report:
     findings += guarded("right-padding", checks.padding_side_findings, tokenizer)
     findings += guarded("trainer-accumulation", trainer.trainer_findings, setup.trainer, args,
                         setup.num_processes)
+    findings += guarded("lora-coverage", architecture.lora_coverage_findings, setup)
+    findings += guarded("packing-leak", architecture.packing_leak_findings, setup, args)
+    findings += guarded("loss-count-ignored", architecture.loss_count_findings, setup, args)
     return Report(sorted(findings, key=lambda f: SEVERITIES.index(f.severity)))
 
 
