@@ -129,6 +129,9 @@ def course_seed() -> int:
 def offline_error(source) -> ValueError | None:
     """The error to raise when loading ``source`` failed: a hub id while ``HF_HUB_OFFLINE`` is on gets a
     ValueError saying how to reach it; anything else ``None`` (the loader's own error stands)."""
+    if not isinstance(source, (str, Path)) or not str(source).strip():
+        raise TypeError(f"source={source!r:.60} is not what model_source() returns — a directory or a hub "
+                        "id — pass model_source(name_or_path).")
     if not (isinstance(source, str) and _offline()):
         return None
     return ValueError(

@@ -30,7 +30,7 @@ import tempfile
 from collections.abc import Sequence
 
 from . import validate
-from .data import IGNORE_INDEX, make_messages
+from .data import is_graded, make_messages
 
 THINK, END_THINK = "<think>", "</think>"
 TOOL_CALL, END_TOOL_CALL = "<tool_call>", "</tool_call>"
@@ -157,6 +157,7 @@ def trained_rows(tokenizer, rows: list[dict], **config):
             f"{type(rows).__name__} — TRL prepares each — pass e.g. "
             "[{'messages': conversation}, ...]."
         )
+    validate.sft_config("config", config)
     args = SFTConfig(
         **{
             "output_dir": tempfile.mkdtemp(prefix="sft-lab-rows-"),
@@ -232,8 +233,8 @@ def think_blocks(tokenizer, row) -> list[dict]:
             {
                 "tokens": len(inside),
                 "empty": not tokenizer.decode(inside).strip(),
-                "graded": sum(label != IGNORE_INDEX for label in labels[s + 1 : e]),
-                "opening_graded": labels[s] != IGNORE_INDEX,
+                "graded": sum(is_graded(label) for label in labels[s + 1 : e]),
+                "opening_graded": is_graded(labels[s]),
             }
         )
     return blocks
@@ -304,7 +305,7 @@ def tool_budget(tokenizer, rows, conversations) -> dict:
         as_string += len(re.findall(r'"arguments": "', text))
         for s, e in _spans(ids, response, end_response):
             replies += 1
-            graded_replies += any(label != IGNORE_INDEX for label in labels[s + 1 : e])
+            graded_replies += any(is_graded(label) for label in labels[s + 1 : e])
     return {
         "tool_calls": calls,
         "calls_rendered": rendered,
@@ -388,7 +389,7 @@ def reply_kinds(records) -> dict:
     """Shares of ``REPLY_KINDS`` over generation records, and of the replies that leaked reasoning, that are
     clean (no think tag at all) and that wrote reasoning in a block (``with_reasoning``: reasoned or unclosed,
     the opposite of skipping it)."""
-    if isinstance(records, dict) or not isinstance(records, Sequence) or not records:
+    if isinstance(records, (str, bytes, dict)) or not isinstance(records, Sequence) or not records:
         raise ValueError(
             f"records must be a non-empty list of generate_greedy records, got "
             f"{type(records).__name__} — the helper reads each reply — pass generate_greedy(...)."
@@ -527,11 +528,17 @@ def train_on(chat_template: str, rows: list[dict], *, steps: int = 60, batch: in
 
     validate.positive_int("steps", steps, why="it counts optimizer steps")
     validate.positive_int("batch", batch, why="it is the rows per step")
-    if isinstance(rows, dict) or not isinstance(rows, Sequence) or not rows:
+    if (
+        isinstance(rows, (str, bytes, dict))
+        or not isinstance(rows, Sequence)
+        or not rows
+        or not all(isinstance(r, dict) for r in rows)
+    ):
         raise ValueError(
             f"rows must be a non-empty list of dicts in one of TRL's forms, got {type(rows).__name__} "
             "— the run trains on them — pass e.g. [{'messages': conversation}, ...]."
         )
+    validate.sft_config("config", config)
     model, tokenizer = load_reasoning_model(chat_template)
     trainer = make_sft_trainer(
         model,

@@ -212,10 +212,8 @@ def lora_only_copy(adapter_dir, out_dir) -> Path:
         raise ValueError(f"adapter_dir={str(path)!r} holds a full model, not an adapter — only an adapter "
                          "has LoRA matrices to keep — pass the directory trainer.save_model() wrote for a "
                          "LoRA run.")
-    if not isinstance(out_dir, (str, Path)) or not str(out_dir).strip():
-        raise TypeError(f"out_dir={out_dir!r} is not a directory path — the copy is written there — pass a "
-                        "new directory, e.g. tempfile.mkdtemp().")
-    out = Path(out_dir)
+    # never the adapter itself: the copy drops its modules_to_save rows, and they would be lost for good
+    out = validate.new_directory("out_dir", out_dir, inputs=[path], what="the LoRA-only copy's files")
     out.mkdir(parents=True, exist_ok=True)
     weights = load_file(str(path / "adapter_model.safetensors"))
     save_file({k: v for k, v in weights.items() if "lora_" in k}, str(out / "adapter_model.safetensors"))
@@ -417,10 +415,12 @@ def main(argv=None) -> int:
     from . import use_course_defaults
 
     use_course_defaults()
-    try:
+    try:  # the tolerance first: a NaN or negative one is refused before seconds of loading
+        validate.number("--tolerance", args.tolerance, positive=True, why="it is the largest |Δlogit| a "
+                        "faithful copy shows", fix="pass e.g. --tolerance 0.01, or leave it out")
         trained, tokenizer = load_saved(args.trained, args.trained_base)
         findings = ship_report(trained, tokenizer, args.saved, base=args.base, tolerance=args.tolerance)
-    except (ShipInputError, TypeError) as exc:
+    except (ShipInputError, TypeError, ValueError) as exc:  # the user's input: one line, never a traceback
         print(f"ship check: bad input: {exc}", file=sys.stderr)
         return 2
     if args.json:

@@ -641,7 +641,12 @@ def run_ddp_grad(nproc: int = 2, seed: int = 0, batch_size: int = 2, timeout: fl
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONPATH": _worker_pythonpath()}
     for attempt in (1, 2):  # a rank can die in gloo's teardown on a busy machine: one retry, announced
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=work)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=work)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"torchrun ran past timeout={timeout} s — {nproc} processes start, build the "
+                               "course model and exchange gradients, which takes tens of seconds on a busy "
+                               "CPU — pass a larger timeout (the default: 180).") from None
         if proc.returncode == 0 and out.exists():
             return torch.load(out)
         if attempt == 1:

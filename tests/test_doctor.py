@@ -369,10 +369,10 @@ def test_malformed_jsonl_row_exits_2_with_its_line_number(tmp_path, course, caps
 
 
 BAD_CONFIGS = {  # config -> what the message names (SFTConfig accepts every one of them without a word)
-    "max_length -5": ({"max_length": -5}, "max_length=-5 is below 1"),
-    "max_length 0": ({"max_length": 0}, "max_length=0 is below 1"),
-    "max_length as text": ({"max_length": "64"}, "max_length='64' has type str"),
-    "max_length as a float": ({"max_length": 64.0}, "max_length=64.0 has type float"),
+    "max_length -5": ({"max_length": -5}, "config max_length=-5 must be a whole number of tokens >= 1"),
+    "max_length 0": ({"max_length": 0}, "config max_length=0 must be a whole number of tokens >= 1"),
+    "max_length as text": ({"max_length": "64"}, "config max_length='64' must be a whole number"),
+    "max_length as a float": ({"max_length": 64.0}, "config max_length=64.0 must be a whole number"),
     "batch size 0": ({"per_device_train_batch_size": 0}, "per_device_train_batch_size=0 is below 1"),
     "gradient_accumulation_steps 0": ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps=0"),
     "negative learning rate": ({"learning_rate": -1e-5}, "learning_rate=-1e-05 is not a positive number"),

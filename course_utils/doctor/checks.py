@@ -7,8 +7,12 @@ from __future__ import annotations
 import difflib
 
 from .. import internals
+from ..data import is_graded
 from . import trl_view
 from .report import Finding, share_of
+
+# A room of the doctor, not an API: its names serve the package; users import ``course_utils.doctor``
+__all__ = []
 
 STAND_IN_SIMILARITY = 0.9  # above it, the closest shipped training template stands in for the measurement
 
@@ -20,7 +24,8 @@ def rows_without_answer(rows, form) -> list[int]:
     if form.startswith("prompt_completion"):
         return [r["_doctor_row"] for r in rows if not r["completion"]]
     if form == "tokenized":  # labels all -100, or a mask without a 1: nothing graded even before truncation
-        return [r["_doctor_row"] for r in rows if ("labels" in r and all(t == -100 for t in r["labels"]))
+        return [r["_doctor_row"] for r in rows
+                if ("labels" in r and not any(is_graded(t) for t in r["labels"]))
                 or any(c in r and not any(r[c]) for c in ("completion_mask", "assistant_masks"))]
     return []
 
@@ -114,7 +119,7 @@ def stop_token_findings(tokenizer, prepared, eot, args, chat_template) -> list[F
     if eot is None or prepared is None:
         return []
     rows = prepared["labels"]
-    graded = sum(eot in [t for t in labels if t != -100] for labels in rows)  # unshifted: _graded_positions
+    graded = sum(eot in [t for t in labels if is_graded(t)] for labels in rows)  # unshifted: TRL's labels
     token = tokenizer.convert_ids_to_tokens(eot)
     template_ok = (not args.assistant_only_loss
                    or is_chat_template_stop_token_trained(tokenizer, chat_template=chat_template))
@@ -185,8 +190,8 @@ def pad_eos_findings(tokenizer, prepared, eot, args) -> list[Finding]:
     if prepared is None or pad is None or pad_id not in stop_ids:
         return []
     rows = [{"input_ids": r} for r in prepared["input_ids"][:64]]
-    # unshifted, as _graded_positions: an eos label at its own position
-    graded = sum(int(t == pad_id and lab != -100) for r in prepared.select(range(len(rows)))
+    # unshifted (data.is_graded): an eos label at its own position
+    graded = sum(int(t == pad_id and is_graded(lab)) for r in prepared.select(range(len(rows)))
                  for t, lab in zip(r["input_ids"], r["labels"]))
     if graded == 0:
         return []
@@ -213,7 +218,7 @@ def label_alignment_findings(prepared) -> list[Finding]:
     same = shifted = graded = 0
     for ids, labels in zip(prepared["input_ids"], prepared["labels"]):
         for i, label in enumerate(labels):
-            if label != -100:
+            if is_graded(label):
                 graded += 1
                 same += label == ids[i]
                 shifted += i + 1 < len(ids) and label == ids[i + 1]

@@ -14,6 +14,9 @@ from pathlib import Path
 from .. import validate
 from ..model import model_source, offline_error
 
+# What this file offers users (re-exported by ``course_utils.doctor``); its other names serve the package
+__all__ = ["DoctorInputError", "read_config", "read_jsonl", "read_peft_config"]
+
 PEFT_KEYS = ("use_peft", "lora_r", "peft_config", "lora_alpha")  # TRL ModelConfig fields a config may carry
 
 
@@ -103,14 +106,39 @@ def _check_row(row, where: str) -> None:
     if "input_ids" in row:  # TRL trains such rows as they are (its "already processed" path)
         _check_tokenized_row(row, where)
     elif "messages" in row:
-        ok = isinstance(row["messages"], list) and all(
-            isinstance(m, dict) and "role" in m and "content" in m for m in row["messages"])
-        if not ok:
-            raise DoctorInputError(f"{where}: 'messages' must be a list of {{'role', 'content'}} objects — "
-                                   "the chat template renders such a list — fix that row.")
+        _check_messages(row["messages"], f"{where}: 'messages'")
     elif not ("prompt" in row and "completion" in row) and "text" not in row:
         raise DoctorInputError(f"{where} has keys {sorted(row)} — TRL reads 'messages', "
                                "'prompt'+'completion' or 'text' — rename the columns to one of these forms.")
+    else:
+        for column in ("prompt", "completion"):
+            if isinstance(row.get(column), list):  # conversational prompt/completion: messages too
+                _check_messages(row[column], f"{where}: '{column}'")
+
+
+def _check_messages(messages, where: str) -> None:
+    """A list of ``{'role', 'content'}`` objects, and each tool call naming its function."""
+    ok = isinstance(messages, list) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and m["role"].strip() and "content" in m
+        for m in messages)
+    if not ok:
+        raise DoctorInputError(f"{where} must be a list of {{'role', 'content'}} objects with a role name — "
+                               "the chat template renders such a list — fix that row.")
+    for i, message in enumerate(messages):
+        calls = message.get("tool_calls")
+        if calls is None:
+            continue
+        if not isinstance(calls, list):
+            raise DoctorInputError(f"{where}, message {i}: 'tool_calls' is a {type(calls).__name__}, not a "
+                                   "list — templates iterate over the calls — write [{\"type\": "
+                                   "\"function\", \"function\": {\"name\": ..., \"arguments\": {...}}}].")
+        for j, call in enumerate(calls):
+            function = call.get("function", call) if isinstance(call, dict) else None
+            name = function.get("name") if isinstance(function, dict) else None
+            if not (isinstance(name, str) and name.strip()):
+                raise DoctorInputError(f"{where}, message {i}: tool call {j} has function name {name!r} — a "
+                                       "call names the function to run, and without one the model is trained "
+                                       "to call nothing — give each call its function's name.")
 
 
 def _check_tokenized_row(row: dict, where: str) -> None:
@@ -188,10 +216,13 @@ def _did_you_mean(key, names) -> str:
 _TYPES = {"<class 'bool'>": (bool,), "<class 'int'>": (int,), "<class 'float'>": (int, float),
           "<class 'str'>": (str,), "bool | None": (bool, type(None)), "int | None": (int, type(None)),
           "float | None": (int, float, type(None)), "str | None": (str, type(None))}
-_AT_LEAST_1 = ("max_length", "per_device_train_batch_size", "gradient_accumulation_steps")
+_AT_LEAST_1 = ("per_device_train_batch_size", "gradient_accumulation_steps")
 
 
 def _check_config_value(key: str, value, field) -> None:
+    if key == "max_length":  # one check for it, the argument's and the config's
+        validate_max_length(value, "config max_length")
+        return
     kinds = _TYPES.get(str(field.type))
     is_bool = isinstance(value, bool)
     if kinds is not None and (not isinstance(value, kinds) or (is_bool and bool not in kinds)):
@@ -214,13 +245,15 @@ def _check_config_value(key: str, value, field) -> None:
                                "trains nothing or backwards — pass e.g. 2e-5.")
 
 
-def validate_max_length(max_length) -> int | None:
+def validate_max_length(max_length, name: str = "max_length") -> int | None:
+    """The one check of a ``max_length``, the argument's (``--max-length``) and the config's."""
     if max_length is None:
         return None
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
-        raise DoctorInputError(f"max_length={max_length!r} must be a whole number of tokens >= 1 — it is the "
+        raise DoctorInputError(f"{name}={max_length!r} must be a whole number of tokens >= 1 — it is the "
                                "length TRL truncates every row to, and no row fits in it — pass e.g. "
-                               "--max-length 512 (max_length=512), or leave it out for the config's.")
+                               "--max-length 512 (max_length=512), or leave it out for the config's (TRL's "
+                               "default: 1024).")
     return max_length
 
 
@@ -298,23 +331,20 @@ def model_source_and_tokenizer(model):
 
 def validate_options(*, forward, num_processes, max_load_gb, sample, seed) -> None:
     """``diagnose``'s options, each of its type and in its range (``DoctorInputError`` otherwise)."""
-    if not isinstance(forward, bool):
-        raise DoctorInputError(f"forward={forward!r} must be True or False — it switches the forward pass of "
-                               "the fp16 check — pass forward=False to skip loading weights.")
-    if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
-        raise DoctorInputError(f"num_processes={num_processes!r} must be a whole number >= 1 — it is how "
-                               "many processes share each optimizer step — pass e.g. 8 for torchrun "
-                               "--nproc-per-node 8 (1 for a single GPU or CPU).")
-    if isinstance(max_load_gb, bool) or not isinstance(max_load_gb, (int, float)) or not max_load_gb >= 0:
-        raise DoctorInputError(f"max_load_gb={max_load_gb!r} must be a number of GB >= 0 — the fp16 check "
-                               "loads no checkpoint larger — pass e.g. 16 (0: never load weights).")
-    if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int) or sample < 1):
-        raise DoctorInputError(f"sample={sample!r} must be a whole number of rows >= 1, or None for every "
-                               "row — the doctor checks that many rows — pass e.g. 2000 (--sample 2000), or "
-                               "None (--all).")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise DoctorInputError(f"seed={seed!r} must be a whole number — it picks the sampled rows "
-                               "reproducibly — pass e.g. 0.")
+    try:
+        validate.flag("forward", forward, why="it switches the forward pass of the fp16 check",
+                      fix="pass forward=False to skip loading weights")
+        validate.positive_int("num_processes", num_processes, why="it is how many processes share each "
+                              "optimizer step", fix="pass e.g. 8 for torchrun --nproc-per-node 8 (1 for a "
+                              "single GPU or CPU)")
+        validate.number("max_load_gb", max_load_gb, minimum=0, why="the fp16 check loads no checkpoint "
+                        "larger", fix="pass e.g. 16 (0: never load weights)")
+        if sample is not None:
+            validate.positive_int("sample", sample, why="the doctor checks that many rows", fix="pass e.g. "
+                                  "2000 (--sample 2000), or None (--all) for every row")
+        validate.seed("seed", seed)
+    except (TypeError, ValueError) as exc:  # the CLI's exit 2: one line, what — why — fix
+        raise DoctorInputError(str(exc)) from None
 
 
 def read_peft_config(peft_config=None):

@@ -8,8 +8,12 @@ from __future__ import annotations
 import math
 
 from .. import validate
+from ..data import is_graded
 from . import trl_view
 from .report import Finding, share_of
+
+# What this file offers users (re-exported by ``course_utils.doctor``); its other names serve the package
+__all__ = ["empty_batch_probability"]
 
 ERROR_SHARE = 0.01  # fully truncated rows: an error from 1 % of the data, a warning below
 
@@ -18,7 +22,7 @@ def _graded_positions(labels) -> list[int]:
     """Positions of one of TRL's prepared label lists that are not -100. Unshifted on purpose, unlike
     ``data.graded``: the report quotes these positions (the first one is the prompt's length in tokens),
     and column 0 is never a target in a chat row anyway."""
-    return [i for i, t in enumerate(labels) if t != -100]
+    return [i for i, t in enumerate(labels) if is_graded(t)]
 
 
 def empty_batch_probability(n_rows: int, n_empty: int, batch_size: int) -> float:
@@ -29,10 +33,6 @@ def empty_batch_probability(n_rows: int, n_empty: int, batch_size: int) -> float
     if n_empty > n_rows:
         raise ValueError(f"n_empty={n_empty} is more than n_rows={n_rows} — the rows without a graded token "
                          "are some of the rows — pass n_empty <= n_rows.")
-    return _empty_batch_probability(n_rows, n_empty, batch_size)
-
-
-def _empty_batch_probability(n_rows: int, n_empty: int, batch_size: int) -> float:
     if batch_size > n_rows:
         return float(n_empty == n_rows)
     return math.prod((n_empty - i) / (n_rows - i) for i in range(batch_size))
@@ -76,14 +76,14 @@ def truncation_findings(prepared, tokenizer, args, chat_template, completion_onl
     if args.packing:
         packed = trl_view.prepare(tokenizer, tokenized, args, chat_template, completion_only_loss)
         empty_rows = sum(not _graded_positions(lab) for lab in packed["labels"])
-        p_step = _empty_batch_probability(len(packed), empty_rows, step_rows)
+        p_step = empty_batch_probability(len(packed), empty_rows, step_rows)
         path = (f"packing={args.packing_strategy}: TRL keeps them, and {empty_rows} of {len(packed)} packed "
                 "rows have no graded token; SFTTrainer divides by the graded tokens of the whole optimizer "
                 f"step ({step_words}: num_items_in_batch), so such a row adds nothing and the logged loss is "
                 f"the mean of the rest; a step with no graded token at all (p={p_step:.3g}) logs 0.0 and "
                 "updates nothing")
     else:
-        p_micro = _empty_batch_probability(n, len(dropped), batch)
+        p_micro = empty_batch_probability(n, len(dropped), batch)
         path = (f"SFTTrainer drops them ('Dropping fully masked examples'): it trains on {n - len(dropped)} "
                 f"rows, not the ones you think; a loop without that filter meets a micro-batch of {batch} "
                 f"with no graded token with p={p_micro:.3g} (~{p_micro * n / batch:.2g} per epoch), and a "

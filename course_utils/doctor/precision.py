@@ -26,6 +26,9 @@ import torch
 from ..quiet import no_progress_bars
 from .report import Finding
 
+# A room of the doctor, not an API: its names serve the package; users import ``course_utils.doctor``
+__all__ = []
+
 FP16_MAX = 65504.0  # torch.finfo(torch.float16).max
 FP16_HEADROOM = 16.0  # activations within 16x of fp16's max leave no room for training to grow them
 LOAD_LIMIT_GB = 2.0  # the largest checkpoint the doctor loads on the CPU for the fp16 measurement

@@ -33,8 +33,12 @@ import re
 import types
 from dataclasses import dataclass, field
 
+from ..data import is_graded
 from .report import Finding, could_not_check, guarded
 from .trl_view import family_training_template
+
+# A room of the doctor, not an API: its names serve the package; users import ``course_utils.doctor``
+__all__ = []
 
 LESSON = "09"
 # Where the templates TRL ships read a message's reasoning: Qwen3 (and vLLM) `reasoning_content`, gpt-oss
@@ -160,7 +164,7 @@ class _Rendering:
 
     def graded(self, positions) -> int:
         """How many of the token ``positions`` carry a label (TRL's labels are unshifted)."""
-        return sum(self.labels[i] != -100 for i in positions)
+        return sum(is_graded(self.labels[i]) for i in positions)
 
 
 def _renderings(dataset, prepared, tokenizer, chat_template, stop_ids) -> list[_Rendering] | None:
@@ -274,7 +278,7 @@ def _stop_after(rendering: _Rendering, position: int, stop_ids: set) -> tuple[in
     and whether it carries a label; ``(None, None)`` when none follows."""
     for i in range(bisect.bisect_left(rendering.starts, position), len(rendering.ids)):
         if rendering.ids[i] in stop_ids:
-            return rendering.ids[i], rendering.labels[i] != -100
+            return rendering.ids[i], is_graded(rendering.labels[i])
     return None, None
 
 

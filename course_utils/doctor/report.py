@@ -13,6 +13,9 @@ from dataclasses import asdict, dataclass
 
 from .. import validate
 
+# What this file offers users (re-exported by ``course_utils.doctor``); its other names serve the package
+__all__ = ["EXIT_CODES", "LESSONS", "SEVERITIES", "Finding", "Report"]
+
 SEVERITIES = ("error", "could-not-check", "warning", "info")
 EXIT_CODES = {"clean": 0, "error": 1, "bad-input": 2, "could-not-check": 3}
 LESSONS = {

@@ -19,6 +19,9 @@ import warnings
 
 from .report import Finding
 
+# A room of the doctor, not an API: its names serve the package; users import ``course_utils.doctor``
+__all__ = []
+
 SPLITS = (1, 4)  # one batch of 8 rows, and 4 micro-batches of 2: the same rows in the same step
 ROWS = 8
 ROUND_OFF_FACTOR = 100.0  # a class is wrong when its split gap is this many times stock SFTTrainer's

@@ -20,6 +20,9 @@ from ..data import end_of_turn_id, first_special_after
 from .inputs import DoctorInputError
 from .report import Finding
 
+# A room of the doctor, not an API: its names serve the package; users import ``course_utils.doctor``
+__all__ = []
+
 # A template is of a shipped family when it uses the same turn markers (Jaccard >= 0.5) and is this similar
 # (difflib ratio, not quick_ratio: quick_ratio only compares character counts and put Llama next to Qwen3)
 FAMILY_SIMILARITY = 0.6

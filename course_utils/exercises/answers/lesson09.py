@@ -8,6 +8,7 @@ import functools
 import random
 
 from ...checks import Diagnosis
+from ...data import is_graded
 
 
 def turn_rows(conversation: list[dict]) -> list[dict]:
@@ -193,7 +194,7 @@ def _rendering_case(seed: int, graded: bool) -> tuple[dict, Diagnosis]:
     for chat, row in zip(chats, rows):
         texts = [t.replace("\\n", "\n") for t in token_strings(tokenizer, row["input_ids"])]
         shown.append(
-            {"messages": chat, "tokens": [(t, label != -100) for t, label in zip(texts, row["labels"])]}
+            {"messages": chat, "tokens": [(t, is_graded(label)) for t, label in zip(texts, row["labels"])]}
         )
     artefact = {
         "template": template,
