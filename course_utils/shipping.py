@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from . import validate
-from .data import end_of_turn_token, first_special_after, make_messages
+from .data import first_special_after, make_messages
 
 # max |Δlogit| of a faithful float32 copy. Merging a LoRA adapter into the float32 base and reloading moves
 # logits by ~2e-5 (round-off of W + BA). Lesson 10 uses it to show what round-off alone does; the ship check
@@ -87,7 +87,8 @@ class ShipFinding:
     def __str__(self) -> str:
         text = f"[{self.verdict.upper()}] {self.check}: {self.what}"
         if self.verdict != "pass":
-            text += (f"\n       why: {self.why}" if self.why else "") + (f"\n       fix: {self.fix}" if self.fix else "")
+            text += f"\n       why: {self.why}" if self.why else ""
+            text += f"\n       fix: {self.fix}" if self.fix else ""
         return text
 
 
@@ -303,12 +304,13 @@ def load_saved(directory, base=None, *, dtype="auto", quantization: str | None =
                          "base in bitsandbytes nf4 — pass 'nf4' or None.")
     info = saved_files(path)
     if not info["has_weights"]:
-        raise ShipInputError(f"{str(path)!r} holds no weights file (files: {info['files'][:8]}) — there is no "
-                             "model to serve — save with save_pretrained() / trainer.save_model().")
+        raise ShipInputError(f"{str(path)!r} holds no weights file (files: {info['files'][:8]}) — there is "
+                             "no model to serve — save with save_pretrained() / trainer.save_model().")
     source = _base_source(path, base) if info["kind"] == "adapter" else None  # bad input fails first
     if info["kind"] == "full" and not info["has_tokenizer"]:
         raise ShipInputError(f"{str(path)!r} holds a full model but no tokenizer — a user cannot render a "
-                             "prompt for it — save the tokenizer there too (tokenizer.save_pretrained(directory)).")
+                             "prompt for it — save the tokenizer there too "
+                             "(tokenizer.save_pretrained(directory)).")
     try:
         model, tokenizer = _load(path, info, source, dtype, quantization)
     except ShipInputError:
@@ -317,7 +319,8 @@ def load_saved(directory, base=None, *, dtype="auto", quantization: str | None =
         what = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         raise ShipInputError(f"{str(path)!r} cannot be loaded ({type(exc).__name__}: {what}) — a user or a "
                              "server would fail the same way — check that the adapter was trained on this "
-                             "base (--base DIR) and that the directory holds what save_pretrained() wrote.") from None
+                             "base (--base DIR) and that the directory holds what save_pretrained() "
+                             "wrote.") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     _ready(model)
@@ -351,7 +354,8 @@ def _quantized(model) -> bool:
 
 def _ready(model) -> None:
     """Inference mode. A bitsandbytes 4-bit model stays in train mode on the CPU (its LoRA dropout is 0):
-    bitsandbytes 0.50.2 repacks eval-mode 4-bit weights on CPUs with AVX512-BF16 and then fails (lesson 06)."""
+    bitsandbytes 0.50.2 repacks eval-mode 4-bit weights on CPUs with AVX512-BF16 and then fails
+    (lesson 06)."""
     model.train() if _quantized(model) else model.eval()
 
 
@@ -423,8 +427,9 @@ def _conversation_batches(tokenizer, conversations: list, size: int = 16) -> lis
     for i in range(0, len(rows), size):
         chunk = rows[i:i + size]
         width = max(len(r) for r in chunk)
-        batches.append({"input_ids": torch.tensor([r + [pad] * (width - len(r)) for r in chunk]),
-                        "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in chunk])})
+        batches.append({
+            "input_ids": torch.tensor([r + [pad] * (width - len(r)) for r in chunk]),
+            "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in chunk])})
     return batches
 
 
@@ -491,7 +496,8 @@ def _files_finding(info: dict) -> ShipFinding:
     missing = []
     if info["kind"] == "adapter":
         if info["generation_eos"] is None:
-            missing.append("generation_config.json (a peft loader would ignore it anyway: the base's is served)")
+            missing.append("generation_config.json (a peft loader would ignore it anyway: the base's is "
+                           "served)")
         if not info["has_tokenizer"]:
             missing.append("tokenizer files (the base's tokenizer and template are served)")
     elif not info["has_chat_template"]:
@@ -518,32 +524,34 @@ def _stop_finding(trained_model, trained_tok, saved, saved_tok, info, prompts, m
              if info["kind"] == "adapter" else "the directory's generation_config.json")
     why = ("generate() and servers stop on generation_config.eos_token_id; a reply the template ends with "
            "the end-of-turn token runs on to max_new_tokens when that id is not in the list")
-    fix = (f"ship a generation_config whose eos_token_id includes {_token(trained_tok, eot)}: merge_and_unload() "
-           "the trained (in-memory) model and save_pretrained() it, or copy the in-memory "
+    fix = (f"ship a generation_config whose eos_token_id includes {_token(trained_tok, eot)}: "
+           "merge_and_unload() the trained (in-memory) model and save_pretrained() it, or copy the in-memory "
            "generation_config onto what you save (model.generation_config.save_pretrained(d)) — for an "
            "adapter onto the base it is served on, or into the server's stop list; an eval that passes "
            "eos_token_id to generate() does not ship")
     if eot is None:
-        return ShipFinding("stops", "could-not-measure", "the trained template ends a turn with plain text: "
-                           "there is no end-of-turn id to look for", why, "stop on strings (stop_strings=...)")
+        return ShipFinding("stops", "could-not-measure", "the trained template ends a turn with plain "
+                           "text: there is no end-of-turn id to look for", why,
+                           "stop on strings (stop_strings=...)")
     if eot not in served_eos:
-        return ShipFinding("stops", "fail", f"served eos_token_id {served_eos}, from {where}: the end of turn "
-                           f"{_token(trained_tok, eot)} is NOT in it", why, fix)
+        return ShipFinding("stops", "fail", f"served eos_token_id {served_eos}, from {where}: the end of "
+                           f"turn {_token(trained_tok, eot)} is NOT in it", why, fix)
     header = user_turn_header(trained_tok)
     told = list(dict.fromkeys([eot, *_eos_list(trained_model.generation_config.eos_token_id)]))
     ref_rate = sum(_stops(trained_model, trained_tok, prompts, told, max_new_tokens, header)) / len(prompts)
     if ref_rate < REFERENCE_STOPS:
         return ShipFinding("stops", "could-not-measure",
-                           f"served eos_token_id {served_eos} holds {_token(trained_tok, eot)}; the trained model "
-                           f"itself stops on {ref_rate:.2f} of {len(prompts)} probe prompts within "
-                           f"{max_new_tokens} new tokens, so the stop rates cannot be compared",
+                           f"served eos_token_id {served_eos} holds {_token(trained_tok, eot)}; the "
+                           f"trained model itself stops on {ref_rate:.2f} of {len(prompts)} probe prompts "
+                           f"within {max_new_tokens} new tokens, so the stop rates cannot be compared",
                            "a reasoning model thinks longer than a short probe",
-                           "raise max_new_tokens (--max-new-tokens) or probe with your own prompts (--prompts)")
+                           "raise max_new_tokens (--max-new-tokens) or probe with your own prompts "
+                           "(--prompts)")
     rate = sum(_stops(saved, saved_tok, prompts, None, max_new_tokens, header)) / len(prompts)
     verdict = "pass" if rate >= ref_rate - STOP_SLACK else "fail"
     return ShipFinding("stops", verdict, f"served eos_token_id {served_eos} ({where}) holds "
-                       f"{_token(trained_tok, eot)}; the saved model stops on {rate:.2f} of {len(prompts)} probe "
-                       f"prompts, the trained one on {ref_rate:.2f} (slack {STOP_SLACK})",
+                       f"{_token(trained_tok, eot)}; the saved model stops on {rate:.2f} of {len(prompts)} "
+                       f"probe prompts, the trained one on {ref_rate:.2f} (slack {STOP_SLACK})",
                        "the end of turn is in the list, but the served model does not write it: the weights "
                        "or the prompt it is served differ", "see the precision and served_prompt findings")
 
@@ -551,10 +559,12 @@ def _stop_finding(trained_model, trained_tok, saved, saved_tok, info, prompts, m
 def _tokenizer_eos_finding(trained_tok, saved_tok) -> ShipFinding:
     same = saved_tok.eos_token == trained_tok.eos_token
     return ShipFinding("tokenizer_eos", "pass" if same else "fail",
-                       f"served tokenizer eos_token {saved_tok.eos_token!r}, trained {trained_tok.eos_token!r}",
+                       f"served tokenizer eos_token {saved_tok.eos_token!r}, trained "
+                       f"{trained_tok.eos_token!r}",
                        "servers that read the tokenizer's eos (TGI, llama.cpp conversions) stop on it; a "
                        "tokenizer saved from the base carries the base's",
-                       "save the tokenizer you trained with (trainer.save_model() / tokenizer.save_pretrained(d))")
+                       "save the tokenizer you trained with (trainer.save_model() / "
+                       "tokenizer.save_pretrained(d))")
 
 
 def _served_prompt_finding(trained_model, trained_tok, saved, saved_tok, conversations, info) -> ShipFinding:
@@ -567,17 +577,17 @@ def _served_prompt_finding(trained_model, trained_tok, saved, saved_tok, convers
     if any(t is None for t in theirs):
         return ShipFinding("served_prompt", "fail", "the served tokenizer has no chat template (or it cannot "
                            "render the probe chats): a chat request cannot be rendered", why, fix)
-    ids = [(trained_tok(a, add_special_tokens=False)["input_ids"], saved_tok(b, add_special_tokens=False)["input_ids"])
-           for a, b in zip(mine, theirs)]
+    ids = [(trained_tok(a, add_special_tokens=False)["input_ids"],
+            saved_tok(b, add_special_tokens=False)["input_ids"]) for a, b in zip(mine, theirs)]
     differ = sum(a != b for a, b in ids)
     if not differ:
         return ShipFinding("served_prompt", "pass", f"the served template renders all {len(asked)} probe "
                            "prompts to the ids the trained one does")
     ref = _first_reply_token(trained_model, trained_tok, mine)
     got = _first_reply_token(saved, saved_tok, theirs)
-    vocab = min(ref.shape[-1], got.shape[-1])
-    kl = max(0.0, float((ref.exp() * (ref - got)).sum(-1).mean())) if vocab == ref.shape[-1] == got.shape[-1] \
-        else float("nan")
+    vocab = min(ref.shape[-1], got.shape[-1])  # a resized head: the shared vocabulary, renormalised
+    ref, got = ref[:, :vocab].log_softmax(-1), got[:, :vocab].log_softmax(-1)
+    kl = max(0.0, float((ref.exp() * (ref - got)).sum(-1).mean()))
     first = next(i for i, (a, b) in enumerate(ids) if a != b)
     a, b = mine[first], theirs[first]
     at = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))
@@ -615,26 +625,27 @@ def _token_rows_finding(trained_model, trained_tok, saved, saved_tok, info, base
     added = [i for i in special if base_vocab is not None and i >= base_vocab]
     trained_rows = set(info.get("modules_to_save") or []) & {"embed_tokens", "lm_head"}
     if info["kind"] == "adapter" and added and not trained_rows and not info.get("trainable_tokens"):
-        return ShipFinding("token_rows", "fail", f"{len(added)} added token(s) beyond the base's {base_vocab} "
-                           "rows; the adapter neither trains nor saves their rows (no modules_to_save, no "
-                           "trainable_token_indices)",
-                           "their rows stayed at resize_token_embeddings' random initialisation, and a loader "
-                           "that resizes the base draws another one",
+        return ShipFinding("token_rows", "fail", f"{len(added)} added token(s) beyond the base's "
+                           f"{base_vocab} rows; the adapter neither trains nor saves their rows (no "
+                           "modules_to_save, no trainable_token_indices)",
+                           "their rows stayed at resize_token_embeddings' random initialisation, and a "
+                           "loader that resizes the base draws another one",
                            'train and save the rows: LoraConfig(modules_to_save=["embed_tokens", "lm_head"]) '
                            "or trainable_token_indices, then merge")
     return ShipFinding("token_rows", "pass" if gap <= LOGIT_TOLERANCE else "fail",
                        f"max |Δ| of the {len(special)} special tokens' embedding and head rows: {gap:.3g}",
                        "the end-of-turn row is what makes a fine-tuned base stop",
-                       "keep modules_to_save in the adapter and load it with peft, or merge and save the full model")
+                       "keep modules_to_save in the adapter and load it with peft, or merge and save the "
+                       "full model")
 
 
 def _dtype_finding(trained_model, saved, info) -> ShipFinding:
     trained, served = _precision(trained_model), _precision(saved)
     stated = info["dtype"] or "not stated: an adapter takes its base"
     same = trained == served
+    quant = f", {info['quantization']} quantization_config" if info["quantization"] else ""
     return ShipFinding("dtype", "pass" if same else "warn",
-                       f"trained in {trained}, served in {served} (config dtype {stated}"
-                       + (f", {info['quantization']} quantization_config" if info["quantization"] else "") + ")",
+                       f"trained in {trained}, served in {served} (config dtype {stated}{quant})",
                        "transformers 5 loads the dtype config.json states (dtype='auto'); the precision "
                        "finding says whether the change is felt",
                        "nothing if precision passes; else save in the dtype you trained and evaluated in")
@@ -660,7 +671,8 @@ def ship_report(trained_model, trained_tokenizer, saved_dir, *, base=None, conve
     validate.positive_int("n_prompts", n_prompts, why="it is how many probe chats the check generates for")
     validate.positive_int("max_new_tokens", max_new_tokens, why="it bounds every probe generation")
     for name, value in (("kl_tolerance", kl_tolerance), ("agreement_tolerance", agreement_tolerance)):
-        validate.number(name, value, positive=True, allow_none=True, why="it bounds what a faithful copy shows")
+        validate.number(name, value, positive=True, allow_none=True,
+                        why="it bounds what a faithful copy shows")
     if conversations is None:
         conversations = make_messages("mixed", n_prompts, seed=PROBE_SEED)
     else:
@@ -668,8 +680,8 @@ def ship_report(trained_model, trained_tokenizer, saved_dir, *, base=None, conve
                            fix="pass e.g. make_messages('mixed', 16), or leave it out (the course's).")
         conversations = [validate.messages(f"conversations[{i}]", c) for i, c in enumerate(conversations)]
     if not getattr(trained_tokenizer, "chat_template", None):
-        raise ShipInputError("the trained tokenizer has no chat template — the check renders probe chats with "
-                             "it — pass the tokenizer the run trained with.")
+        raise ShipInputError("the trained tokenizer has no chat template — the check renders probe chats "
+                             "with it — pass the tokenizer the run trained with.")
     if trained_tokenizer.pad_token is None:
         trained_tokenizer.pad_token = trained_tokenizer.eos_token
     saved, saved_tok = load_saved(saved_dir, base)
@@ -678,12 +690,13 @@ def ship_report(trained_model, trained_tokenizer, saved_dir, *, base=None, conve
                                     .get("trainable_token_indices"))
     base_vocab = _base_vocab(Path(saved_dir), base) if info["kind"] == "adapter" else None
     _ready(trained_model)
-    prompts = [_render(trained_tokenizer, [m for m in c if m["role"] != "assistant"], add_generation_prompt=True)
-               for c in conversations]
+    prompts = [_render(trained_tokenizer, [m for m in c if m["role"] != "assistant"],
+                       add_generation_prompt=True) for c in conversations]
+    trained = (trained_model, trained_tokenizer)
     findings = [_files_finding(info),
-                _stop_finding(trained_model, trained_tokenizer, saved, saved_tok, info, prompts, max_new_tokens),
+                _stop_finding(*trained, saved, saved_tok, info, prompts, max_new_tokens),
                 _tokenizer_eos_finding(trained_tokenizer, saved_tok),
-                _served_prompt_finding(trained_model, trained_tokenizer, saved, saved_tok, conversations, info)]
+                _served_prompt_finding(*trained, saved, saved_tok, conversations, info)]
     batches = _conversation_batches(trained_tokenizer, conversations)
     if max(int(b["input_ids"].max()) for b in batches) >= saved.get_input_embeddings().num_embeddings:
         findings.append(ShipFinding("precision", "fail", "the served model has fewer embedding rows than the "
@@ -694,6 +707,17 @@ def ship_report(trained_model, trained_tokenizer, saved_dir, *, base=None, conve
     findings += [_token_rows_finding(trained_model, trained_tokenizer, saved, saved_tok, info, base_vocab),
                  _dtype_finding(trained_model, saved, info)]
     return findings
+
+
+def verdicts(findings) -> str:
+    """One line for a ship report: ``"FAILS: stops (look at: files)"`` or ``"no failure"``."""
+    if not isinstance(findings, (list, tuple)) or not all(isinstance(f, ShipFinding) for f in findings):
+        raise TypeError(f"findings must be ship_report()'s list of ShipFinding, got "
+                        f"{type(findings).__name__} — the line summarises their verdicts — pass ship_report(...)'s result.")
+    failed = [f.check for f in findings if f.verdict == "fail"]
+    looked = [f.check for f in findings if f.verdict in ("warn", "could-not-measure")]
+    return ((f"FAILS: {', '.join(failed)}" if failed else "no failure")
+            + (f" (look at: {', '.join(looked)})" if looked else ""))
 
 
 def _base_vocab(path: Path, base) -> int | None:
@@ -737,7 +761,8 @@ def main(argv=None) -> int:
                         "in 4-bit nf4, as a QLoRA run trained it")
     parser.add_argument("--prompts", help="probe chats, JSONL: one {\"messages\": [...]} per line")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="probe length (default %(default)s)")
-    parser.add_argument("--kl-tolerance", type=float, help="max mean next-token KL, nats (default: per dtype)")
+    parser.add_argument("--kl-tolerance", type=float,
+                        help="max mean next-token KL, nats (default: per dtype)")
     parser.add_argument("--agreement-tolerance", type=float, help="min greedy agreement (default: per dtype)")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     args = parser.parse_args(argv)
@@ -746,7 +771,8 @@ def main(argv=None) -> int:
     use_course_defaults()
     try:
         conversations = _read_prompts(args.prompts) if args.prompts else None
-        trained, tokenizer = load_saved(args.trained, args.trained_base, quantization=args.trained_quantization)
+        trained, tokenizer = load_saved(args.trained, args.trained_base,
+                                        quantization=args.trained_quantization)
         findings = ship_report(trained, tokenizer, args.saved, base=args.base, conversations=conversations,
                                max_new_tokens=args.max_new_tokens, kl_tolerance=args.kl_tolerance,
                                agreement_tolerance=args.agreement_tolerance)
@@ -758,11 +784,8 @@ def main(argv=None) -> int:
     else:
         for f in findings:
             print(f)
-    failed = [f.check for f in findings if f.verdict == "fail"]
-    warned = [f.check for f in findings if f.verdict in ("warn", "could-not-measure")]
-    print("ship check: " + (f"FAILS: {', '.join(failed)}" if failed else "no failure")
-          + (f" (look at: {', '.join(warned)})" if warned else ""), file=sys.stderr)
-    return 1 if failed else 0
+    print(f"ship check: {verdicts(findings)}", file=sys.stderr)
+    return 1 if any(f.verdict == "fail" for f in findings) else 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -793,8 +816,8 @@ def shipping_explorer(routes: dict):
             else "does NOT ship the trained model"
         return (f"{route}: {verdict}\n  files on disk : {', '.join(r['files'])}\n"
                 f"  generate() stops on (served generation_config): {r['served_eos']}\n"
-                f"  next-token KL vs the trained model: {r['kl']:.3g} nats (a user feels it above ~{kl_tol:g}); "
-                f"max |Δlogit| {r['max_abs']:.3g}\n  stop rate with the served generation_config: "
-                f"{r['stop_rate']:.2f}")
+                f"  next-token KL vs the trained model: {r['kl']:.3g} nats (a user feels it above "
+                f"~{kl_tol:g}); max |Δlogit| {r['max_abs']:.3g}\n"
+                f"  stop rate with the served generation_config: {r['stop_rate']:.2f}")
 
     return what_if(frame, {"route": list(routes)}, descriptions={"route": "how it was saved"}, width="620px")

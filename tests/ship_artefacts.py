@@ -33,7 +33,8 @@ class Artefacts:
     tok: object                 # the tokenizer it trained with (training template, eos <|im_end|>)
     merged: object              # the same, merged in memory
     fixed_base: Path            # the base with generation_config.eos_token_id [<|im_end|>, <|endoftext|>]
-    references: dict = field(default_factory=dict)  # {"trained", "added-with", "added-without", "qlora", family}
+    # {"trained", "added-with", "added-without", "qlora", a template family}: (model, tokenizer)
+    references: dict = field(default_factory=dict)
     cases: dict = field(default_factory=dict)    # {name: Case}
 
 
@@ -48,7 +49,8 @@ class Case:
 def _lora(modules_to_save=("embed_tokens", "lm_head")):
     from peft import LoraConfig
 
-    return LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM", target_modules="all-linear",
+    return LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",
+                      target_modules="all-linear",
                       modules_to_save=list(modules_to_save) if modules_to_save else None)
 
 
@@ -82,7 +84,7 @@ def build(root: Path) -> Artefacts:
         shutil.copytree(COURSE_MODEL_DIR, fixed_base)
         _copy_generation_config(trained, fixed_base)
         cases["adapter on a base whose eos list holds <|im_end|>"] = Case(d("save_model"), fixed_base, set())
-        trained.save_pretrained(d("peft_save"))  # PeftModel.save_pretrained: no tokenizer, no generation_config
+        trained.save_pretrained(d("peft_save"))  # PeftModel.save_pretrained: adapter files only
         cases["PeftModel.save_pretrained (no tokenizer)"] = Case(d("peft_save"), None,
                                                               {"stops", "served_prompt", "tokenizer_eos"})
         merged = copy.deepcopy(trained).merge_and_unload().eval()
@@ -97,9 +99,10 @@ def build(root: Path) -> Artefacts:
         reloaded.merge_and_unload().save_pretrained(d("merged_after_reload"))
         tok.save_pretrained(d("merged_after_reload"))
         cases["merged after reloading (base's eos)"] = Case(d("merged_after_reload"), None, {"stops"})
-        # the QLoRA / bf16 ship path: the base reloaded in bf16, the adapter on it, merged, the eos list copied
+        # the QLoRA / bf16 ship path: the base reloaded in bf16, the adapter on it, merged, eos list copied
         bf16_base = AutoModelForCausalLM.from_pretrained(str(COURSE_MODEL_DIR), dtype=torch.bfloat16)
-        PeftModel.from_pretrained(bf16_base, str(d("save_model"))).merge_and_unload().save_pretrained(d("bf16_merge"))
+        bf16_merged = PeftModel.from_pretrained(bf16_base, str(d("save_model"))).merge_and_unload()
+        bf16_merged.save_pretrained(d("bf16_merge"))
         tok.save_pretrained(d("bf16_merge"))
         shutil.copytree(d("bf16_merge"), d("bf16_merge_no_eos"))
         _copy_generation_config(trained, d("bf16_merge"))
@@ -161,24 +164,26 @@ def _qlora(art: Artefacts, root: Path) -> None:
 
     art.references["qlora"] = load_saved(root / "save_model", art.fixed_base, quantization="nf4")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # peft: "Merge lora module to 4-bit linear may get different generations"
+        warnings.simplefilter("ignore")  # peft: "Merge lora module to 4-bit linear may get different ..."
         model, tok = load_saved(root / "save_model", art.fixed_base, quantization="nf4")
         model.merge_and_unload().save_pretrained(root / "qlora_merged_4bit")
     tok.save_pretrained(root / "qlora_merged_4bit")
     art.cases["QLoRA merged in 4-bit, saved 4-bit"] = Case(root / "qlora_merged_4bit", None, set(), "qlora")
-    art.cases["QLoRA shipped by lesson 10 (bf16 base, merge, eos copied)"] = Case(root / "bf16_merge", None, set(),
-                                                                                "qlora")
-    art.cases["QLoRA merged in bf16, eos not copied"] = Case(root / "bf16_merge_no_eos", None, {"stops"}, "qlora")
+    art.cases["QLoRA shipped by lesson 10 (bf16 base, merge, eos copied)"] = Case(
+        root / "bf16_merge", None, set(), "qlora")
+    art.cases["QLoRA merged in bf16, eos not copied"] = Case(
+        root / "bf16_merge_no_eos", None, {"stops"}, "qlora")
 
 
 # Templates TRL ships (trl/chat_templates), their special tokens, the end of turn after the final message,
 # the end of an *earlier* turn, and the header that opens a user turn.
 FAMILIES = {
-    "gptoss": (["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>", "<|constrain|>"],
-               "<|return|>", "<|end|>", "<|start|>user<|message|>"),
+    "gptoss": (["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>",
+                "<|constrain|>"], "<|return|>", "<|end|>", "<|start|>user<|message|>"),
     "llama3_1": (["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",
                   "<|python_tag|>"], "<|eot_id|>", "<|eot_id|>", "<|start_header_id|>user<|end_header_id|>"),
-    "gemma3": (["<bos>", "<start_of_turn>", "<end_of_turn>"], "<end_of_turn>", "<end_of_turn>", "<start_of_turn>user"),
+    "gemma3": (["<bos>", "<start_of_turn>", "<end_of_turn>"], "<end_of_turn>", "<end_of_turn>",
+               "<start_of_turn>user"),
 }
 
 
@@ -210,6 +215,6 @@ def _families(art: Artefacts, root: Path) -> None:
             model.generation_config.eos_token_id = tok.convert_tokens_to_ids(eos)
             model.save_pretrained(directory)
             tok.save_pretrained(directory)
-            art.cases[f"{name} template, eos list {eos}"] = Case(directory, None,
-                                                                 set() if label == "right" else {"stops"}, name)
+            expect = set() if label == "right" else {"stops"}
+            art.cases[f"{name} template, eos list {eos}"] = Case(directory, None, expect, name)
         model.generation_config.eos_token_id = tok.convert_tokens_to_ids([final])
