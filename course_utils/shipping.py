@@ -713,7 +713,8 @@ def verdicts(findings) -> str:
     """One line for a ship report: ``"FAILS: stops (look at: files)"`` or ``"no failure"``."""
     if not isinstance(findings, (list, tuple)) or not all(isinstance(f, ShipFinding) for f in findings):
         raise TypeError(f"findings must be ship_report()'s list of ShipFinding, got "
-                        f"{type(findings).__name__} — the line summarises their verdicts — pass ship_report(...)'s result.")
+                        f"{type(findings).__name__} — the line summarises their verdicts — pass "
+                        "ship_report(...)'s result.")
     failed = [f.check for f in findings if f.verdict == "fail"]
     looked = [f.check for f in findings if f.verdict in ("warn", "could-not-measure")]
     return ((f"FAILS: {', '.join(failed)}" if failed else "no failure")

@@ -114,7 +114,7 @@ CHECKERS = [
     Row("diagnose_saved", graded(ex.check_diagnose_saved), lesson10.diagnose_saved),
 ]
 ALSO_CORRECT = [("save_for_serving", save_merged_copy), ("diagnose_saved", diagnose_saved_other_order),
-                ("save_for_serving", save_merged_in_bf16)]  # what a user feels decides: a bf16 save is correct
+                ("save_for_serving", save_merged_in_bf16)]  # what a user feels decides: bf16 is correct
 WRONG = [
     ("save_for_serving", save_adapter_and_generation_config, "peft does not read a generation_config.json"),
     ("save_for_serving", save_merged_without_tokenizer, "not the one the run trained with"),

@@ -100,9 +100,9 @@ def _compare_saved(_got, expected: dict) -> str | None:
     # what a user feels decides, as in the ship check: a correct bf16 save passes
     kl_tolerance, agreement = PRECISION_TOLERANCE.get(_precision(served), PRECISION_TOLERANCE["float32"])
     if drift["kl"] > kl_tolerance or drift["agreement"] < agreement:
-        return (f"the served next-token distribution differs from the trained model's (KL {drift['kl']:.3g} "
-                f"nats/token, greedy agreement {drift['agreement']:.2f}; loaded in {_precision(served)}): the "
-                "trained embedding and head rows (modules_to_save) or the LoRA update were not saved")
+        return (f"the served next-token distribution differs from the trained model's (KL "
+                f"{drift['kl']:.3g} nats/token, greedy agreement {drift['agreement']:.2f}; loaded in "
+                f"{_precision(served)}): the trained embedding and head rows (modules_to_save) or the LoRA update were not saved")
     return None
 
 
