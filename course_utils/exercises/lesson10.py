@@ -102,7 +102,8 @@ def _compare_saved(_got, expected: dict) -> str | None:
     if drift["kl"] > kl_tolerance or drift["agreement"] < agreement:
         return (f"the served next-token distribution differs from the trained model's (KL "
                 f"{drift['kl']:.3g} nats/token, greedy agreement {drift['agreement']:.2f}; loaded in "
-                f"{_precision(served)}): the trained embedding and head rows (modules_to_save) or the LoRA update were not saved")
+                f"{_precision(served)}): the trained embedding and head rows (modules_to_save) or the LoRA "
+                "update were not saved")
     return None
 
 
