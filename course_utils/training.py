@@ -162,7 +162,9 @@ def _close_bar(bar) -> None:
     """Close a progress bar as done. A run that meets its criterion early (``on_step``, a stop callback) is
     finished, not failed: without this the notebook bar closes at e.g. 90/300 and tqdm paints it red."""
     if bar.total and bar.n < bar.total:
-        bar.total = bar.n
+        done = bar.n
+        bar.reset(total=done)  # the notebook bar's maximum too (setting .total alone leaves it at the cap)
+        bar.update(done)
     bar.close()
 
 

@@ -21,5 +21,5 @@ def test_train_stopping_on_its_criterion_closes_its_bar_full(monkeypatch):
     monkeypatch.setattr(training, "_close_bar", lambda bar: closed.append((bar.n, bar.total)))
     model, tok = load_course_model()
     batches = make_batches(tok, make_messages("add", 4, seed=0), 4)
-    records = train(model, batches, steps=10, on_step=lambda step, m: step == 3, progress=False)
+    records = train(model, batches, steps=10, on_step=lambda step, m: step == 3, progress=True)
     assert len(records) == 3 and closed == [(3, 10)], "train() hands the early-stopped bar to _close_bar"
