@@ -165,6 +165,7 @@ def _close_bar(bar) -> None:
         done = bar.n
         bar.reset(total=done)  # the notebook bar's maximum too (setting .total alone leaves it at the cap)
         bar.update(done)
+        bar.refresh()  # update() may skip the redraw (mininterval): the closed bar shows done/done
     bar.close()
 
 
