@@ -166,9 +166,20 @@ def train(model, micro_batches: Sequence[dict], *, steps: int, accum_steps: int 
         bar.update()
         if on_step is not None and on_step(step + 1, model):
             break  # the caller's criterion is met
-    bar.close()
+    _close_bar(bar)
     model.eval()
     return records
+
+
+def _close_bar(bar) -> None:
+    """Close a progress bar as done. A run that meets its criterion early (``on_step``, a stop callback) is
+    finished, not failed: without this the notebook bar closes at e.g. 90/300 and tqdm paints it red."""
+    if bar.total and bar.n < bar.total:
+        done = bar.n
+        bar.reset(total=done)  # the notebook bar's maximum too (setting .total alone leaves it at the cap)
+        bar.update(done)
+        bar.refresh()  # update() may skip the redraw (mininterval): the closed bar shows done/done
+    bar.close()
 
 
 def clip_rate(records: list[dict]) -> float:
@@ -192,7 +203,7 @@ def _progress_callback():
             self.bar.update()
 
         def on_train_end(self, args, state, control, **kwargs):
-            self.bar.close()
+            _close_bar(self.bar)  # a stop callback may end the run before max_steps: finished, not failed
 
     return QuietProgress()
 

@@ -247,7 +247,8 @@ def _what_if_class():
         def _repr_mimebundle_(self, **kwargs):
             bundle = super()._repr_mimebundle_(**kwargs)
             setting = ", ".join(f"{name} = {s.value}" for name, s in self._sliders.items())
-            bundle["text/plain"] = f"[what if: {setting}; move the controls in JupyterLab]\n{self.text}"
+            bundle["text/plain"] = (f"[what if: {setting}; run the cell in JupyterLab for its controls]\n"
+                                   f"{self.text}")
             return bundle
 
     return WhatIf
