@@ -673,6 +673,9 @@ def ship_report(trained_model, trained_tokenizer, saved_dir, *, base=None, conve
     for name, value in (("kl_tolerance", kl_tolerance), ("agreement_tolerance", agreement_tolerance)):
         validate.number(name, value, positive=True, allow_none=True,
                         why="it bounds what a faithful copy shows")
+    if agreement_tolerance is not None and agreement_tolerance > 1:
+        raise ValueError(f"agreement_tolerance={agreement_tolerance!r} is above 1 — it is the least share of "
+                         "probe positions whose greedy token must agree, a fraction — pass e.g. 0.95.")
     if conversations is None:
         conversations = make_messages("mixed", n_prompts, seed=PROBE_SEED)
     else:
