@@ -706,19 +706,22 @@ def sliding_window_drift(sliding_window: int = 4, length: int = 12, seed: int = 
     ``"4-D causal mask, no window"`` is what a block-diagonal mask built for a full-attention model gives it;
     ``"4-D mask with the window"`` cuts keys ``sliding_window`` or more positions back. transformers passes a
     4-D mask through unchanged (``masking_utils._preprocess_mask_arguments``), so the first moves the logits:
-    a sliding-window model (Mistral, Gemma 2/3, Qwen2 with ``use_sliding_window``) needs its window in the mask.
+    a sliding-window model (Mistral, Gemma 2/3, Qwen2 with ``use_sliding_window``) needs its window in the
+    mask.
     """
     from transformers import MistralConfig, MistralForCausalLM
 
-    sliding_window = validate.positive_int("sliding_window", sliding_window, why="it is how many keys a query sees")
+    sliding_window = validate.positive_int("sliding_window", sliding_window,
+                                           why="it is how many keys a query sees")
     length = validate.positive_int("length", length, why="it is the example's number of tokens")
     if length <= sliding_window:
-        raise ValueError(f"length={length} is not above sliding_window={sliding_window} — an example inside the "
-                         "window cannot show the window — pass a length above the window.")
+        raise ValueError(f"length={length} is not above sliding_window={sliding_window} — an example inside "
+                         "the window cannot show the window — pass a length above the window.")
     torch.manual_seed(validate.seed("seed", seed))
     config = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, sliding_window=sliding_window,
-                           max_position_embeddings=4 * length, attn_implementation="sdpa")
+                           num_attention_heads=4, num_key_value_heads=2,
+                           sliding_window=sliding_window, max_position_embeddings=4 * length,
+                           attn_implementation="sdpa")
     model = MistralForCausalLM(config).eval()
     ids = torch.randint(0, config.vocab_size, (1, length))
     query, key = torch.arange(length)[:, None], torch.arange(length)[None, :]

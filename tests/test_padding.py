@@ -298,6 +298,6 @@ def test_a_4d_mask_replaces_a_sliding_window_models_own_window():
 
     drift = sliding_window_drift(sliding_window=4, length=12)
     assert drift["4-D mask with the window"] < 1e-5, "the window in the mask: the model's own call, exactly"
-    assert drift["4-D causal mask, no window"] > 1e-2, "a mask without the window lets queries see too far back"
+    assert drift["4-D causal mask, no window"] > 1e-2, "without the window queries see too far"
     with pytest.raises(ValueError, match="not above sliding_window.* — .* — "):
         sliding_window_drift(sliding_window=4, length=4)

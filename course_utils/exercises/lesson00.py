@@ -91,9 +91,9 @@ def _label_cases(tokenizer) -> list[Case]:
             n_pad = 5 + seed % 4
             ids, labels = ids + [tokenizer.pad_token_id] * n_pad, labels + [IGNORE_INDEX] * n_pad
         tag = "multi_turn" if extra_turn else "single_turn"
-        label = (f"{'two exchanges' if extra_turn else 'one exchange'}, "
-                 f"{ {'whole': 'whole', 'cut': 'cut by max_length inside the last answer', 'padded': 'right-padded'}[layout]}, "
-                 f"seed {seed}")
+        shape = {"whole": "whole", "cut": "cut by max_length inside the last answer",
+                 "padded": "right-padded"}[layout]
+        label = f"{'two exchanges' if extra_turn else 'one exchange'}, {shape}, seed {seed}"
         cases.append(Case((tokenizer, ids), (ids, labels), label=label, tag=f"{tag}_{layout}"))
     return cases
 
@@ -131,8 +131,9 @@ def _diagnose_labels(tokenizer):
     def diagnose(got, case) -> str | None:
         ids = case.args[1]
         if isinstance(got, (list, tuple)) and len(got) != len(ids):
-            return (f"{len(got)} labels for {len(ids)} ids: label the ids you are given, position by position. "
-                    "Decoding the row and re-rendering its messages gives other ids when the row was cut by "
+            return (f"{len(got)} labels for {len(ids)} ids: label the ids you are given, position by "
+                    "position. Decoding the row and re-rendering its messages gives other ids when the row "
+                    "was cut by "
                     "max_length (no closing <|im_end|>) or padded to its batch's width.")
         if not isinstance(got, (list, tuple)):
             return None

@@ -281,8 +281,8 @@ def _compare_collate(got, expected: dict) -> str | None:
         return f"expected three tensors of shape {tuple(reference['input_ids'].shape)}, got {shapes}"
     for i, (ids, labels, real_ids, real_labels, pad_labels) in enumerate(_rows(got, examples)):
         if real_ids != ids:
-            return (f"row {i}: the attention mask does not mark exactly the example's own tokens, ending with "
-                    "one eos")
+            return (f"row {i}: the attention mask does not mark exactly the example's own tokens, ending "
+                    "with one eos")
         if real_labels != labels:
             return f"row {i}: labels on the example's own tokens differ from its labels"
         if any(x != IGNORE_INDEX for x in pad_labels):
@@ -298,7 +298,7 @@ def _diagnose_collate(got, case: Case) -> str | None:
         rows = list(_rows(got, examples))
     except (IndexError, RuntimeError):  # fewer rows than examples, or tensors of another shape
         return None
-    for (ids, labels, real_ids, real_labels, pad_labels), e in zip(rows, examples):
+    for ids, _, real_ids, _, _ in rows:
         if ids[-1] != eos and real_ids == ids:
             return ("a row that came without its eos still has none: nothing in it teaches the model to stop "
                     "(lesson 02's 'never appended'). TRL appends eos_token while it prepares a "

@@ -181,8 +181,8 @@ def _diagnose_mask(got, case: Case):
 
 
 def check_block_mask(fn):
-    """Checker for exercise 7.2: ``fn(position_ids [B, T], sliding_window=None|int) -> bool mask [B, 1, T, T]``
-    (True = may attend), called with ``sliding_window`` always given."""
+    """Checker for exercise 7.2: ``fn(position_ids [B, T], sliding_window=None|int)`` -> a bool mask
+    ``[B, 1, T, T]`` (True = may attend), called with ``sliding_window`` always given."""
     return run_check("block_mask_from_position_ids", fn, _block_cases(), compare=_compare_mask,
                      diagnose=_diagnose_mask,
                      hint=Hints(

@@ -126,7 +126,8 @@ def diagnose_padding_incident(artefact: dict) -> Diagnosis:
     return Diagnosis("no_leak", None)
 
 
-def block_mask_from_position_ids(position_ids: torch.Tensor, sliding_window: int | None = None) -> torch.Tensor:
+def block_mask_from_position_ids(position_ids: torch.Tensor,
+                                 sliding_window: int | None = None) -> torch.Tensor:
     """Exercise 7.2: [B, 1, T, T] booleans, causal inside each example and nothing across; with a
     ``sliding_window`` W, a query also sees only the keys fewer than W positions back (itself included).
 
@@ -139,7 +140,9 @@ def block_mask_from_position_ids(position_ids: torch.Tensor, sliding_window: int
     length = position_ids.shape[-1]
     causal = torch.ones(length, length, dtype=torch.bool, device=position_ids.device).tril()
     if sliding_window is not None:  # keys i - W + 1 .. i: what transformers' sliding mask allows
-        causal &= ~torch.ones(length, length, dtype=torch.bool, device=position_ids.device).tril(-sliding_window)
+        ones = torch.ones(length, length, dtype=torch.bool, device=position_ids.device)
+        too_far = ones.tril(-sliding_window)
+        causal &= ~too_far
     return (same & causal)[:, None]
 
 
