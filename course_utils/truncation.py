@@ -681,7 +681,7 @@ def trl_kept_examples(model, tokenizer, dataset, max_length: int,
 def rows_without_targets(examples: Sequence[dict]) -> list[int]:
     """Indices of the examples whose labels are all ``-100``: the rows that make a silent 0.0 (a step of
     them only) or a NaN (a hand-written mean). Run it on what the trainer trains
-    (``[{"labels": r["labels"]} for r in trainer.train_dataset]``): with ``packing=True`` TRL keeps them."""
+    (``list(trainer.train_dataset)``, before ``train()``): with ``packing=True`` TRL keeps them."""
     examples = _check_examples(examples)
     return [i for i, e in enumerate(examples) if not has_targets(e["labels"])]
 
