@@ -164,7 +164,33 @@ def _from_the_last_assistant_header(tokenizer, input_ids):
     return [IGNORE_INDEX] * start + list(input_ids[start:])
 
 
+def _rerendered_with_tokenize_chat(tokenizer, input_ids):
+    """Issue 43's shortcut: decode the row, regex its turns back into messages, label them with tokenize_chat
+    (the labeller of §2), and fit the result to the row's length."""
+    import re
+
+    from course_utils.data import tokenize_chat
+
+    text = tokenizer.decode(input_ids)
+    turns = re.findall(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", text, re.S)
+    labels = tokenize_chat(tokenizer, [{"role": r, "content": c} for r, c in turns])["labels"]
+    return (labels + [IGNORE_INDEX] * len(input_ids))[:len(input_ids)]
+
+
+def _rerendered_exact(tokenizer, input_ids):
+    """The same shortcut without fitting the length: tokenize_chat's labels as they come."""
+    import re
+
+    from course_utils.data import tokenize_chat
+
+    turns = re.findall(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", tokenizer.decode(input_ids), re.S)
+    return tokenize_chat(tokenizer, [{"role": r, "content": c} for r, c in turns])["labels"]
+
+
 SHORTCUTS = [
+    ("assistant_only_labels", "decode, regex the turns, tokenize_chat (issue 43)", _rerendered_exact),
+    ("assistant_only_labels", "decode, regex, tokenize_chat, fitted to the row's length",
+     _rerendered_with_tokenize_chat),
     ("label_diagnosis", "always correct", always_correct),
     ("label_diagnosis", "the last graded token decides", _last_graded_token_is_the_stop),
     ("label_diagnosis", "count the graded tokens, never compare them with input_ids",

@@ -74,14 +74,27 @@ def _whitespace(tokenizer, token_id: int) -> bool:
 
 
 def _label_cases(tokenizer) -> list[Case]:
+    """Rows as a real pipeline hands them to a labeller: whole chats, a chat cut by ``max_length`` inside
+    its last answer, and a chat padded to its batch's width. The last two are why the exercise is done on
+    the ids: decoding a row and re-rendering its messages (``tokenize_chat``) does not give back those ids
+    (a cut answer has no ``<|im_end|>``; the pads are not a turn), so it labels the wrong positions."""
     cases = []
-    for seed, extra_turn in ((2001, False), (2002, True), (2003, False), (2004, True)):
+    for seed, extra_turn, layout in ((2001, False, "whole"), (2002, True, "whole"), (2003, True, "cut"),
+                                     (2004, False, "padded"), (2005, True, "padded"), (2006, False, "cut")):
         messages = _answers._messages_for(seed, two_exchanges=extra_turn)  # a second exchange: both graded
         example = tokenize_chat(tokenizer, messages)
+        ids, labels = list(example["input_ids"]), list(example["labels"])
+        if layout == "cut":  # max_length cuts the last answer after its first token, as TRL truncates
+            last_answer = max(i for i, label in enumerate(labels) if label == IGNORE_INDEX) + 1
+            ids, labels = ids[:last_answer + 2], labels[:last_answer + 2]  # its newline + 1 token
+        elif layout == "padded":  # right-padded to a longer row of its batch with the pad token
+            n_pad = 5 + seed % 4
+            ids, labels = ids + [tokenizer.pad_token_id] * n_pad, labels + [IGNORE_INDEX] * n_pad
         tag = "multi_turn" if extra_turn else "single_turn"
-        ids = list(example["input_ids"])
-        label = f"{'two exchanges' if extra_turn else 'one exchange'}, seed {seed}"
-        cases.append(Case((tokenizer, ids), (ids, list(example["labels"])), label=label, tag=tag))
+        shape = {"whole": "whole", "cut": "cut by max_length inside the last answer",
+                 "padded": "right-padded"}[layout]
+        label = f"{'two exchanges' if extra_turn else 'one exchange'}, {shape}, seed {seed}"
+        cases.append(Case((tokenizer, ids), (ids, labels), label=label, tag=f"{tag}_{layout}"))
     return cases
 
 
@@ -117,7 +130,12 @@ def _diagnose_labels(tokenizer):
 
     def diagnose(got, case) -> str | None:
         ids = case.args[1]
-        if not isinstance(got, (list, tuple)) or len(got) != len(ids):
+        if isinstance(got, (list, tuple)) and len(got) != len(ids):
+            return (f"{len(got)} labels for {len(ids)} ids: label the ids you are given, position by "
+                    "position. Decoding the row and re-rendering its messages gives other ids when the row "
+                    "was cut by "
+                    "max_length (no closing <|im_end|>) or padded to its batch's width.")
+        if not isinstance(got, (list, tuple)):
             return None
         graded = [i for i, label in enumerate(got) if is_graded(label)]
         if graded and all(int(got[i]) == ids[i + 1] for i in graded if i + 1 < len(ids)) and \
@@ -129,7 +147,7 @@ def _diagnose_labels(tokenizer):
         if all(ids[i] != eot for i in graded):
             return ("<|im_end|> after each answer carries no loss: the model would never learn to stop "
                     "(lesson 02).")
-        if case.tag == "multi_turn" and any(
+        if case.tag.startswith("multi_turn") and any(
                 is_graded(int(e)) and not is_graded(int(g)) for g, e in zip(got, case.expected[1])):
             return "only part of the conversation's answers is graded: every assistant turn carries loss."
         return None
