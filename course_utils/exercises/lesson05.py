@@ -37,14 +37,13 @@ def _graded_case(seed: int):
     return _answers.training_log_case(seed, graded=True)
 
 
-def check_diagnose_log(fn, seeds=None) -> object:
+def check_diagnose_log(fn) -> object:
     """Checker: ``fn(log) -> Diagnosis(cause, evidence)`` on fresh logs; ``cause`` is one of ``CAUSES``,
-    ``evidence`` the first step without a graded token (``None`` for a healthy run). ``seeds``: the cases to
-    grade on (default: twelve fresh ones, four per cause)."""
+    ``evidence`` the first step without a graded token (``None`` for a healthy run). Graded on twelve logs
+    drawn fresh on every run, four per cause (no keyword fixes them: see ``checks.fresh_seeds``)."""
     validate.function("fn", fn)  # not an answer yet: a value the checker cannot call
-    seeds = fresh_seeds(4 * len(CAUSES)) if seeds is None else validate.seeds("seeds", seeds)
     return check_diagnosis(
-        "diagnose_log", fn, _graded_case, seeds=seeds,
+        "diagnose_log", fn, _graded_case, seeds=fresh_seeds(4 * len(CAUSES)),
         misconceptions={
             ("nan_weights", "empty_micro_batch"): "after the step without a graded token the losses are "
             "finite again and its gradient norm was 0: the weights survived (the running average stays NaN "

@@ -78,13 +78,14 @@ _TRACE_MISCONCEPTIONS = {
 }
 
 
-def check_trace_diagnosis(fn, seeds=None):
+def check_trace_diagnosis(fn):
     """Checker for exercise 7.1: ``fn(trace) -> Diagnosis(cause, evidence)`` on fresh traces of each cause
-    (``seeds``: the cases to grade on; default: fifteen fresh ones, three per cause)."""
+    (fifteen, three per cause, drawn fresh on every run: no keyword fixes them, see
+    ``checks.fresh_seeds``)."""
     validate.function("fn", fn)  # not an answer yet: a value the checker cannot call
-    seeds = fresh_seeds(3 * len(TRACE_CAUSES)) if seeds is None else validate.seeds("seeds", seeds)
     return check_diagnosis(
-        "accumulation_trace", fn, _graded_case, seeds=seeds, evidence_ok=_trace_evidence_ok,
+        "accumulation_trace", fn, _graded_case, seeds=fresh_seeds(3 * len(TRACE_CAUSES)),
+        evidence_ok=_trace_evidence_ok,
         misconceptions=_TRACE_MISCONCEPTIONS,
         hint=Hints(question="What weight does ONE token of each row get in the step's gradient, once DDP has "
                             "averaged the ranks?",

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Sequence
 
 from .. import validate
-from ..checks import Case, Hints, check_diagnosis, run_check
+from ..checks import Case, Hints, check_diagnosis, fresh_seeds, run_check
 from ..data import IGNORE_INDEX
 from ..model import course_seed
 from ..reasoning import data_reasoning_tokens, reasoning_budget, reasoning_chats, think_blocks, trained_rows
@@ -269,17 +268,12 @@ DIAGNOSIS_HINTS = Hints(
 )
 
 
-def check_diagnose_rendering(fn, seeds: Sequence[int] | None = None):
+def check_diagnose_rendering(fn):
     """Checker for exercise 2: ``fn(artefact) -> Diagnosis`` on fresh renderings (every cause once, then
-    six draws offset by the course seed, then each healthy look-alike; or the given ``seeds``)."""
+    six drawn fresh on every run, and each healthy look-alike, in a shuffled order: no keyword fixes them)."""
     validate.function("fn", fn)
-    if seeds is None:
-        seeds = (
-            list(range(len(CAUSES)))
-            + [2000 + 13 * course_seed() + i for i in range(6)]
-            + _look_alike_seeds(5000 + 100 * course_seed())
-        )
-    seeds = validate.seeds("seeds", seeds)
+    # the look-alikes are found by search (seconds of rendering), so their seeds are the course seed's
+    seeds = list(range(len(CAUSES))) + fresh_seeds(6) + _look_alike_seeds(5000 + 100 * course_seed())
     return check_diagnosis(
         "diagnose_rendering",
         fn,
