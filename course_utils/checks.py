@@ -337,34 +337,41 @@ def _draws() -> random.Random:
 
 
 def fresh_seeds(n: int) -> list[int]:
-    """``n`` consecutive seeds from a base drawn fresh for this run (``_draws``), in a shuffled order.
-    Consecutive seeds walk through every cause of a generator that picks
-    ``cause = CAUSES[seed % len(CAUSES)]`` (``n`` a multiple of the number of causes: each cause equally
-    often), so every run mixes causes and a constant answer fails, whatever the draw."""
+    """``n`` consecutive seeds from a base drawn fresh for this run (``_draws``). The base is a multiple of
+    2520 (divisible by 1…10), so consecutive seeds walk through the causes in their listed order for a
+    generator that picks ``cause = CAUSES[seed % len(CAUSES)]`` (``n`` a multiple of the number of causes:
+    each cause equally often): every run mixes causes and a constant answer fails, whatever the draw.
+    ``check_diagnosis`` calls the learner's function on them in a shuffled order."""
     validate.positive_int("n", n, why="it is how many fresh cases the checker draws")
-    draws = _draws()
-    base = draws.randrange(10**6, 2**31 - n)
-    seeds = list(range(base, base + n))
-    draws.shuffle(seeds)
-    return seeds
+    base = 2520 * _draws().randrange(400, 800_000)
+    return list(range(base, base + n))
 
 
-def _grade(answer, truth: Diagnosis, evidence_ok, misconceptions) -> str | None:
-    """What is wrong with ``answer`` against ``truth``, or None. The answer is made plain first."""
+# How telling a wrong case is, most telling first: the report names the most telling one, so a learner meets
+# the misconception behind the answer (a wrong cause the exercise knows as a look-alike) before a near-miss.
+_BROKEN, _KNOWN_LOOK_ALIKE, _WRONG_CAUSE, _WRONG_EVIDENCE = range(4)
+
+
+def _grade(answer, truth: Diagnosis, evidence_ok, misconceptions) -> tuple[int, str] | None:
+    """What is wrong with ``answer`` against ``truth`` (how telling, and the sentence), or None. The answer is
+    made plain first (``plain``), so only Python's own ``==`` compares it."""
     if not isinstance(answer, Diagnosis):
-        return (f"expected a Diagnosis(cause=..., evidence=...), got {type(answer).__name__} — "
-                "return Diagnosis(cause, evidence)")
+        return _BROKEN, (f"expected a Diagnosis(cause=..., evidence=...), got {type(answer).__name__} — "
+                         "return Diagnosis(cause, evidence)")
     try:
         cause, evidence = plain(answer.cause), plain(answer.evidence)
     except NotPlain as exc:
-        return f"{exc} (the cause is one of the exercise's names, the evidence a number, a str or a list)"
+        return _BROKEN, f"{exc} (cause: one of the exercise's names; evidence: a number, a str, a list)"
     if type(cause) is not str:
-        return f"the cause must be one of the exercise's names (a str), got {cause!r:.80}"
+        return _BROKEN, f"the cause must be one of the exercise's names (a str), got {cause!r:.80}"
     if cause != truth.cause:
         known = (misconceptions or {}).get((cause, truth.cause))
-        return f"cause {cause!r} is not what broke this run" + (f": {known}" if known else "")
+        if known:
+            return _KNOWN_LOOK_ALIKE, f"cause {cause!r} is not what broke this run: {known}"
+        return _WRONG_CAUSE, f"cause {cause!r} is not what broke this run"
     if not evidence_ok(evidence, truth):
-        return f"right cause ({truth.cause!r}), but the evidence {evidence!r:.120} does not show it"
+        shown = f"{evidence!r:.120}"
+        return _WRONG_EVIDENCE, f"right cause ({truth.cause!r}), but the evidence {shown} does not show it"
     return None
 
 
@@ -378,32 +385,49 @@ def check_diagnosis(name: str, fn: Callable, make_case: Callable[[int], tuple[ob
     ``Diagnosis`` whose ``cause`` equals ``truth.cause`` and whose ``evidence`` passes
     ``evidence_ok(got_evidence, truth)`` (default: equal to ``truth.evidence``; the evidence it is given is
     already plain, see ``plain``). ``seeds`` (from ``fresh_seeds``, drawn per run) must cover more than one
-    cause, so the learner's logic, not a memorised answer, is graded; they are graded in a shuffled order.
-    Each truth is sealed before the learner's function sees its artefact (``_seal``).
-    ``misconceptions[(given, true)]`` names the look-alike a wrong cause confuses.
+    cause, so the learner's logic, not a memorised answer, is graded.
+
+    ``fn`` answers every case, in a shuffled order (its n-th call says nothing about the n-th cause); the
+    report names the most telling wrong case (a crash, then a known look-alike, then a wrong cause, then
+    wrong evidence; ties in the order of ``seeds``), so a wrong answer is told the same misconception
+    whatever the draw and the shuffle. Each truth is sealed before ``fn`` sees its
+    artefact (``_seal``). ``misconceptions[(given, true)]`` names the look-alike a wrong cause confuses.
     """
     if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or not seeds or not all(
             isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise ValueError(f"{name}: seeds={seeds!r:.60} must be a non-empty list of ints — each seed draws "
                          "one fresh case, and no case would pass any answer — pass fresh_seeds(n).")
-    if not callable(fn):  # run_check sees the wrapper below, not the learner's function
+    if not callable(fn):
         raise ValueError(f"{name}: expected your function, got {type(fn).__name__} — the checker calls "
                          "it on fresh cases — pass the function itself, without calling it.")
+    if isinstance(hint, Hints):
+        _HINTS[name] = hint
     evidence_ok = evidence_ok or (lambda got, truth: got == plain(truth.evidence))
-    order = list(seeds)
+    total = len(seeds)
+    order = list(range(total))
     _draws().shuffle(order)
-    cases = [Case((seed,), None, label="a fresh case") for seed in order]
-    del order, seeds
-
-    def run_one(seed):
-        artefact, sealed = _drawn(make_case, seed)
-        return _call(fn, (artefact,), {}), sealed
-
-    def compare(got, _expected):
-        answer, sealed = got
-        return _grade(answer, _open(sealed), evidence_ok, misconceptions)
-
-    return run_check(name, run_one, cases, compare=compare, hint=hint, quiet=quiet)
+    verdicts: dict[int, tuple[int, str]] = {}  # case index -> (how telling, what was wrong): wrong cases only
+    for i in order:
+        artefact, sealed = _drawn(make_case, seeds[i])
+        try:
+            answer = _call(fn, (artefact,), {})
+        except NotImplementedError:
+            return _report(name, False, "⏳ not implemented yet: replace the `raise NotImplementedError` "
+                           "with your code, then run this cell again.", quiet)
+        except Exception as exc:  # the learner's bug: show it, not our traceback
+            last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            verdicts[i] = _BROKEN, f"your function raised {last}"
+            continue
+        del artefact
+        wrong = _grade(answer, _open(sealed), evidence_ok, misconceptions)
+        del answer  # the learner's own answer, gone before the next call
+        if wrong:
+            verdicts[i] = wrong
+    if not verdicts:
+        return _report(name, True, f"✅ {name}: all {total} cases pass.", quiet)
+    first = min(verdicts, key=lambda i: (verdicts[i][0], i))
+    return _report(name, False, f"❌ case {first + 1}/{total} (a fresh case; {len(verdicts)} of {total} "
+                   f"wrong): {verdicts[first][1]}\nHint: {_first_hint(hint)}", quiet)
 
 
 def _drawn(make_case, seed):

@@ -89,9 +89,11 @@ def check_generation_template(fn, tokenizer=None):
     turn (TRL's convention for Qwen templates, and ``data.tokenize_chat``'s).
     """
     tokenizer = _course_tokenizer() if tokenizer is None else validate.tokenizer("tokenizer", tokenizer)
-    cases = [Case((template,), _expected_render(tokenizer, template, m),
-                  label=f"a template with {name}, a {len(m)}-message conversation")
-             for name, template in _fresh_templates() for m in _hidden_conversations()]
+
+    def cases():  # built inline in the run_check call: no frame above the learner's holds the expected text
+        return [Case((template,), _expected_render(tokenizer, template, m),
+                     label=f"a template with {name}, a {len(m)}-message conversation")
+                for name, template in _fresh_templates() for m in _hidden_conversations()]
 
     def compare(got, expected):
         out, error = _render_or_error(tokenizer, got, expected["messages"])
@@ -134,7 +136,7 @@ def check_generation_template(fn, tokenizer=None):
             return f"your block misses {missing!r}: it must end after '<|im_end|>\\n'."
         return None
 
-    return run_check("generation_template", fn, cases, compare=compare, diagnose=diagnose,
+    return run_check("generation_template", fn, cases(), compare=compare, diagnose=diagnose,
                      hint=Hints("Which part of an assistant turn does the model produce at inference, and "
                                 "which part does the prompt already contain?",
                                 "Compare with the Fix B cell: add_generation_markers(base_template) wraps "

@@ -159,8 +159,9 @@ def check_prepare_examples(fn) -> object:
     """Checker: ``fn(examples, max_length) -> list`` leaves, in order, only examples of at most
     ``max_length`` tokens that keep a target after the shift; an example that fits and has a target is kept
     unchanged. Cropping the longer ones or dropping them are both correct."""
-    cases = [Case(c.args, c.args, label=c.label, tag=c.tag) for c in _examples_cases()]
-    return run_check("prepare_examples", fn, cases, compare=_compare_examples, diagnose=_diagnose_examples,
+    return run_check("prepare_examples", fn,  # the cases inline: no frame above the learner's holds them
+                     [Case(c.args, c.args, label=c.label, tag=c.tag) for c in _examples_cases()],
+                     compare=_compare_examples, diagnose=_diagnose_examples,
                      hint=Hints(question="Which examples would still reach the loss with no label to learn "
                                          "from — before any cut, and after a cut at max_length?",
                                 pointer="Section 3 counted the fully masked examples; has_targets() tells "

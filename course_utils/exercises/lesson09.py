@@ -156,11 +156,11 @@ def check_turn_rows(fn):
     """Checker for exercise 1: ``fn(conversation)`` on six fresh conversations; its rows are prepared by
     TRL (``reasoning.trained_rows``, Qwen3's original template) and compared with the data."""
     validate.function("fn", fn)
-    cases = [
-        Case((c,), c, label=f"a {sum(m['role'] == 'user' for m in c)}-turn conversation")
-        for c in _conversations()
-    ]
-    return run_check("turn_rows", fn, cases, compare=_compare_turn_rows, hint=TURN_ROWS_HINTS)
+    return run_check(  # the cases inline: no frame above the learner's function holds them
+        "turn_rows", fn,
+        [Case((c,), c, label=f"a {sum(m['role'] == 'user' for m in c)}-turn conversation")
+         for c in _conversations()],
+        compare=_compare_turn_rows, hint=TURN_ROWS_HINTS)
 
 
 # ------------------------------------------------------------------------------------------------
