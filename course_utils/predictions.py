@@ -73,8 +73,8 @@ def reveal(name: str, measured, *, right: Callable[[object], bool] | None = None
         entry.right = None
         print(f"measured {name}: {_show(measured)} — no prediction was recorded before this cell ran "
               "(predicting first is the point: write yours in its predict cell, run `from course_utils."
-              f"predictions import forget; forget({name!r})` and that cell, then this one; or Restart and run "
-              "the lesson cell by cell).")
+              f"predictions import forget; forget({name!r})` and that cell, then this one; or Restart and "
+              "run the lesson cell by cell).")
         return None
     entry.right = bool(right(entry.guess)) if right is not None else entry.guess == measured
     verdict = "✅ right" if entry.right else "❌ not this time — read on for why"
