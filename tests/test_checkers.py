@@ -313,3 +313,25 @@ def test_every_run_draws_fresh_cases_that_mix_causes(row, request, capsys, monke
             """One cause for everything."""
             return Diagnosis(cause, None)
         assert not row.run(constant, request.getfixturevalue), f"constant {cause!r} passes with the demo seed"
+
+
+def test_a_hint_shows_once_in_jupyter_and_the_result_holds_no_hint(capsys):
+    """result.hint() prints its text; the returned string does not show a second time as Out[] (issue 43)."""
+    hints = checks.Hints("which tokens?", "look at row 3", "labels[i] = ids[i]")
+    result = checks.run_check("toy", wrong, [checks.Case((1,), 1)], hint=hints, quiet=True)
+    text = result.hint()
+    assert capsys.readouterr().out.count("which tokens?") == 1
+    assert isinstance(text, str) and hasattr(type(text), "_ipython_display_"), "no Out[] echo"
+    assert "labels[i]" not in repr(vars(result)) and not hasattr(result, "hints")
+
+
+@pytest.mark.parametrize("value, expected", [(AlwaysEqualStr("x"), "x"), ((1, [2.0, None]), (1, [2.0, None])),
+                                             ({"a": {3}}, {"a": frozenset({3})}), (True, True)])
+def test_plain_turns_look_alikes_into_builtins(value, expected):
+    got = checks.plain(value)
+    assert got == expected and type(got) is type(expected)
+
+
+def test_plain_refuses_an_object_it_cannot_compare_honestly():
+    with pytest.raises(checks.NotPlain, match="not a plain value"):
+        checks.plain(AlwaysEqual())
