@@ -119,6 +119,10 @@ def test_each_lessons_cases_draw_every_cause_quickly_and_never_name_it(lesson):
 def test_bad_input_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="draw_quiz"):
         st.check_self_test(lambda q: "a", [])
+    quiz = st.draw_quiz()
+    for part in (quiz[:3], st.Quiz(quiz[:3]), list(quiz)):  # a slice of questions you chose is no self-test
+        with pytest.raises(ValueError, match="whole quiz"):
+            st.check_self_test(lambda q: st._truth(q), part)
     with pytest.raises(TypeError, match="must be a function"):
         st.check_self_test("a", st.draw_quiz())
 

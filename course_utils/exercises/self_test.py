@@ -24,6 +24,7 @@ import importlib
 import pkgutil
 import traceback
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -89,6 +90,8 @@ def available_lessons() -> list[str]:
 class Quiz(list):
     """The drawn questions (a list of ``Question``, numbered from 1) and the learner's first answers."""
 
+    __hash__ = object.__hash__  # one drawn quiz is one object (a key of _DRAWN), whatever it holds
+
     def __init__(self, questions):
         super().__init__(questions)
         self._first: dict[int, tuple[str, bool]] = {}  # number -> (the first valid answer, was it right)
@@ -127,6 +130,10 @@ class Quiz(list):
         return sum(right for _, right in self._first.values())
 
 
+# The quizzes draw_quiz returned, with their length: only those are graded (no hand-built one).
+_DRAWN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def draw_quiz(per_lesson: int = 2) -> Quiz:
     """``per_lesson`` questions from every contributing lesson, drawn fresh for this run, shuffled, numbered
     from 1. Each lesson's generator draws from millions of cases, healthy runs and look-alikes among them."""
@@ -140,8 +147,10 @@ def draw_quiz(per_lesson: int = 2) -> Quiz:
             text, _truth, choices = make(case_seed)
             drawn.append((lesson, text, tuple(choices), case_seed))
     draws.shuffle(drawn)
-    return Quiz(Question(i, lesson, text, choices, seed)
+    quiz = Quiz(Question(i, lesson, text, choices, seed)
                 for i, (lesson, text, choices, seed) in enumerate(drawn, 1))
+    _DRAWN[quiz] = len(quiz)
+    return quiz
 
 
 def _truth(question: Question) -> str:
@@ -200,11 +209,12 @@ def check_self_test(answer_for: Callable, quiz: list[Question], quiet: bool = Fa
     question counts, so a second run with answers changed after the feedback scores the same.
     """
     validate.function("answer_for", answer_for)
-    if not isinstance(quiz, list) or not quiz or not all(isinstance(q, Question) for q in quiz):
-        raise ValueError("quiz must be the list draw_quiz() returned — the grader draws each case again "
-                         "from its lesson to know its truth — pass quiz=draw_quiz().")
+    if not isinstance(quiz, Quiz) or quiz not in _DRAWN or len(quiz) != _DRAWN[quiz]:
+        raise ValueError("quiz must be a whole quiz draw_quiz() returned (a slice or a hand-picked list "
+                         "would grade on questions you chose) — the grader draws each case again from its "
+                         "lesson to know its truth — pass quiz=draw_quiz().")
     _HINTS["self_test"] = HINTS
-    first = quiz._first if isinstance(quiz, Quiz) else {}
+    first = quiz._first
     lines, right, unanswered = [], 0, 0
     for question in quiz:
         try:
@@ -222,7 +232,7 @@ def check_self_test(answer_for: Callable, quiz: list[Question], quiet: bool = Fa
             unanswered += 1
             if given is None:  # counted below, not listed: an untouched quiz is one line, not eighteen
                 continue
-        elif question.number not in first and isinstance(quiz, Quiz):
+        elif question.number not in first:
             first[question.number] = (_as_choice(given, question), ok)
         lines.append(verdict)
         right += bool(ok)
