@@ -137,6 +137,16 @@ class CheckResult:
 _HINTS: dict[str, Hints] = {}
 
 
+def register_hints(name: str, hints: Hints) -> None:
+    """Keep ``hints`` for the checker ``name``: ``CheckResult.hint()`` reads them from here, so the result a
+    learner holds carries no hint text (``run_check`` and ``check_diagnosis`` call this themselves)."""
+    validate.non_empty_string("name", name, why="hints are looked up by the checker's name")
+    if not isinstance(hints, Hints):
+        raise ValueError(f"hints is a {type(hints).__name__}, not a Hints — hint() shows its levels — pass "
+                         "Hints(question, pointer, answer).")
+    _HINTS[name] = hints
+
+
 # Failed checks per exercise in this kernel: the answer hint opens only after ANSWER_AFTER_FAILURES of them,
 # because an answer read before trying teaches the answer, not the skill.
 ANSWER_AFTER_FAILURES = 2
@@ -292,7 +302,7 @@ def run_check(name: str, fn: Callable, cases: Sequence[Case], *,
         raise ValueError(f"{name}: no cases to check ({cases!r:.60}) — a checker that runs nothing would "
                          "pass any function — give it at least one Case (for a diagnosis checker: seeds).")
     if isinstance(hint, Hints):
-        _HINTS[name] = hint
+        register_hints(name, hint)
     # From here on the expected values exist only as bytes: the list the caller built is dropped.
     cases = [Case(c.args, _seal(c.expected), c.kwargs, c.label, c.tag) for c in cases]
     total = len(cases)
@@ -324,7 +334,7 @@ def run_check(name: str, fn: Callable, cases: Sequence[Case], *,
 CHECK_SEED_ENV = "COURSE_CHECK_SEED"
 
 
-def _draws() -> random.Random:
+def fresh_random() -> random.Random:
     """The source of a checker run's cases: the operating system's randomness (a fresh draw each run, so a
     memo of earlier runs' messages is useless), or ``COURSE_CHECK_SEED``'s stream for a demo."""
     seed = os.environ.get(CHECK_SEED_ENV)
@@ -337,13 +347,13 @@ def _draws() -> random.Random:
 
 
 def fresh_seeds(n: int) -> list[int]:
-    """``n`` consecutive seeds from a base drawn fresh for this run (``_draws``). The base is a multiple of
+    """``n`` consecutive seeds from a base drawn fresh for this run (``fresh_random``), a multiple of
     2520 (divisible by 1…10), so consecutive seeds walk through the causes in their listed order for a
     generator that picks ``cause = CAUSES[seed % len(CAUSES)]`` (``n`` a multiple of the number of causes:
     each cause equally often): every run mixes causes and a constant answer fails, whatever the draw.
     ``check_diagnosis`` calls the learner's function on them in a shuffled order."""
     validate.positive_int("n", n, why="it is how many fresh cases the checker draws")
-    base = 2520 * _draws().randrange(400, 800_000)
+    base = 2520 * fresh_random().randrange(400, 800_000)
     return list(range(base, base + n))
 
 
@@ -401,11 +411,11 @@ def check_diagnosis(name: str, fn: Callable, make_case: Callable[[int], tuple[ob
         raise ValueError(f"{name}: expected your function, got {type(fn).__name__} — the checker calls "
                          "it on fresh cases — pass the function itself, without calling it.")
     if isinstance(hint, Hints):
-        _HINTS[name] = hint
+        register_hints(name, hint)
     evidence_ok = evidence_ok or (lambda got, truth: got == plain(truth.evidence))
     total = len(seeds)
     order = list(range(total))
-    _draws().shuffle(order)
+    fresh_random().shuffle(order)
     verdicts: dict[int, tuple[int, str]] = {}  # case index -> (how telling, what was wrong): wrong cases only
     for i in order:
         artefact, sealed = _drawn(make_case, seeds[i])

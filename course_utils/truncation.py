@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from . import internals, validate
-from .data import IGNORE_INDEX, collate_right, graded, n_graded
+from .data import IGNORE_INDEX, collate_right, graded, is_graded, n_graded
 from .losses import mean_ignore_index, model_logits, params_finite
 from .model import course_seed
 from .quiet import quiet_libraries
@@ -90,7 +90,7 @@ def answer_start(example: dict) -> int:
 def _answer_start(example: dict) -> int:
     # a position in the row, not a shifted target: this is where the answer begins (it is never column 0)
     for i, label in enumerate(example["labels"]):
-        if label != IGNORE_INDEX:
+        if is_graded(label):
             return i
     raise ValueError("answer_start: this example has no target at all — there is no answer to locate — "
                      "pass the untruncated tokenize_chat() output.")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .. import validate
 from ..checks import Case, Hints, check_diagnosis, fresh_seeds, run_check
-from ..data import IGNORE_INDEX, end_of_turn_id, tokenize_chat
+from ..data import end_of_turn_id, is_graded, tokenize_chat
 from .answers import lesson00 as _answers
 
 # ------------------------------------------------------------------------------------------------
@@ -96,8 +96,8 @@ def _compare_labels(tokenizer):
         ids, expected = expected
         if not isinstance(got, (list, tuple)) or len(got) != len(expected):
             return f"expected a list of {len(expected)} labels (one per token), got {got!r:.120}"
-        graded = {i for i, label in enumerate(got) if label != IGNORE_INDEX}
-        reference = {i for i, label in enumerate(expected) if label != IGNORE_INDEX}
+        graded = {i for i, label in enumerate(got) if is_graded(label)}
+        reference = {i for i, label in enumerate(expected) if is_graded(label)}
         core = {i for i in reference if not _whitespace(tokenizer, ids[i])}
         wrong = [i for i in graded if int(got[i]) != ids[i]]
         if wrong:
@@ -120,7 +120,7 @@ def _diagnose_labels(tokenizer):
         ids = case.args[1]
         if not isinstance(got, (list, tuple)) or len(got) != len(ids):
             return None
-        graded = [i for i, label in enumerate(got) if label != IGNORE_INDEX]
+        graded = [i for i, label in enumerate(got) if is_graded(label)]
         if graded and all(int(got[i]) == ids[i + 1] for i in graded if i + 1 < len(ids)) and \
                 any(int(got[i]) != ids[i] for i in graded):
             return ("your labels are shifted by one: don't shift them, the model does "
@@ -131,7 +131,7 @@ def _diagnose_labels(tokenizer):
             return ("<|im_end|> after each answer carries no loss: the model would never learn to stop "
                     "(lesson 02).")
         if case.tag == "multi_turn" and any(
-                int(e) != IGNORE_INDEX and int(g) == IGNORE_INDEX for g, e in zip(got, case.expected[1])):
+                is_graded(int(e)) and not is_graded(int(g)) for g, e in zip(got, case.expected[1])):
             return "only part of the conversation's answers is graded: every assistant turn carries loss."
         return None
     return diagnose

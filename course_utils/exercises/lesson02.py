@@ -23,7 +23,7 @@ from trl.chat_template_utils import gemma_chat_template, llama3_chat_template, p
 
 from .. import validate
 from ..checks import Case, Hints, check_diagnosis, fresh_seeds, run_check
-from ..data import IGNORE_INDEX
+from ..data import IGNORE_INDEX, is_graded
 from .answers import lesson02 as answers
 
 # ------------------------------------------------------------------------------------------------
@@ -261,7 +261,7 @@ def _compare_collate(got, expected: dict) -> str | None:
             return f"row {i}: the attention mask does not mark exactly the example's own tokens"
         if real_labels != labels:
             return f"row {i}: labels on the example's own tokens differ from its labels"
-        if any(x != IGNORE_INDEX for x in pad_labels):
+        if any(is_graded(x) for x in pad_labels):
             return f"row {i}: a padding position carries a label"
     return None
 
@@ -276,7 +276,7 @@ def _diagnose_collate(got, case: Case) -> str | None:
             return "the attention mask is all ones: the model would attend to (and the labels see) padding."
         if real_ids != ids:
             return None
-        if real_labels[-1] == IGNORE_INDEX and labels[-1] != IGNORE_INDEX and ids[-1] == pad:
+        if not is_graded(real_labels[-1]) and is_graded(labels[-1]) and ids[-1] == pad:
             return ("the row's own eos lost its label: you masked by pad *id*, and with pad == eos that "
                     "erases every eos — mask by position (where the example ends) instead.")
         if real_labels == ids and labels != ids:
@@ -285,7 +285,7 @@ def _diagnose_collate(got, case: Case) -> str | None:
         if pad_labels and all(x == pad for x in pad_labels):
             return ("the padding carries labels (pad ids): the model is trained to write eos/pad again and "
                     "again after the answer — padding positions must be -100.")
-        if pad_labels and pad_labels[-1] != IGNORE_INDEX:
+        if pad_labels and is_graded(pad_labels[-1]):
             return ("you kept the row's *last* eos — with pad == eos that is a pad; keep the first one "
                     "(the example's own) and mask everything after it.")
     return None

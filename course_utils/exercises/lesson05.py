@@ -12,7 +12,7 @@ import random
 
 from .. import validate
 from ..checks import Case, Hints, check_diagnosis, fresh_seeds, run_check
-from ..data import IGNORE_INDEX, n_graded
+from ..data import IGNORE_INDEX, is_graded, n_graded
 from .answers import lesson05 as _answers
 
 # ------------------------------------------------------------------------------------------------
@@ -144,7 +144,7 @@ def _diagnose_examples(got, case: Case) -> str | None:
         return ("the examples longer than max_length are still there: crop them (right truncation, as TRL "
                 "does) or drop them.")
     empty = [e["labels"] for e in got if n_graded(e["labels"]) == 0]
-    if empty and all(any(x != IGNORE_INDEX for x in labels) for labels in empty):
+    if empty and all(any(is_graded(x) for x in labels) for labels in empty):
         return ("a label in column 0 is never a target: no logit comes before it (the one-token shift) — "
                 "count the labels from index 1 on.")
     if empty:

@@ -191,6 +191,8 @@ def _broken_setup(seed: int, directory=None, planted=None, trainer: bool = False
     if planted is None:
         planted = random.Random(seed).sample(sorted(FAILURES), N_PLANTED)
     planted = tuple(sorted(set(planted)))
+    if directory is not None:  # the set-up's files would replace a folder's own
+        validate.new_directory("directory", directory, what="the set-up's model, data and config")
     root = Path(directory or tempfile.mkdtemp(prefix="capstone-"))
     model, tokenizer = load_course_model()
     if "base_template" in planted:

@@ -20,7 +20,7 @@ import functools
 
 from .. import validate
 from ..checks import Case, Hints, check_diagnosis, fresh_seeds, run_check
-from ..data import IGNORE_INDEX
+from ..data import is_graded
 from ..model import course_seed
 from ..reasoning import data_reasoning_tokens, reasoning_budget, reasoning_chats, think_blocks, trained_rows
 from .answers import lesson09 as _answers
@@ -111,10 +111,10 @@ def _compare_turn_rows(got, conversation) -> str | None:
     for row in rows:
         labels = row["labels"]
         graded_ends += sum(
-            t == im_end and label != IGNORE_INDEX for t, label in zip(row["input_ids"], labels)
+            t == im_end and is_graded(label) for t, label in zip(row["input_ids"], labels)
         )
         graded_starts += sum(
-            t == im_start and label != IGNORE_INDEX for t, label in zip(row["input_ids"], labels)
+            t == im_start and is_graded(label) for t, label in zip(row["input_ids"], labels)
         )
     if graded_starts:
         return (
@@ -127,7 +127,7 @@ def _compare_turn_rows(got, conversation) -> str | None:
             "reply trained?"
         )
     for row in rows:
-        first = next(i for i, label in enumerate(row["labels"]) if label != IGNORE_INDEX)
+        first = next(i for i, label in enumerate(row["labels"]) if is_graded(label))
         prefix = list(row["input_ids"][:first])
         served = [
             _serving_prompt(tokenizer, conversation[:i], bool(m.get("reasoning_content")))
@@ -181,7 +181,7 @@ def rendering(seed: int) -> dict:
 def _graded_case(seed: int):
     # Not through rendering_case's cache: a cached (artefact, truth) pair is an object gc can list, and a
     # learner's function could match its artefact against it. The checker renders each case once anyway.
-    return _answers._rendering_case.__wrapped__(seed, True)
+    return _answers.uncached_rendering_case(seed, graded=True)
 
 
 _LOOK_ALIKES = {

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import validate
-from ..checks import _HINTS, CheckResult, Hints, _draws, _report
+from ..checks import CheckResult, Hints, _report, fresh_random, register_hints
 from . import answers as _answers_package
 
 PASS_SHARE = 0.8  # the check passes at 80 % right
@@ -41,7 +41,7 @@ def _contributing() -> tuple[str, ...]:
     found = []
     for info in pkgutil.iter_modules(_answers_package.__path__):
         if info.name.startswith("lesson") and info.name[6:].isdigit():
-            module = importlib.import_module(f"{_answers_package.__name__}.{info.name}")
+            module = importlib.import_module(f"course_utils.exercises.answers.lesson{info.name[6:]}")
             if callable(getattr(module, "self_test_case", None)):
                 found.append(info.name[6:])
     return tuple(sorted(found))
@@ -68,7 +68,7 @@ class Question:
 
 def _draw_case(lesson: str) -> Callable[[int], tuple[str, str, tuple[str, ...]]] | None:
     try:
-        module = importlib.import_module(f"{_answers_package.__name__}.lesson{lesson}")
+        module = importlib.import_module(f"course_utils.exercises.answers.lesson{lesson}")
     except ModuleNotFoundError:
         return None
     make = getattr(module, "self_test_case", None)
@@ -138,7 +138,7 @@ def draw_quiz(per_lesson: int = 2) -> Quiz:
     """``per_lesson`` questions from every contributing lesson, drawn fresh for this run, shuffled, numbered
     from 1. Each lesson's generator draws from millions of cases, healthy runs and look-alikes among them."""
     validate.positive_int("per_lesson", per_lesson, why="it is how many questions each lesson contributes")
-    draws = _draws()
+    draws = fresh_random()
     drawn = []
     for lesson in available_lessons():
         make = _draw_case(lesson)
@@ -172,7 +172,7 @@ def _tell(question: Question, chosen: str) -> str:
     """Why ``chosen`` does not fit: what you would see if it were the cause, and where to look."""
     from .answers import self_test_bank
 
-    module = importlib.import_module(f"{_answers_package.__name__}.lesson{question.lesson}")
+    module = importlib.import_module(f"course_utils.exercises.answers.lesson{question.lesson}")
     code = {phrase: name for name, phrase in module.SELF_TEST_CAUSES.items()}.get(chosen)
     tell = self_test_bank.TELLS.get(question.lesson, {}).get(code)
     where = self_test_bank.SECTIONS.get(question.lesson, f"lesson {question.lesson}'s Diagnose section")
@@ -213,7 +213,7 @@ def check_self_test(answer_for: Callable, quiz: list[Question], quiet: bool = Fa
         raise ValueError("quiz must be a whole quiz draw_quiz() returned (a slice or a hand-picked list "
                          "would grade on questions you chose) — the grader draws each case again from its "
                          "lesson to know its truth — pass quiz=draw_quiz().")
-    _HINTS["self_test"] = HINTS
+    register_hints("self_test", HINTS)
     first = quiz._first
     lines, right, unanswered = [], 0, 0
     for question in quiz:
