@@ -130,7 +130,8 @@ def test_every_module_of_the_package_is_registered():
     unknown = []
     for path in PACKAGE.rglob("*.py"):
         name = module_name(path).removeprefix("course_utils").removeprefix(".")
-        known = (name in ("", "exercises", "exercises.answers", "exercises.self_test") or name in CORE
+        known = (name in ("", "exercises", "exercises.answers", "exercises.self_test",
+                          "exercises.answers.self_test_bank") or name in CORE
                  or name in LESSONS or name in DOCTOR
                  or re.fullmatch(r"exercises(\.answers)?\.lesson\d\d", name))
         if not known:

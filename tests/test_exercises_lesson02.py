@@ -61,7 +61,7 @@ def diagnose_generations_other_order(artefact):
     gens, special = artefact["generations"], artefact["special_tokens"]
     stop = special["end_of_turn"] if artefact["format"] == "chat" else special["eos"]
     cut = [g for g in gens if stop not in g["tokens"] and set(g["tokens"]) <= set(g["reference"])]
-    if cut and len(cut[0]["tokens"]) < len(cut[0]["reference"]):
+    if any(len(g["tokens"]) < len(g["reference"]) for g in cut):  # any cut reply, not only the first
         return Diagnosis("max_new_tokens_too_small", artefact["generate_call"]["max_new_tokens"])
     graded = [t for row in artefact["training_rows"] for t, g in zip(row["tokens"], row["graded"]) if g]
     if stop not in graded:
@@ -237,9 +237,10 @@ def test_the_public_generator_returns_the_shown_artefact_only_and_the_checker_gr
     assert not hasattr(ex, "_broken_generation_run"), "the truth-knowing generator lives with the answers"
 
 
-def test_every_drawn_run_is_decidable_by_the_reference(capsys):
-    """No run without its evidence (e.g. a budget that cuts no answer)."""
-    assert ex.check_diagnosis_exercise(lesson02.diagnose_generations, seeds=list(range(300))).passed
+def test_every_drawn_run_is_decidable_by_the_reference(capsys, monkeypatch):
+    """No run without its evidence (e.g. a budget that cuts no answer): 300 seeds instead of a fresh draw."""
+    monkeypatch.setattr(ex, "fresh_seeds", lambda n: list(range(300)))
+    assert ex.check_diagnosis_exercise(lesson02.diagnose_generations).passed
 
 
 @pytest.mark.parametrize("seed, error", [(-1, ValueError), (None, ValueError), ("3", ValueError)])
@@ -248,18 +249,8 @@ def test_broken_generation_run_refuses_a_bad_seed(seed, error):
         ex.broken_generation_run(seed)
 
 
-@pytest.mark.parametrize("seeds", [[], (), range(0)])
-def test_the_diagnosis_checker_never_passes_with_zero_cases(seeds):
-    """A checker given no seeds would grade nothing and report every answer correct."""
-    with pytest.raises(ValueError, match="seeds must be a non-empty list .* — .* would pass any answer — "):
-        ex.check_diagnosis_exercise(lesson02.diagnose_generations, seeds=seeds)
-
-
-def test_the_diagnosis_checker_grades_on_the_seeds_it_is_given(capsys):
-    assert ex.check_diagnosis_exercise(lesson02.diagnose_generations, seeds=[0, 1, 2])
-    assert "all 3 cases pass" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="seeds\\[1\\]"):
-        ex.check_diagnosis_exercise(lesson02.diagnose_generations, seeds=[0, None])
+# (The diagnosis checker takes no seeds: it draws fresh cases per run; tests/test_checkers.py tries
+# the shortcuts.)
 
 
 def test_check_stop_token_ids_refuses_a_missing_or_template_less_tokenizer(tokenizer):

@@ -45,15 +45,16 @@ def unseen_labelled_example(tokenizer, seed: int) -> dict:
     return _answers.labelled_case(tokenizer, validate.seed("seed", seed), graded=False)[0]
 
 
-def check_label_diagnosis(fn, tokenizer, seeds=None):
+def check_label_diagnosis(fn, tokenizer):
     """Checker for exercise 1: ``fn(example) -> Diagnosis(cause, evidence)`` with ``cause`` one of
-    ``LABEL_CAUSES`` and ``evidence`` the number of tokens that carry loss. ``seeds``: the cases to
-    grade on (default: twelve fresh ones, three per cause, healthy controls included)."""
+    ``LABEL_CAUSES`` and ``evidence`` the number of tokens that carry loss. Graded on twelve cases drawn
+    fresh on every run, three per cause, healthy controls included (no keyword fixes them: see
+    ``checks.fresh_seeds``)."""
     validate.function("fn", fn)  # not an answer yet: a value the checker cannot call
     validate.tokenizer("tokenizer", tokenizer)
-    seeds = fresh_seeds(3 * len(LABEL_CAUSES)) if seeds is None else validate.seeds("seeds", seeds)
     return check_diagnosis(
-        "diagnose_labels", fn, lambda seed: _answers.labelled_case(tokenizer, seed), seeds=seeds,
+        "diagnose_labels", fn, lambda seed: _answers.labelled_case(tokenizer, seed),
+        seeds=fresh_seeds(3 * len(LABEL_CAUSES)),
         misconceptions=_LABEL_MISCONCEPTIONS,
         hint=Hints("Open the token viewer of §2 beside this example: which property of a correct labelling "
                    "could a broken pipeline lose?",

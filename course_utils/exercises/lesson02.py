@@ -17,16 +17,14 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Sequence
 
 import torch
 from transformers import GenerationConfig
 from trl.chat_template_utils import gemma_chat_template, llama3_chat_template, phi3_chat_template
 
 from .. import validate
-from ..checks import Case, Hints, check_diagnosis, run_check
+from ..checks import Case, Hints, check_diagnosis, fresh_seeds, run_check
 from ..data import IGNORE_INDEX, is_graded
-from ..model import course_seed
 from .answers import lesson02 as answers
 
 # ------------------------------------------------------------------------------------------------
@@ -216,17 +214,14 @@ DIAGNOSIS_HINTS = Hints(
            "it -> pad_equals_eos if pad is that token, else stop_token_not_graded (the token).")
 
 
-def check_diagnosis_exercise(fn, seeds: Sequence[int] | None = None):
+def check_diagnosis_exercise(fn):
     """Checker for exercise 2: ``fn(artefact) -> Diagnosis`` on fresh broken runs.
 
-    By default every cause once, then 12 draws offset by the course seed; ``seeds`` (a non-empty list)
-    grades on those runs instead.
+    Every cause once, then 12 runs drawn fresh on every run, in a shuffled order (no keyword fixes them:
+    see ``checks.fresh_seeds``).
     """
     validate.function("fn", fn)  # check_diagnosis wraps fn, so run_check's own test would not see it
-    if seeds is None:
-        fresh = [1000 + 7 * course_seed() + i for i in range(12)]
-        seeds = list(range(len(CAUSES))) + fresh  # every cause at least once, then fresh draws
-    seeds = validate.seeds("seeds", seeds)
+    seeds = list(range(len(CAUSES))) + fresh_seeds(12)  # every cause at least once, then fresh draws
     return check_diagnosis("diagnose_generations", fn, answers.broken_run_case, seeds=seeds,
                            misconceptions=DIAGNOSIS_MISCONCEPTIONS,
                            hint=DIAGNOSIS_HINTS)

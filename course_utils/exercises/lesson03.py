@@ -76,16 +76,16 @@ _INCIDENT_MISCONCEPTIONS = {
 }
 
 
-def check_padding_diagnosis(fn, seeds=None):
+def check_padding_diagnosis(fn):
     """Checker for exercise 7.1: ``fn(artefact) -> Diagnosis(cause, evidence)`` on fresh incidents.
 
-    ``seeds`` default to four rounds through every cause (the healthy one in several layouts), offset by the
-    course seed.
+    Four rounds through every cause (the healthy one in several layouts), drawn fresh on every run (no
+    keyword fixes them: see ``checks.fresh_seeds``).
     """
     validate.function("fn", fn)  # not an answer yet: a value the checker cannot call
-    seeds = fresh_seeds(4 * len(INCIDENT_CAUSES)) if seeds is None else validate.seeds("seeds", seeds)
     return check_diagnosis(
-        "padding_incident", fn, _incident_case, seeds=seeds, evidence_ok=_evidence_ok,
+        "padding_incident", fn, _incident_case, seeds=fresh_seeds(4 * len(INCIDENT_CAUSES)),
+        evidence_ok=_evidence_ok,
         misconceptions=_INCIDENT_MISCONCEPTIONS,
         hint=Hints(question="Which tensor tells you where each example (or each prompt) begins, and what "
                             "was passed with it: a mask, reset positions, a cache?",

@@ -122,12 +122,13 @@ def _evidence_ok(got, truth: Diagnosis) -> bool:
     return not isinstance(got, bool) and isinstance(got, int) and got == truth.evidence
 
 
-def check_diagnosis_run(fn, seeds: Sequence[int] | None = None):
+def check_diagnosis_run(fn):
     """Checker for exercise 1: ``fn(run) -> Diagnosis(cause, evidence)`` on fresh ``broken_run``s.
-    ``seeds``: the runs to grade on (default: fifteen fresh ones, three of each cause)."""
+    Graded on fifteen runs drawn fresh on every run, three of each cause (no keyword fixes them: see
+    ``checks.fresh_seeds``)."""
     validate.function("fn", fn)  # not an answer yet (e.g. diagnose(run) called): say so, do not grade it
-    seeds = fresh_seeds(3 * len(RUN_CAUSES)) if seeds is None else validate.seeds("seeds", seeds)
-    return check_diagnosis("diagnose_run", fn, _graded_case, seeds=seeds, evidence_ok=_evidence_ok,
+    return check_diagnosis("diagnose_run", fn, _graded_case, seeds=fresh_seeds(3 * len(RUN_CAUSES)),
+                           evidence_ok=_evidence_ok,
                            misconceptions=_MISCONCEPTIONS, hint=DIAGNOSIS_HINTS)
 
 

@@ -17,12 +17,11 @@ from __future__ import annotations
 import copy
 import tempfile
 import warnings
-from collections.abc import Sequence
 
 import torch
 
 from .. import validate
-from ..checks import Case, Hints, check_diagnosis, run_check
+from ..checks import Case, Hints, check_diagnosis, fresh_seeds, run_check
 from ..data import end_of_turn_token, make_batches, make_messages
 from ..model import course_seed, load_course_model
 from ..shipping import PRECISION_TOLERANCE, _drift, _logits, _precision, load_saved, saved_files
@@ -209,14 +208,12 @@ DIAGNOSIS_HINTS = Hints(
            "dtype); else healthy (None).")
 
 
-def check_diagnose_saved(fn, seeds: Sequence[int] | None = None):
+def check_diagnose_saved(fn):
     """Checker for exercise 2: ``fn(artefact) -> Diagnosis`` on fresh saved directories (every cause once,
-    then 12 draws offset by the course seed; or the given ``seeds``)."""
+    then 12 drawn fresh on every run, and each healthy look-alike, in a shuffled order: no keyword fixes
+    them)."""
     validate.function("fn", fn)
-    if seeds is None:
-        seeds = (list(range(len(CAUSES))) + [2000 + 13 * course_seed() + i for i in range(12)]
-                 + _look_alike_seeds(5000 + 100 * course_seed()))
-    seeds = validate.seeds("seeds", seeds)
+    seeds = list(range(len(CAUSES))) + fresh_seeds(12) + _look_alike_seeds(5000 + 100 * course_seed())
     return check_diagnosis("diagnose_saved", fn, _graded_case, seeds=seeds, evidence_ok=_evidence_ok,
                            misconceptions=DIAGNOSIS_MISCONCEPTIONS, hint=DIAGNOSIS_HINTS)
 
