@@ -284,7 +284,20 @@ def test_float16_weights_under_fp16_fail_the_first_step(course):
     assert "load-dtype" not in run((half, tok), rows(), {**GOOD, "fp16": True}, forward=False,
                                    peft_config={"r": 8}).checks(), "peft trains float32 adapters"
     assert "load-dtype" not in run(course, rows(), {**GOOD, "fp16": True}, forward=False).checks()
-    assert "load-dtype" in run((half, tok), rows(), GOOD, forward=False).checks("info"), "pure float16"
+    assert "load-dtype" in run((half, tok), rows(), GOOD, forward=False).checks("warning"), "pure float16"
+
+
+def test_bf16_weights_in_full_fine_tuning_are_reported_whatever_the_flags(course):
+    """Issue 45: from_pretrained (transformers 5) keeps a bf16 checkpoint in bf16; bf16=True autocasts the
+    compute and adds no float32 master weights — the doctor says so from the weights' dtype alone."""
+    model, tok = course
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    for config in (GOOD, {**GOOD, "bf16": True}):
+        finding = next(f for f in run((bf16, tok), rows(), config, forward=False) if f.check == "load-dtype")
+        assert finding.severity == "warning" and "master weights" in finding.what
+    assert "load-dtype" not in run((bf16, tok), rows(), {**GOOD, "bf16": True}, forward=False,
+                                   peft_config={"r": 8}).checks(), "peft trains float32 adapters"
+    assert "load-dtype" not in run(course, rows(), {**GOOD, "bf16": True}, forward=False).checks()
 
 
 def test_a_float16_checkpoint_is_loaded_as_model_init_kwargs_say(course, tmp_path):
@@ -605,3 +618,25 @@ def test_a_trainer_whose_loss_ignores_num_items_in_batch_is_found_by_the_split_t
     for bad in ("my_trainers", "no_such_module:X", "my_trainers:Nope", "json:JSONDecoder"):
         with pytest.raises(DoctorInputError, match=".+ — .+ — .+"):
             run(course, rows(), GOOD, trainer=bad)
+
+
+def test_rows_with_tool_calls_never_get_a_content_only_training_template(course):
+    """Issue 45: TRL's llama3_training.jinja renders content only (TRL ships no Llama 3.1 training template):
+    suggested for tool-call data it would drop every call from the loss. The doctor suggests prompt/completion
+    rows instead; the same template on rows without calls still gets the training template."""
+    from trl import chat_template_utils as ctu
+
+    model, tok = course
+    tok = copy.deepcopy(tok)
+    tok.chat_template = ctu.llama3_chat_template + "\n"  # one byte off: TRL cannot patch it
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}
+    tools = [{"messages": [{"role": "user", "content": "add 1 and 2"},
+                           {"role": "assistant", "content": "", "tool_calls": [call]},
+                           {"role": "tool", "content": "3"},
+                           {"role": "assistant", "content": "It is 3."}]}] * 4
+    config = {"assistant_only_loss": True, "learning_rate": 2e-5}
+    unpatchable = "template-unpatchable"
+    finding = next(f for f in run((model, tok), tools, config, forward=False) if f.check == unpatchable)
+    assert "llama3_training.jinja" not in finding.fix and "prompt/completion" in finding.fix
+    plain = next(f for f in run((model, tok), rows(), config, forward=False) if f.check == unpatchable)
+    assert "llama3_training.jinja" in plain.fix

@@ -51,8 +51,9 @@ def assistant_turn_findings(rows, form, args) -> list[Finding]:
                     "'gpt' or 'bot')", "04")]
 
 
-def template_findings(tokenizer, args, form) -> tuple[list[Finding], str | None, bool]:
-    """Whether TRL can train ``assistant_only_loss`` with this template; the template it would use."""
+def template_findings(tokenizer, args, form, rows=()) -> tuple[list[Finding], str | None, bool]:
+    """Whether TRL can train ``assistant_only_loss`` with this template; the template it would use. ``rows``:
+    the data, so that a training template that drops tool calls is never suggested for rows that have them."""
     if not args.assistant_only_loss or form == "tokenized":  # tokenized: the rows carry their own masks
         return [], None, True
     if form not in ("messages", "prompt_completion"):
@@ -70,17 +71,38 @@ def template_findings(tokenizer, args, form) -> tuple[list[Finding], str | None,
     try:
         return [], internals.sft_chat_template(tokenizer), True
     except ValueError as exc:
-        return _unpatchable_findings(template, exc)
+        return _unpatchable_findings(template, exc, _has_tool_calls(rows))
 
 
-def _unpatchable_findings(template: str, exc: Exception) -> tuple[list[Finding], str | None, bool]:
+def _has_tool_calls(rows) -> bool:
+    return any(isinstance(m, dict) and m.get("tool_calls") for r in rows if isinstance(r, dict)
+               for key in ("messages", "prompt", "completion") if isinstance(r.get(key), list)
+               for m in r[key])
+
+
+def _unpatchable_findings(template: str, exc: Exception, tools: bool = False
+                          ) -> tuple[list[Finding], str | None, bool]:
     """The template-unpatchable error, with a training template of the template's own family when TRL
-    ships one (and, when the two render near-identical text, that template standing in for the rest)."""
+    ships one (and, when the two render near-identical text, that template standing in for the rest) — but
+    never, for rows with tool calls, a training template that renders content only (TRL's llama3_training
+    drops every call; TRL ships no Llama 3.1 training template): prompt/completion rows instead."""
     from trl import chat_template_utils as ctu
 
     family, ratio = trl_view.template_family(template)
     training = trl_view.training_template_name(family) if family else None
     raised = f"get_training_chat_template raised: {str(exc)[:120]}…"
+    shipped = getattr(ctu, f"{training}_training_chat_template", "") if training else ""
+    drops_calls = training is not None and "tool_calls" not in shipped
+    if tools and drops_calls:
+        return [Finding("error", "template-unpatchable",
+                        "assistant_only_loss=True with a chat template TRL cannot patch, on rows with tool "
+                        "calls",
+                        f"{raised}; TRL's {training}_training.jinja renders message content only: it would "
+                        "drop every tool call from the loss",
+                        "turn each assistant turn into a prompt/completion row (the conversation before it, "
+                        "with its tools, as the prompt; the turn with its tool_calls as the completion) and "
+                        "drop assistant_only_loss: TRL grades the completion without {% generation %} "
+                        "markers (lessons 04 and 09)", "04")], None, False
     if training is None:
         known = (f"closest shipped family: {family} ({ratio:.1%} similar), which TRL ships no training "
                  "template for" if family else "no template TRL ships is of this family")

@@ -237,9 +237,17 @@ def load_dtype_findings(config, precision, source, model_obj, peft) -> list[Find
                         "gradients.'",
                         "load the model in float32 (model_init_kwargs={'dtype': 'float32'}, or "
                         "from_pretrained(..., dtype=torch.float32)), or train LoRA adapters", "06")]
-    if dtype in ("float16", "bfloat16") and not (precision["fp16"] or precision["bf16"]) and peft is None:
-        return [Finding("info", "load-dtype", f"the weights train in pure {dtype}, without float32 master "
-                        "weights", f"the weights are {dtype} ({how}) and no mixed-precision flag is set",
-                        "fine for many runs; an update smaller than the weight's precision is lost: load in "
-                        "float32 with bf16=True for mixed precision", "06")]
+    if dtype in ("float16", "bfloat16") and peft is None:
+        # bf16=True / fp16=True autocast the compute; they add no float32 copy of weights stored in half
+        # precision, so the optimizer's update is rounded to the weight's 8 (bf16) or 11 (fp16) bits
+        flags = ("bf16=True" if precision["bf16"] else "fp16=True" if precision["fp16"]
+                 else "no precision flag")
+        return [Finding("warning", "load-dtype", f"full fine-tuning updates {dtype} weights: there are no "
+                        "float32 master weights, and small updates round away",
+                        f"the weights are {dtype} ({how}); {flags} changes the compute, not the storage; an "
+                        "AdamW step smaller than ~1/256 of a weight leaves it unchanged (lesson 06 measures "
+                        "the share of weights one small step moves, bf16 vs float32)",
+                        "load the weights in float32 (model_init_kwargs={'dtype': 'float32'}, SFTTrainer's "
+                        "default for a model path, or from_pretrained(..., dtype=torch.float32)) and train "
+                        "with bf16=True; or train LoRA adapters (peft keeps them in float32)", "06")]
     return []

@@ -91,7 +91,7 @@ def _run_checks(rows, form, tokenizer, args, setup) -> Report:
     findings += setup_findings
     findings += guarded("no-assistant-turns", checks.assistant_turn_findings, rows, form, args)
     try:
-        template_findings, chat_template, trainable = checks.template_findings(tokenizer, args, form)
+        template_findings, chat_template, trainable = checks.template_findings(tokenizer, args, form, rows)
     except Exception as exc:  # noqa: BLE001 — a check that cannot run is a finding, not a traceback
         template_findings, chat_template, trainable = could_not_check("template", exc), None, False
     findings += template_findings
