@@ -325,13 +325,10 @@ def adapter_coverage(model_or_config, lora_config) -> dict:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(model_or_config)
     elif _is_model(model_or_config) and not hasattr(model_or_config, "peft_config"):
-        model = (
-            copy.deepcopy(model_or_config)
-            if next(model_or_config.parameters()).device.type != "meta"
-            else model_or_config
-        )
-        if next(model.parameters()).device.type != "meta":
-            model = model.to("meta")  # a meta copy: the table needs the module tree only
+        # the same module tree from its config, on the meta device: the caller's model is neither copied nor
+        # wrapped (get_peft_model changes the model it is given)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(model_or_config.config)
     else:
         raise TypeError(
             f"model_or_config must be a transformers model (not yet wrapped by peft) or its config, "
@@ -561,3 +558,44 @@ def coverage_heatmap(survey: dict, title: str = ""):
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+# what each problem means, for a report (the doctor's finding text lives with the doctor)
+PROBLEMS = (
+    "peft_refuses",
+    "dropout_with_target_parameters",
+    "all_linear_on_mamba",
+    "remap_rewrote_targets",
+    "frozen_group",
+)
+
+
+def coverage_problems(coverage: dict) -> list[dict]:
+    """The problems in an ``adapter_coverage`` result, as ``{"kind": one of PROBLEMS, "detail": str}``:
+    peft refusing the config (the lora_dropout of a target_parameters LoRA; ``"all-linear"`` or out_proj on
+    a Mamba model; anything else), the remap's rewrite of ``target_modules``, and each group with weights and
+    no adapter (the router left out: often frozen on purpose). Empty: every group is adapted."""
+    if not isinstance(coverage, dict) or not {"table", "frozen", "rewritten", "error"} <= set(coverage):
+        raise ValueError(
+            "coverage must be what adapter_coverage() returned — its table, frozen groups, rewrite "
+            "and error are read — call adapter_coverage(model_or_config, lora_config) first."
+        )
+    error = coverage["error"]
+    if error:
+        if "dropout" in error:
+            kind = "dropout_with_target_parameters"
+        elif "incompatible" in error.lower() and "mamba" in error.lower():
+            kind = "all_linear_on_mamba"
+        else:
+            kind = "peft_refuses"
+        return [{"kind": kind, "detail": error}]
+    problems = []
+    if coverage["rewritten"]:
+        moves = "; ".join(
+            f"{key}: {before!r} -> {after!r}" for key, (before, after) in coverage["rewritten"].items()
+        )
+        problems.append({"kind": "remap_rewrote_targets", "detail": moves})
+    for group in frozen_groups(coverage["table"]):
+        row = coverage["table"][group]
+        problems.append({"kind": "frozen_group", "detail": f"{group}: 0 of {row['tensors']} weights adapted"})
+    return problems
