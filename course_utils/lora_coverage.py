@@ -113,6 +113,11 @@ def tiny_config(model_type: str, **overrides):
     """A tiny random config of ``model_type`` (one of ``FAMILIES``), built offline; ``overrides`` win."""
     from transformers import AutoConfig
 
+    if not isinstance(model_type, str):
+        raise TypeError(
+            f"model_type must be a string, got {type(model_type).__name__} — it names a family of "
+            f"FAMILIES — e.g. 'qwen2_moe'."
+        )
     if model_type not in FAMILIES:
         raise ValueError(
             f"no tiny config for model_type {model_type!r} — the lesson measures {sorted(FAMILIES)} — "
@@ -273,8 +278,8 @@ def frozen_groups(table: dict, *, include_router: bool = False) -> list[str]:
     left out unless asked for: recipes often keep it frozen on purpose (the load balance it learned)."""
     if not isinstance(table, dict):
         raise TypeError(
-            f"table must be a coverage table (a dict), got {type(table).__name__} — from lora_coverage() "
-            "or adapter_coverage()['table']."
+            f"table must be a coverage table (a dict), got {type(table).__name__} — frozen_groups reads "
+            "its rows — pass lora_coverage(peft_model) or adapter_coverage(...)['table']."
         )
     return [
         g
@@ -288,6 +293,11 @@ def frozen_groups(table: dict, *, include_router: bool = False) -> list[str]:
 
 def format_table(table: dict) -> str:
     """A coverage table as aligned text (the frozen groups marked)."""
+    if not isinstance(table, dict):
+        raise TypeError(
+            f"table must be a coverage table (a dict), got {type(table).__name__} — format_table "
+            "prints its rows — pass lora_coverage(peft_model) or adapter_coverage(...)['table']."
+        )
     lines = [f"{'group':16s} {'adapted':>9s} {'LoRA params':>12s}"]
     for group, row in table.items():
         flag = "  <- no adapter" if row["tensors"] and not row["adapted"] else ""
@@ -463,6 +473,7 @@ def lora_config_as_trl_builds(fields):
     else:
         raise TypeError(
             f"fields must be a dict of trl sft settings or a trl.ModelConfig, got {type(fields).__name__}"
+            " — the LoraConfig is built from those fields as trl sft does"
             " — e.g. {'use_peft': True, 'lora_target_modules': ['q_proj', 'v_proj']}."
         )
     return get_peft_config(model_args)
@@ -471,11 +482,20 @@ def lora_config_as_trl_builds(fields):
 # --- the saved adapter -------------------------------------------------------------------------------------
 
 
+def _check_directory(name: str, value) -> None:
+    if not isinstance(value, (str, Path)) or not str(value):
+        raise TypeError(
+            f"{name} must be a directory path (str or Path), got {value!r:.60} — it is read or written as a "
+            "folder — pass e.g. tempfile.mkdtemp()."
+        )
+
+
 def adapter_layout(adapter_dir) -> dict:
     """What a saved adapter holds: ``{"target_modules", "target_parameters", "rank_pattern": from
     adapter_config.json, "tensors": {tensor name: shape}}`` — what a server's LoRA loader has to map."""
     from safetensors import safe_open
 
+    _check_directory("adapter_dir", adapter_dir)
     path = Path(adapter_dir)
     if not (path / "adapter_config.json").is_file() or not (path / "adapter_model.safetensors").is_file():
         raise ValueError(
@@ -499,12 +519,13 @@ def drop_tensors(adapter_dir, out_dir, contains: str) -> list[str]:
     names."""
     from safetensors.torch import load_file, save_file
 
-    layout = adapter_layout(adapter_dir)  # validates the directory
     if not isinstance(contains, str) or not contains:
         raise ValueError(
             f"contains must be a non-empty string, got {contains!r} — it selects tensor names — "
             "e.g. 'experts'."
         )
+    _check_directory("out_dir", out_dir)
+    layout = adapter_layout(adapter_dir)  # validates the directory
     out = Path(out_dir)
     shutil.copytree(adapter_dir, out, dirs_exist_ok=True)
     state = load_file(str(Path(adapter_dir) / "adapter_model.safetensors"))
