@@ -31,6 +31,7 @@ A lesson's learner tools (what its notebook explains and a practitioner reuses):
 - ``capstone``        a set-up on disk (``Setup``), TRL's training template path   — lesson 08
 - ``reasoning``       reasoning and tool-call data, what a template grades of it, reply readers — lesson 09
 - ``shipping``        what a saved directory serves vs what was trained; ``ship`` its CLI — lesson 10
+- ``lora_coverage``   what a LoRA config adapts, group by group (MoE experts, hybrid mixers) — lesson 13
 
 ``exercises/lessonNN.py`` holds lesson NN's checkers (``check_*``) and the generators of their cases;
 ``exercises/answers/`` the reference answers. A notebook imports checkers and artefacts, never an

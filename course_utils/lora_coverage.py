@@ -113,6 +113,11 @@ def tiny_config(model_type: str, **overrides):
     """A tiny random config of ``model_type`` (one of ``FAMILIES``), built offline; ``overrides`` win."""
     from transformers import AutoConfig
 
+    if not isinstance(model_type, str):
+        raise TypeError(
+            f"model_type must be a string, got {type(model_type).__name__} — it names a family of "
+            f"FAMILIES — e.g. 'qwen2_moe'."
+        )
     if model_type not in FAMILIES:
         raise ValueError(
             f"no tiny config for model_type {model_type!r} — the lesson measures {sorted(FAMILIES)} — "
@@ -273,8 +278,8 @@ def frozen_groups(table: dict, *, include_router: bool = False) -> list[str]:
     left out unless asked for: recipes often keep it frozen on purpose (the load balance it learned)."""
     if not isinstance(table, dict):
         raise TypeError(
-            f"table must be a coverage table (a dict), got {type(table).__name__} — from lora_coverage() "
-            "or adapter_coverage()['table']."
+            f"table must be a coverage table (a dict), got {type(table).__name__} — frozen_groups reads "
+            "its rows — pass lora_coverage(peft_model) or adapter_coverage(...)['table']."
         )
     return [
         g
@@ -288,6 +293,11 @@ def frozen_groups(table: dict, *, include_router: bool = False) -> list[str]:
 
 def format_table(table: dict) -> str:
     """A coverage table as aligned text (the frozen groups marked)."""
+    if not isinstance(table, dict):
+        raise TypeError(
+            f"table must be a coverage table (a dict), got {type(table).__name__} — format_table "
+            "prints its rows — pass lora_coverage(peft_model) or adapter_coverage(...)['table']."
+        )
     lines = [f"{'group':16s} {'adapted':>9s} {'LoRA params':>12s}"]
     for group, row in table.items():
         flag = "  <- no adapter" if row["tensors"] and not row["adapted"] else ""
@@ -325,13 +335,10 @@ def adapter_coverage(model_or_config, lora_config) -> dict:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(model_or_config)
     elif _is_model(model_or_config) and not hasattr(model_or_config, "peft_config"):
-        model = (
-            copy.deepcopy(model_or_config)
-            if next(model_or_config.parameters()).device.type != "meta"
-            else model_or_config
-        )
-        if next(model.parameters()).device.type != "meta":
-            model = model.to("meta")  # a meta copy: the table needs the module tree only
+        # the same module tree from its config, on the meta device: the caller's model is neither copied nor
+        # wrapped (get_peft_model changes the model it is given)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(model_or_config.config)
     else:
         raise TypeError(
             f"model_or_config must be a transformers model (not yet wrapped by peft) or its config, "
@@ -466,6 +473,7 @@ def lora_config_as_trl_builds(fields):
     else:
         raise TypeError(
             f"fields must be a dict of trl sft settings or a trl.ModelConfig, got {type(fields).__name__}"
+            " — the LoraConfig is built from those fields as trl sft does"
             " — e.g. {'use_peft': True, 'lora_target_modules': ['q_proj', 'v_proj']}."
         )
     return get_peft_config(model_args)
@@ -474,11 +482,20 @@ def lora_config_as_trl_builds(fields):
 # --- the saved adapter -------------------------------------------------------------------------------------
 
 
+def _check_directory(name: str, value) -> None:
+    if not isinstance(value, (str, Path)) or not str(value):
+        raise TypeError(
+            f"{name} must be a directory path (str or Path), got {value!r:.60} — it is read or written as a "
+            "folder — pass e.g. tempfile.mkdtemp()."
+        )
+
+
 def adapter_layout(adapter_dir) -> dict:
     """What a saved adapter holds: ``{"target_modules", "target_parameters", "rank_pattern": from
     adapter_config.json, "tensors": {tensor name: shape}}`` — what a server's LoRA loader has to map."""
     from safetensors import safe_open
 
+    _check_directory("adapter_dir", adapter_dir)
     path = Path(adapter_dir)
     if not (path / "adapter_config.json").is_file() or not (path / "adapter_model.safetensors").is_file():
         raise ValueError(
@@ -502,12 +519,13 @@ def drop_tensors(adapter_dir, out_dir, contains: str) -> list[str]:
     names."""
     from safetensors.torch import load_file, save_file
 
-    layout = adapter_layout(adapter_dir)  # validates the directory
     if not isinstance(contains, str) or not contains:
         raise ValueError(
             f"contains must be a non-empty string, got {contains!r} — it selects tensor names — "
             "e.g. 'experts'."
         )
+    _check_directory("out_dir", out_dir)
+    layout = adapter_layout(adapter_dir)  # validates the directory
     out = Path(out_dir)
     shutil.copytree(adapter_dir, out, dirs_exist_ok=True)
     state = load_file(str(Path(adapter_dir) / "adapter_model.safetensors"))
@@ -561,3 +579,44 @@ def coverage_heatmap(survey: dict, title: str = ""):
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+# what each problem means, for a report (the doctor's finding text lives with the doctor)
+PROBLEMS = (
+    "peft_refuses",
+    "dropout_with_target_parameters",
+    "all_linear_on_mamba",
+    "remap_rewrote_targets",
+    "frozen_group",
+)
+
+
+def coverage_problems(coverage: dict) -> list[dict]:
+    """The problems in an ``adapter_coverage`` result, as ``{"kind": one of PROBLEMS, "detail": str}``:
+    peft refusing the config (the lora_dropout of a target_parameters LoRA; ``"all-linear"`` or out_proj on
+    a Mamba model; anything else), the remap's rewrite of ``target_modules``, and each group with weights and
+    no adapter (the router left out: often frozen on purpose). Empty: every group is adapted."""
+    if not isinstance(coverage, dict) or not {"table", "frozen", "rewritten", "error"} <= set(coverage):
+        raise ValueError(
+            "coverage must be what adapter_coverage() returned — its table, frozen groups, rewrite "
+            "and error are read — call adapter_coverage(model_or_config, lora_config) first."
+        )
+    error = coverage["error"]
+    if error:
+        if "dropout" in error:
+            kind = "dropout_with_target_parameters"
+        elif "incompatible" in error.lower() and "mamba" in error.lower():
+            kind = "all_linear_on_mamba"
+        else:
+            kind = "peft_refuses"
+        return [{"kind": kind, "detail": error}]
+    problems = []
+    if coverage["rewritten"]:
+        moves = "; ".join(
+            f"{key}: {before!r} -> {after!r}" for key, (before, after) in coverage["rewritten"].items()
+        )
+        problems.append({"kind": "remap_rewrote_targets", "detail": moves})
+    for group in frozen_groups(coverage["table"]):
+        row = coverage["table"][group]
+        problems.append({"kind": "frozen_group", "detail": f"{group}: 0 of {row['tensors']} weights adapted"})
+    return problems

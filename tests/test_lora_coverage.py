@@ -138,3 +138,42 @@ def test_gradient_by_group_rejects_float_input():
     model = get_peft_model(lc.tiny_model("qwen2_moe"), LoraConfig(target_modules=["q_proj"]))
     with pytest.raises(ValueError, match="2-D integer tensor"):
         lc.gradient_by_group(model, torch.zeros(2, 3))
+
+
+def kinds(family, **lora):
+    """The kinds of problem coverage_problems finds for a LoraConfig(**lora) on a tiny family."""
+    return [
+        p["kind"]
+        for p in lc.coverage_problems(lc.adapter_coverage(lc.tiny_config(family), LoraConfig(**lora)))
+    ]
+
+
+def test_coverage_problems_name_each_trap():
+    assert kinds("qwen2_moe", target_modules=lc.TUTORIAL_TARGETS) == ["frozen_group"]
+    assert kinds("nemotron_h", target_modules="all-linear") == ["all_linear_on_mamba"]
+    assert kinds(
+        "gpt_oss", lora_dropout=0.05, target_modules=["q_proj"], target_parameters=lc.EXPERT_PARAMETERS
+    ) == ["dropout_with_target_parameters"]
+    assert kinds("glm4_moe", target_modules=lc.TUTORIAL_TARGETS) == [
+        "remap_rewrote_targets",
+        "frozen_group",
+        "frozen_group",
+    ]
+    assert (
+        kinds(
+            "gpt_oss",
+            lora_dropout=0.0,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+            target_parameters=lc.EXPERT_PARAMETERS,
+        )
+        == []
+    )
+
+
+def test_adapter_coverage_leaves_the_callers_model_alone():
+    model = lc.tiny_model("qwen2_moe")
+    table = lc.adapter_coverage(model, LoraConfig(target_modules=["q_proj"]))["table"]
+    assert table["attention"]["adapted"] == 2 and not hasattr(model, "peft_config")
+    assert next(model.parameters()).device.type == "cpu"
+    with pytest.raises(ValueError, match="what adapter_coverage"):
+        lc.coverage_problems({"table": {}})
