@@ -368,6 +368,8 @@ def adapter_coverage(model_or_config, lora_config) -> dict:
         and not (
             key == "target_modules" and isinstance(before[key], str) and not after.get("target_parameters")
         )
+        # target_modules=None: peft fills in its defaults for the model type — no rewrite of a user's list
+        and not (key == "target_modules" and before[key] is None and not after.get("target_parameters"))
     }
     table = lora_coverage(peft_model)
     return {

@@ -53,12 +53,13 @@ def _intends(targets, names) -> bool:
 
 def lora_coverage_findings(setup) -> list[Finding]:
     """With LoRA: the trainable parameters per module group, as peft will build them from this config on
-    this architecture (peft's v4->v5 remap included); a warning for every group the user's targets aim at
-    that gets no adapter (routed or shared experts, the dense MLP, a linear-attention / Mamba mixer), an
-    error when peft will refuse the config (SFTTrainer raises at construction)."""
+    this architecture (peft's v4->v5 remap included), with lesson 13's ``coverage_problems``: an error when
+    peft will refuse the config (SFTTrainer raises at construction), the remap's rewrite, and a warning for
+    every group the user's targets aim at that gets no adapter (routed or shared experts, the dense MLP, a
+    linear-attention / Mamba mixer) — not for groups a short list leaves out on purpose (q/v-only LoRA)."""
     from peft import LoraConfig
 
-    from ..lora_coverage import adapter_coverage, format_table
+    from ..lora_coverage import adapter_coverage, coverage_problems, format_table
 
     if not isinstance(setup.peft, LoraConfig):
         return []
@@ -68,25 +69,17 @@ def lora_coverage_findings(setup) -> list[Finding]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = adapter_coverage(config, setup.peft)
-    if result["error"]:
-        dropout = "lora_dropout" in result["error"]
-        return [Finding(
-            "error", "lora-config-raises", "peft refuses this LoRA config on this architecture: SFTTrainer "
-            "raises before the first step", result["error"][:240],
-            "set lora_dropout=0 (TRL's default is 0.05; adapters on fused expert parameters take no dropout)"
-            if dropout else "name the target modules by hand (read them from model.named_modules()); "
-            "\"all-linear\" is refused on this model", "13")]
-    findings = []
-    # peft filling in its default targets (target_modules=None) is no rewrite: only a change to what was named
-    rewritten = {k: v for k, v in result["rewritten"].items() if not (k == "target_modules" and v[0] is None)}
-    if rewritten:
-        moved = "; ".join(f"{key}: {sorted(b) if isinstance(b, set) else b} -> "
-                          f"{sorted(a) if isinstance(a, set) else a}" for key, (b, a) in rewritten.items())
-        findings.append(Finding(
-            "info", "lora-remap",
-            f"peft rewrites your LoRA targets for {config.model_type} (its v4->v5 remap)",
-            moved, "read the per-group table below: it is what trains", "13"))
-    targets = _targets(setup.peft)
+    findings, targets = [], _targets(setup.peft)
+    for problem in coverage_problems(result):
+        kind, detail = problem["kind"], problem["detail"]
+        if kind in _REFUSALS:
+            return [Finding("error", "lora-config-raises", "peft refuses this LoRA config on this "
+                            "architecture: SFTTrainer raises before the first step", detail[:240],
+                            _REFUSALS[kind], "13")]
+        if kind == "remap_rewrote_targets":
+            findings.append(Finding("info", "lora-remap", f"peft rewrites your LoRA targets for "
+                                    f"{config.model_type} (its v4->v5 remap)", detail,
+                                    "read the per-group table: it is what trains", "13"))
     table = result["table"]
     aimed = {"routed_experts": _MLP_NAMES, "shared_experts": _MLP_NAMES, "dense_mlp": _MLP_NAMES,
              "linear_mixer": _ATTENTION_NAMES}
@@ -96,8 +89,8 @@ def lora_coverage_findings(setup) -> list[Finding]:
         expert = any(g.endswith("experts") for g in frozen)
         findings.append(Finding(
             "warning", "lora-frozen-groups",
-            "your LoRA targets aim at them, but these groups get no adapter: "
-            f"{', '.join(frozen)}", f"{sizes}; targets {targets!r}; the loss will still fall",
+            f"your LoRA targets aim at them, but these groups get no adapter: {', '.join(frozen)}",
+            f"{sizes}; targets {targets!r}; the loss will still fall",
             ("name the fused expert weights in target_parameters (e.g. [\"experts.gate_up_proj\", "
              "\"experts.down_proj\"]: read the names from model.named_parameters()) with lora_dropout=0"
              if expert else "add the mixer's Linear names to target_modules (or \"all-linear\")")
@@ -106,6 +99,15 @@ def lora_coverage_findings(setup) -> list[Finding]:
                             format_table(table),
                             "print_trainable_parameters() gives one total: this table is per group", "13"))
     return findings
+
+
+_REFUSALS = {  # coverage_problems' kinds of refusal, and what to do about each
+    "dropout_with_target_parameters": "set lora_dropout=0 (TRL's default is 0.05; adapters on fused expert "
+                                      "parameters take no dropout)",
+    "all_linear_on_mamba": "name the target modules by hand (read them from model.named_modules(); the "
+                           "Mamba mixer's in_proj): \"all-linear\" is refused on this model",
+    "peft_refuses": "fix the LoRA config field peft names",
+}
 
 
 def _attention(config_fields: dict, model_config_obj) -> str:
