@@ -132,7 +132,7 @@ def render(nb) -> str:
 
 
 def targets(paths: list[str]) -> list[tuple[Path, Path]]:
-    solutions = [Path(p) for p in paths] or sorted((ROOT / "solutions").glob("*.ipynb"))
+    solutions = [Path(p).resolve() for p in paths] or sorted((ROOT / "solutions").glob("*.ipynb"))
     for path in solutions:
         if path.suffix != ".ipynb" or not path.exists():
             raise SystemExit(f"{path}: not a solution notebook — pass paths under solutions/.")

@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     parser.add_argument("--timings", metavar="FILE", type=Path,
                         help="write the table of times into FILE, between its timing markers")
     args = parser.parse_args(argv)
-    paths = [Path(p) for p in args.paths] or sorted((ROOT / "solutions").glob("*.ipynb"))
+    paths = [Path(p).resolve() for p in args.paths] or sorted((ROOT / "solutions").glob("*.ipynb"))
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # what every kernel gets: the header says so
     where, times = machine(), {}
     for path in paths:
