@@ -12,6 +12,8 @@ The core (every other module imports only these; a helper a second lesson needs 
 - ``viz``             curves with thresholds, the token viewer, ``what_if``   — every lesson
 - ``checks``          the exercise-checker framework (graded hints, diagnoses) — every exercise
 - ``outcomes``        outcome claims with their margins (``report_outcome``)  — every lesson
+- ``generation``      greedy generation with checked ids (``generate_greedy``) — lessons 00, 02, 08-10
+- ``predictions``     record a prediction, reveal it against the measurement  — every lesson
 
 A lesson's learner tools (what its notebook explains and a practitioner reuses):
 
@@ -24,7 +26,7 @@ A lesson's learner tools (what its notebook explains and a practitioner reuses):
 - ``nan_detective``   QLoRA NaN causes, hooks, the stop-on-non-finite callback — lesson 06
 - ``token_weighting`` token-weighted accumulation, Trainer gradients          — lesson 07
 - ``ddp_grad``        the torchrun worker of lesson 07 (two processes, gloo)  — lesson 07
-- ``doctor``          the SFT doctor: a pre-flight check of a whole set-up     — lesson 08, your runs
+- ``doctor``          the SFT doctor (a package): a pre-flight check of a whole set-up — lesson 08, your runs
 - ``watch``           SFTWatch: clip rate, empty micro-batches, first NaN      — lesson 08, your runs
 - ``capstone``        a set-up on disk (``Setup``), TRL's training template path   — lesson 08
 - ``reasoning``       reasoning and tool-call data, what a template grades of it, reply readers — lesson 09

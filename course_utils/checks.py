@@ -13,6 +13,14 @@ diagnosis exercise (``check_diagnosis``) asks the learner for a *function* that 
 artefact and returns a ``Diagnosis(cause, evidence)``; the checker grades it on freshly generated
 artefacts, so one memorised answer fails.
 
+What a learner's function can reach while it runs is kept free of the answer (issue 43): a diagnosis
+checker draws its cases fresh on every run (``os.urandom`` via ``random.SystemRandom``; an instructor may
+set ``COURSE_CHECK_SEED`` for a reproducible demo, and every run still mixes causes), with no keyword that
+fixes or narrows them; the expected values are kept serialised (``pickle`` bytes, not objects) while the
+learner's code runs, so no frame it can walk to and no object ``gc`` can find holds them; answers are
+normalised to plain built-in values before a plain ``==``, so an object whose ``__eq__`` always says yes
+fails; and the returned ``CheckResult`` holds no hint text — ``hint()`` reads it from a private registry.
+
 A checker never raises on a wrong answer: it prints why and returns a falsy ``CheckResult``, so an
 exercise notebook survives Restart & Run All with unfinished exercises. Solution notebooks mark
 their checker cells ``# NBVAL_CHECK_OUTPUT``, so a solution that stops passing fails the tests.
@@ -24,12 +32,14 @@ learner's copy never holds the answer (``tests/test_giveaway.py`` enforces it).
 from __future__ import annotations
 
 import math
+import os
+import pickle
+import random
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from . import validate
-from .model import course_seed
 
 
 @dataclass
@@ -70,17 +80,24 @@ class Diagnosis:
     evidence: object = None
 
 
+class _Shown(str):
+    """A hint's text, returned for code to use; Jupyter shows it once (the print), not again as ``Out[]``."""
+
+    def _ipython_display_(self) -> None:
+        pass
+
+
 @dataclass
 class CheckResult:
     """Truthy when every case passed; ``message`` is what the learner was told.
 
-    ``hint()`` prints the next hint level each time it is called: question → pointer → answer.
+    ``hint()`` prints the next hint level each time it is called: question → pointer → answer. The hints
+    are not stored on the result (``vars(result)`` holds no answer): ``hint()`` fetches them by name.
     """
 
     name: str
     passed: bool
     message: str
-    hints: Hints | None = None
     _level: int = 0
 
     def __bool__(self) -> bool:
@@ -95,23 +112,39 @@ class CheckResult:
     def hint(self) -> str:
         """Print (and return) the next hint level. The answer level opens only after two failed checks
         of this exercise: a learner who has not tried twice gets the pointer again, not the answer."""
-        if self.hints is None:
+        hints = _HINTS.get(self.name)
+        if hints is None:
             text = "No hints for this exercise: read the checker's message above."
         else:
-            levels = self.hints.levels()
+            levels = hints.levels()
             names = ("question", "pointer", "answer")
             i = min(self._level, len(levels) - 1)
             failed = failed_checks(self.name)
             if i == len(levels) - 1 and not self.passed and failed < ANSWER_AFTER_FAILURES:
-                print(f"Hint {i}/{len(levels)} ({names[i - 1]}): {levels[i - 1]}\n"
-                      f"The answer opens after {ANSWER_AFTER_FAILURES} failed checks of this exercise "
-                      f"(so far: {failed}) — try once more with the pointer above, then ask again.")
-                return levels[i - 1]
+                text = (f"Hint {i}/{len(levels)} ({names[i - 1]}): {levels[i - 1]}\n"
+                        f"The answer opens after {ANSWER_AFTER_FAILURES} failed checks of this exercise "
+                        f"(so far: {failed}) — try once more with the pointer above, then ask again.")
+                print(text)
+                return _Shown(levels[i - 1])
             self._level += 1
             more = " (call .hint() again for more)" if i < len(levels) - 1 else ""
             text = f"Hint {i + 1}/{len(levels)} ({names[i]}): {levels[i]}{more}"
         print(text)
-        return text
+        return _Shown(text)
+
+
+# Each checker's hints, by checker name: kept here, not on the CheckResult a learner holds.
+_HINTS: dict[str, Hints] = {}
+
+
+def register_hints(name: str, hints: Hints) -> None:
+    """Keep ``hints`` for the checker ``name``: ``CheckResult.hint()`` reads them from here, so the result a
+    learner holds carries no hint text (``run_check`` and ``check_diagnosis`` call this themselves)."""
+    validate.non_empty_string("name", name, why="hints are looked up by the checker's name")
+    if not isinstance(hints, Hints):
+        raise ValueError(f"hints is a {type(hints).__name__}, not a Hints — hint() shows its levels — pass "
+                         "Hints(question, pointer, answer).")
+    _HINTS[name] = hints
 
 
 # Failed checks per exercise in this kernel: the answer hint opens only after ANSWER_AFTER_FAILURES of them,
@@ -142,6 +175,10 @@ def close(got, expected, rtol: float = 1e-4, atol: float = 1e-6) -> str | None:
             return None if ok else f"max difference {gap:.3g}"
         return None if torch.equal(got, expected) else "tensor values differ"
     if isinstance(expected, bool) or expected is None or isinstance(expected, str):
+        try:
+            got = plain(got)  # a plain value: an object whose __eq__ always says yes does not pass
+        except NotPlain as exc:
+            return str(exc)
         return None if got == expected else f"expected {expected!r}, got {got!r}"
     if isinstance(expected, (int, float)):
         if isinstance(got, bool) or not isinstance(got, (int, float)):
@@ -167,7 +204,72 @@ def close(got, expected, rtol: float = 1e-4, atol: float = 1e-6) -> str | None:
             if diff:
                 return f"[{i}]: {diff}"
         return None
+    try:
+        got = plain(got)
+    except NotPlain as exc:
+        return str(exc)
     return None if got == expected else f"expected {expected!r}, got {got!r}"
+
+
+class NotPlain(ValueError):
+    """An answer the checker cannot turn into plain built-in values (see ``plain``)."""
+
+
+def plain(value, _depth: int = 0):
+    """``value`` as plain built-in values (str, int, float, bool, None, and tuples, lists, frozensets and
+    dicts of them), so that ``==`` is Python's own and an object whose ``__eq__`` always says yes cannot
+    pass. A one-element tensor or numpy scalar becomes its number (``.item()``); anything else raises
+    ``NotPlain`` naming what was given."""
+    if _depth > 20:
+        raise NotPlain("the answer nests more than 20 levels deep")
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)  # the base method: a subclass's own __eq__ and __str__ are dropped
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, (list, tuple)):
+        items = [plain(v, _depth + 1) for v in list.__iter__(value)] if isinstance(value, list) else \
+            [plain(v, _depth + 1) for v in tuple.__iter__(value)]
+        return items if isinstance(value, list) else tuple(items)
+    if isinstance(value, (set, frozenset)):
+        return frozenset(plain(v, _depth + 1) for v in value)
+    if isinstance(value, dict):
+        return {plain(k, _depth + 1): plain(v, _depth + 1) for k, v in dict.items(value)}
+    item = getattr(type(value), "item", None)  # torch / numpy scalars (the type's method, not an attribute)
+    if callable(item) and getattr(value, "ndim", None) in (0, 1) and getattr(value, "size", None) is not None:
+        try:
+            return plain(value.item(), _depth + 1)
+        except (ValueError, RuntimeError, TypeError):
+            pass
+    raise NotPlain(f"a {type(value).__name__} is not a plain value: return a str, a number, None, or a "
+                   "list/tuple/dict of them")
+
+
+def _seal(value) -> bytes | object:
+    """``value`` serialised: while the learner's function runs, the expected value exists as bytes only, so no
+    frame it walks to and no object ``gc`` lists holds it. Values pickle cannot take stay as they are."""
+    try:
+        return _Sealed(pickle.dumps(value))
+    except Exception:  # noqa: BLE001 — an expected value pickle refuses is kept as is, the check still works
+        return value
+
+
+class _Sealed(bytes):
+    """A serialised expected value (``_seal``); ``_open`` turns it back."""
+
+    __slots__ = ()
+
+
+def _open(value):
+    return pickle.loads(value) if isinstance(value, _Sealed) else value
+
+
+def _call(fn, args: tuple, kwargs: dict):
+    """The learner's function, called from a frame that holds only its inputs."""
+    return fn(*args, **kwargs)
 
 
 def _as_hints(hint: str | Hints) -> Hints | None:
@@ -189,7 +291,9 @@ def run_check(name: str, fn: Callable, cases: Sequence[Case], *,
 
     ``diagnose(got, case)`` may return a sentence naming the misconception behind a wrong answer;
     ``hint`` (a ``Hints`` with levels, or a plain sentence) is the general advice shown when no
-    diagnosis matches — its first level only.
+    diagnosis matches — its first level only. Pass the cases inline (``run_check(..., _cases(), ...)``),
+    not from a local of the checker: the expected values are sealed before the learner's function runs, and
+    a local list in the checker's frame would still hold them.
     """
     if not callable(fn):
         raise ValueError(f"{name}: expected your function, got {type(fn).__name__} — the checker calls "
@@ -197,32 +301,88 @@ def run_check(name: str, fn: Callable, cases: Sequence[Case], *,
     if isinstance(cases, (str, bytes)) or not isinstance(cases, Sequence) or not cases:
         raise ValueError(f"{name}: no cases to check ({cases!r:.60}) — a checker that runs nothing would "
                          "pass any function — give it at least one Case (for a diagnosis checker: seeds).")
-    hints = _as_hints(hint)
-    for i, case in enumerate(cases, 1):
-        where = f"case {i}/{len(cases)}" + (f" ({case.label})" if case.label else "")
+    if isinstance(hint, Hints):
+        register_hints(name, hint)
+    # From here on the expected values exist only as bytes: the list the caller built is dropped.
+    cases = [Case(c.args, _seal(c.expected), c.kwargs, c.label, c.tag) for c in cases]
+    total = len(cases)
+    for i in range(1, total + 1):
+        case = cases[i - 1]
+        args, kwargs, label = case.args, case.kwargs, case.label
+        del case
+        where = f"case {i}/{total}" + (f" ({label})" if label else "")
         try:
-            got = fn(*case.args, **case.kwargs)
+            got = _call(fn, args, kwargs)
         except NotImplementedError:
             return _report(name, False, "⏳ not implemented yet: replace the `raise NotImplementedError` "
-                           "with your code, then run this cell again.", quiet, hints)
+                           "with your code, then run this cell again.", quiet)
         except Exception as exc:  # the learner's bug: show it, not our traceback
             last = traceback.format_exception_only(type(exc), exc)[-1].strip()
             return _report(name, False, f"❌ {where}: your function raised {last}\nHint: {_first_hint(hint)}",
-                           quiet, hints)
-        diff = compare(got, case.expected)
+                           quiet)
+        case = cases[i - 1]
+        opened = Case(case.args, _open(case.expected), case.kwargs, case.label, case.tag)
+        diff = compare(got, opened.expected)
         if diff:
-            reason = (diagnose(got, case) if diagnose else None) or _first_hint(hint)
-            return _report(name, False, f"❌ {where}: {diff}\nHint: {reason}", quiet, hints)
-    return _report(name, True, f"✅ {name}: all {len(cases)} cases pass.", quiet, hints)
+            reason = (diagnose(got, opened) if diagnose else None) or _first_hint(hint)
+            return _report(name, False, f"❌ {where}: {diff}\nHint: {reason}", quiet)
+        del opened, got
+    return _report(name, True, f"✅ {name}: all {total} cases pass.", quiet)
+
+
+# An instructor's reproducible demo: with COURSE_CHECK_SEED set, every checker run draws the same cases.
+CHECK_SEED_ENV = "COURSE_CHECK_SEED"
+
+
+def fresh_random() -> random.Random:
+    """The source of a checker run's cases: the operating system's randomness (a fresh draw each run, so a
+    memo of earlier runs' messages is useless), or ``COURSE_CHECK_SEED``'s stream for a demo."""
+    seed = os.environ.get(CHECK_SEED_ENV)
+    if seed is None or not seed.strip():
+        return random.SystemRandom()
+    if not seed.strip().isdigit():
+        raise ValueError(f"{CHECK_SEED_ENV}={seed!r} must be a non-negative integer — it seeds the checkers' "
+                         f"cases for a reproducible demo — set e.g. {CHECK_SEED_ENV}=7, or unset it.")
+    return random.Random(f"course-check-{int(seed)}")
 
 
 def fresh_seeds(n: int) -> list[int]:
-    """``n`` consecutive seeds for a diagnosis checker, offset by the course seed: every ``COURSE_SEED``
-    grades other cases, and consecutive seeds walk through every cause of a generator that picks
-    ``cause = CAUSES[seed % len(CAUSES)]``."""
+    """``n`` consecutive seeds from a base drawn fresh for this run (``fresh_random``), a multiple of
+    2520 (divisible by 1…10), so consecutive seeds walk through the causes in their listed order for a
+    generator that picks ``cause = CAUSES[seed % len(CAUSES)]`` (``n`` a multiple of the number of causes:
+    each cause equally often): every run mixes causes and a constant answer fails, whatever the draw.
+    ``check_diagnosis`` calls the learner's function on them in a shuffled order."""
     validate.positive_int("n", n, why="it is how many fresh cases the checker draws")
-    base = 1000 * (course_seed() + 1)
+    base = 2520 * fresh_random().randrange(400, 800_000)
     return list(range(base, base + n))
+
+
+# How telling a wrong case is, most telling first: the report names the most telling one, so a learner meets
+# the misconception behind the answer (a wrong cause the exercise knows as a look-alike) before a near-miss.
+_BROKEN, _KNOWN_LOOK_ALIKE, _WRONG_CAUSE, _WRONG_EVIDENCE = range(4)
+
+
+def _grade(answer, truth: Diagnosis, evidence_ok, misconceptions) -> tuple[int, str] | None:
+    """What is wrong with ``answer`` against ``truth`` (how telling, and the sentence), or None. The answer is
+    made plain first (``plain``), so only Python's own ``==`` compares it."""
+    if not isinstance(answer, Diagnosis):
+        return _BROKEN, (f"expected a Diagnosis(cause=..., evidence=...), got {type(answer).__name__} — "
+                         "return Diagnosis(cause, evidence)")
+    try:
+        cause, evidence = plain(answer.cause), plain(answer.evidence)
+    except NotPlain as exc:
+        return _BROKEN, f"{exc} (cause: one of the exercise's names; evidence: a number, a str, a list)"
+    if type(cause) is not str:
+        return _BROKEN, f"the cause must be one of the exercise's names (a str), got {cause!r:.80}"
+    if cause != truth.cause:
+        known = (misconceptions or {}).get((cause, truth.cause))
+        if known:
+            return _KNOWN_LOOK_ALIKE, f"cause {cause!r} is not what broke this run: {known}"
+        return _WRONG_CAUSE, f"cause {cause!r} is not what broke this run"
+    if not evidence_ok(evidence, truth):
+        shown = f"{evidence!r:.120}"
+        return _WRONG_EVIDENCE, f"right cause ({truth.cause!r}), but the evidence {shown} does not show it"
+    return None
 
 
 def check_diagnosis(name: str, fn: Callable, make_case: Callable[[int], tuple[object, Diagnosis]], *,
@@ -233,43 +393,63 @@ def check_diagnosis(name: str, fn: Callable, make_case: Callable[[int], tuple[ob
 
     ``make_case(seed)`` returns ``(artefact, truth)``; the learner's ``fn(artefact)`` must return a
     ``Diagnosis`` whose ``cause`` equals ``truth.cause`` and whose ``evidence`` passes
-    ``evidence_ok(got_evidence, truth)`` (default: equal to ``truth.evidence``). ``seeds`` should
-    cover every cause of the generator, so the learner's logic, not a memorised answer, is graded.
-    ``misconceptions[(given, true)]`` names the look-alike a wrong cause confuses.
+    ``evidence_ok(got_evidence, truth)`` (default: equal to ``truth.evidence``; the evidence it is given is
+    already plain, see ``plain``). ``seeds`` (from ``fresh_seeds``, drawn per run) must cover more than one
+    cause, so the learner's logic, not a memorised answer, is graded.
+
+    ``fn`` answers every case, in a shuffled order (its n-th call says nothing about the n-th cause); the
+    report names the most telling wrong case (a crash, then a known look-alike, then a wrong cause, then
+    wrong evidence; ties in the order of ``seeds``), so a wrong answer is told the same misconception
+    whatever the draw and the shuffle. Each truth is sealed before ``fn`` sees its
+    artefact (``_seal``). ``misconceptions[(given, true)]`` names the look-alike a wrong cause confuses.
     """
     if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or not seeds or not all(
             isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise ValueError(f"{name}: seeds={seeds!r:.60} must be a non-empty list of ints — each seed draws "
-                         "one fresh case, and no case would pass any answer — leave seeds out (the checker's "
-                         "default) or pass e.g. seeds=[1, 2, 3].")
-    if not callable(fn):  # run_check sees the wrapper below, not the learner's function
+                         "one fresh case, and no case would pass any answer — pass fresh_seeds(n).")
+    if not callable(fn):
         raise ValueError(f"{name}: expected your function, got {type(fn).__name__} — the checker calls "
                          "it on fresh cases — pass the function itself, without calling it.")
-    evidence_ok = evidence_ok or (lambda got, truth: got == truth.evidence)
-    cases = [Case((seed,), None, label=f"fresh case, seed {seed}") for seed in seeds]
+    if isinstance(hint, Hints):
+        register_hints(name, hint)
+    evidence_ok = evidence_ok or (lambda got, truth: got == plain(truth.evidence))
+    total = len(seeds)
+    order = list(range(total))
+    fresh_random().shuffle(order)
+    verdicts: dict[int, tuple[int, str]] = {}  # case index -> (how telling, what was wrong): wrong cases only
+    for i in order:
+        artefact, sealed = _drawn(make_case, seeds[i])
+        try:
+            answer = _call(fn, (artefact,), {})
+        except NotImplementedError:
+            return _report(name, False, "⏳ not implemented yet: replace the `raise NotImplementedError` "
+                           "with your code, then run this cell again.", quiet)
+        except Exception as exc:  # the learner's bug: show it, not our traceback
+            last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            verdicts[i] = _BROKEN, f"your function raised {last}"
+            continue
+        del artefact
+        wrong = _grade(answer, _open(sealed), evidence_ok, misconceptions)
+        del answer  # the learner's own answer, gone before the next call
+        if wrong:
+            verdicts[i] = wrong
+    if not verdicts:
+        return _report(name, True, f"✅ {name}: all {total} cases pass.", quiet)
+    first = min(verdicts, key=lambda i: (verdicts[i][0], i))
+    return _report(name, False, f"❌ case {first + 1}/{total} (a fresh case; {len(verdicts)} of {total} "
+                   f"wrong): {verdicts[first][1]}\nHint: {_first_hint(hint)}", quiet)
 
-    def run_one(seed):
-        artefact, truth = make_case(seed)
-        return fn(artefact), truth
 
-    def compare(got, _expected):
-        answer, truth = got
-        if not isinstance(answer, Diagnosis):
-            return (f"expected a Diagnosis(cause=..., evidence=...), got {type(answer).__name__} — "
-                    "return Diagnosis(cause, evidence)")
-        if answer.cause != truth.cause:
-            known = (misconceptions or {}).get((answer.cause, truth.cause))
-            return f"cause {answer.cause!r} is not what broke this run" + (f": {known}" if known else "")
-        if not evidence_ok(answer.evidence, truth):
-            return f"right cause ({truth.cause!r}), but the evidence {answer.evidence!r} does not show it"
-        return None
-
-    return run_check(name, run_one, cases, compare=compare, hint=hint, quiet=quiet)
+def _drawn(make_case, seed):
+    """The artefact, and its truth sealed: returns before the learner's function is called, so the truth
+    is no local of any frame that function can walk to."""
+    artefact, truth = make_case(seed)
+    return artefact, _seal(truth)
 
 
-def _report(name: str, passed: bool, message: str, quiet: bool, hints: Hints | None = None) -> CheckResult:
+def _report(name: str, passed: bool, message: str, quiet: bool) -> CheckResult:
     if not passed and not message.startswith("⏳"):  # an unfinished stub is not a try
         _FAILURES[name] = _FAILURES.get(name, 0) + 1
     if not quiet:
         print(message)
-    return CheckResult(name, passed, message, hints)
+    return CheckResult(name, passed, message)

@@ -17,6 +17,7 @@ only during SFT in the lessons, which is why SFT visibly converges in a few seco
 
 from __future__ import annotations
 
+import numbers
 import random
 from collections.abc import Sequence
 
@@ -36,6 +37,20 @@ WORDS = (
 TASKS = ("add", "reverse", "mixed")
 
 
+def is_graded(label):
+    """Whether a label carries loss — it is not ``IGNORE_INDEX`` (-100): the one rule the course uses.
+
+    Unshifted: it reads a label at its own position (TRL's prepared rows, a viewer marking the tokens
+    a row trains, "the stop token carries loss"); ``graded`` applies it to ``labels[1:]``, the targets
+    of the logits. One label gives a bool; a tensor or array gives its mask, element by element.
+    """
+    if isinstance(label, bool) or not (isinstance(label, numbers.Real) or hasattr(label, "dtype")):
+        raise TypeError(f"label={label!r:.60} is a {type(label).__name__}, not a token id — a label is a "
+                        f"token id or {IGNORE_INDEX} (ignored) — pass an element of example['labels'], or a "
+                        "tensor of them.")
+    return label != IGNORE_INDEX
+
+
 def graded(labels):
     """Which labels are *targets* of the next-token loss: the one definition the course uses.
 
@@ -53,7 +68,7 @@ def graded(labels):
         if labels.shape[-1] == 0 or (labels.ndim == 2 and labels.shape[0] == 0):
             raise ValueError(f"labels has shape {tuple(labels.shape)}: no position — an example has at least "
                              "one token — pass the labels of a real example or batch.")
-        return labels[..., 1:] != IGNORE_INDEX
+        return is_graded(labels[..., 1:])
     if isinstance(labels, (str, bytes)) or not isinstance(labels, Sequence) or (
             labels and not all(isinstance(label, int) for label in labels)):
         raise TypeError(f"labels must be a list of ints or a tensor, got {type(labels).__name__}"
@@ -62,7 +77,7 @@ def graded(labels):
     if not labels:
         raise ValueError("labels is empty — an example has at least one token, and one label per token — "
                          "pass example['labels'] of a tokenized example.")
-    return [label != IGNORE_INDEX for label in labels[1:]]
+    return [is_graded(label) for label in labels[1:]]
 
 
 def n_graded(labels) -> int:

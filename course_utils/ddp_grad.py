@@ -13,6 +13,9 @@ passes on the same parameters:
   ``all_reduce``, times W to undo DDP's average. This is what transformers does with
   ``average_tokens_across_devices=True`` (``Trainer._get_num_items_in_batch`` gathers the counts,
   ``compute_loss`` multiplies by ``num_processes``).
+- ``"global_count_no_world"``: the summed loss divided by the same global count, *without* the × W — what a
+  custom ``compute_loss`` does that "normalises by ``num_items_in_batch`` yourself" (lesson 01) when the
+  Trainer has gathered the count over the ranks: DDP's average then makes the step W times too small.
 
 Then the empty micro-batch of lesson 05 on one rank (rank 1's labels all ``-100``), two ways:
 
@@ -25,9 +28,9 @@ Then the empty micro-batch of lesson 05 on one rank (rank 1's labels all ``-100`
   with a loss of exactly 0 (summed loss / the global count ``clamp(min=1)``). Recorded: the collectives
   each rank launched (a counting DDP comm hook) and the gradient, which equals rank 0's data alone.
 
-Rank 0 writes ``{"rank_mean", "global_count", "n_tokens", "world_size", "seed", "batch_size", "skip",
-"zero_loss", "zero_loss_collectives", "skip_timeout"}`` with ``torch.save``; lesson 07's notebook compares the
-gradients with the single-process full-batch gradient. Launch it
+Rank 0 writes ``{"rank_mean", "global_count", "global_count_no_world", "n_tokens", "world_size", "seed",
+"batch_size", "skip", "zero_loss", "zero_loss_collectives", "skip_timeout"}`` with ``torch.save``; lesson 07's
+notebook compares the gradients with the single-process full-batch gradient. Launch it
 from Python with ``token_weighting.run_ddp_grad()``: it runs this file as a module, so it works from a
 checkout and from an installed wheel alike.
 """
@@ -163,6 +166,12 @@ def main(argv=None) -> None:
     summed, _ = token_losses(ddp, batch)
     (summed / n_global * world).backward()  # × world: DDP divides the summed gradients by world
     results["global_count"] = flat_grad(model)
+    model.zero_grad(set_to_none=True)
+
+    # 3) The same global count without × world: a custom compute_loss dividing by num_items_in_batch alone.
+    summed, _ = token_losses(ddp, batch)
+    (summed / n_global).backward()
+    results["global_count_no_world"] = flat_grad(model)
 
     counts = [None] * world
     dist.all_gather_object(counts, n_local)
@@ -171,7 +180,7 @@ def main(argv=None) -> None:
     del ddp
     model.zero_grad(set_to_none=True)
 
-    # 3) Lesson 05's empty micro-batch on rank 1: skipped (a wait), then run with a zero loss (safe).
+    # 4) Lesson 05's empty micro-batch on rank 1: skipped (a wait), then run with a zero loss (safe).
     skip = _skip_empty(model, batch, rank, args.skip_timeout)
     zero_grad, launched = _zero_loss(model, batch, rank)
     skips, launches = [None] * world, [None] * world

@@ -35,7 +35,7 @@ from . import validate
 
 # end_of_turn_token (the first special token a template writes after an assistant message) lives in the
 # core, course_utils.data: lesson 02 teaches it here, and the doctor checks it too. One copy of the idea.
-from .data import end_of_turn_token, graded
+from .data import end_of_turn_token, graded, is_graded
 from .generation import (
     _as_list,
     _check_eos_ids,
@@ -642,4 +642,4 @@ def eos_labels_kept(batch: dict, eos_id: int) -> tuple[int, int]:
 
     Lesson 02's pad == eos measurement: a collator that masks labels by pad id keeps none of them."""
     real_eos = (batch["input_ids"] == eos_id) & (batch["attention_mask"] == 1)
-    return int((batch["labels"][real_eos] != -100).sum()), int(real_eos.sum())
+    return int(is_graded(batch["labels"][real_eos]).sum()), int(real_eos.sum())

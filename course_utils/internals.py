@@ -29,8 +29,14 @@ PRIVATE_NAMES = (
 
 
 def prepare_sft_dataset(dataset, tokenizer, args, *, chat_template=None, completion_only_loss=None):
-    """The rows ``SFTTrainer`` would train — tokenized, labelled, truncated, fully masked rows dropped,
-    packed — computed without a model: ``SFTTrainer._prepare_dataset`` with a stand-in for the trainer.
+    """The rows ``SFTTrainer`` would train — tokenized, labelled, truncated, packed — computed without a
+    model: ``SFTTrainer._prepare_dataset`` with a stand-in for the trainer.
+
+    Fully masked rows (no label left after truncation) are dropped **only without packing**: with
+    ``args.packing=True`` TRL 1.16 packs them as they are (lesson 05 measures 40 of 256), so check the
+    result with ``truncation.rows_without_targets``. On the text (non-conversational) path TRL tokenizes
+    with the tokenizer's own special tokens whatever ``args.dataset_kwargs`` says: a BOS-adding tokenizer
+    and text that already starts with BOS give two (lesson 04).
 
     In TRL 1.16 that method reads only ``_tokenizer``, ``chat_template`` and ``completion_only_loss``
     from the trainer (sft_trainer.py, ``_prepare_dataset``), so a namespace holding those stands in.

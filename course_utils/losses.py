@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from . import validate
-from .data import IGNORE_INDEX, n_graded
+from .data import IGNORE_INDEX, is_graded, n_graded
 
 
 def count_supervised(labels: torch.Tensor) -> int:
@@ -48,7 +48,7 @@ def count_supervised(labels: torch.Tensor) -> int:
 def _labels_in_range(labels: torch.Tensor, vocab: int) -> None:
     """Every label is a token id the logits score, or -100. A -1 meant as "ignore" would otherwise be
     clamped to token 0 by the hand-written losses and graded as a real target: a finite, wrong loss."""
-    bad = labels[(labels != IGNORE_INDEX) & ((labels < 0) | (labels >= vocab))]
+    bad = labels[is_graded(labels) & ((labels < 0) | (labels >= vocab))]
     if bad.numel():
         value = int(bad[0])
         why = (f"{value} is not the ignore label: the course (and torch, transformers, TRL) skip only "
@@ -97,7 +97,7 @@ def per_token_all_positions(flat_logits: torch.Tensor, flat_labels: torch.Tensor
 
 def _nll_and_mask(logits: torch.Tensor, labels: torch.Tensor, per_token=per_token_all_positions):
     flat_logits, flat_labels = shifted(logits, labels)
-    return per_token(flat_logits, flat_labels), (flat_labels != IGNORE_INDEX).float()
+    return per_token(flat_logits, flat_labels), is_graded(flat_labels).float()
 
 
 def mean_times_mask_ignore_index(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -62,7 +62,10 @@ def _requested_model(name_or_path):
     return name_or_path
 
 
-def _resolve_source(name_or_path) -> Path | str:
+def model_source(name_or_path=None) -> Path | str:
+    """Where ``name_or_path`` loads from: a shipped model's directory (by short name or path), a local
+    directory holding a ``config.json``, or a hub id (a ``str``: the cache when offline). ``None`` is
+    ``$COURSE_MODEL`` or the default course model. Raises ``ValueError`` for what is neither."""
     source = _requested_model(name_or_path)
     if not isinstance(source, (str, Path)) or not str(source).strip():
         raise ValueError(
@@ -123,7 +126,14 @@ def course_seed() -> int:
     return int(raw)
 
 
-def _not_available_offline(source) -> ValueError:
+def offline_error(source) -> ValueError | None:
+    """The error to raise when loading ``source`` failed: a hub id while ``HF_HUB_OFFLINE`` is on gets a
+    ValueError saying how to reach it; anything else ``None`` (the loader's own error stands)."""
+    if not isinstance(source, (str, Path)) or not str(source).strip():
+        raise TypeError(f"source={source!r:.60} is not what model_source() returns — a directory or a hub "
+                        "id — pass model_source(name_or_path).")
+    if not (isinstance(source, str) and _offline()):
+        return None
     return ValueError(
         f"{source!r} is not a local directory nor in the Hugging Face cache, and HF_HUB_OFFLINE=1 forbids "
         "downloading it — a hub id needs the network once — run with HF_HUB_OFFLINE=0 (e.g. `make lab "
@@ -144,13 +154,14 @@ def load_course_model(name_or_path=None, device: str | None = None, **model_kwar
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source = _resolve_source(name_or_path)
+    source = model_source(name_or_path)
     device = _resolve_device(device)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
     except OSError as exc:  # transformers' "couldn't connect / not in cache" for a hub id
-        if isinstance(source, str) and _offline():
-            raise _not_available_offline(source) from exc
+        offline = offline_error(source)
+        if offline is not None:
+            raise offline from exc
         raise
     if "device_map" not in model_kwargs:
         model_kwargs["device_map"] = device

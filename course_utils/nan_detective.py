@@ -17,7 +17,11 @@ Used by lesson 06 only. What is here:
 - ``debug_underflow_overflow``: the same question answered by transformers' ``DebugUnderflowOverflow``.
 - ``anomaly_report``: what ``torch.autograd.detect_anomaly`` says about a NaN backward.
 - ``norm_on_inf``: what the model's own normalisation layer makes of one inf.
-- ``GuardCallback``: a ``TrainerCallback`` that runs *your* guard before every optimizer step.
+- ``GuardCallback``: a ``TrainerCallback`` that runs *your* guard before every optimizer step (it hands the
+  guard the run's ``GradScaler``, if any: under one, an inf gradient is a skipped step).
+- ``fraction_updated`` / ``low_precision_master_weights``: the load-dtype trap of transformers 5 — a bf16
+  checkpoint loads in bf16, a full fine-tune then has no float32 master weights and small updates round
+  away; the first measures it, the second decides it from the weights' dtype alone (for the doctor).
 - ``CAUSES``: the four causes of a non-finite (or silently zero) step the lesson tells apart (exercise 1 adds
   healthy runs: ``exercises.lesson06.RUN_CAUSES``).
 - ``plot_checklist``: the decision flow of the lesson as one picture.
@@ -603,8 +607,10 @@ def _make_guard_callback_class():
     from transformers import TrainerCallback
 
     class GuardCallback(TrainerCallback):
-        """Run ``guard(model, control)`` in ``on_pre_optimizer_step`` — after the backward and the
+        """Run ``guard(model, control, scaler)`` in ``on_pre_optimizer_step`` — after the backward and the
         clipping, just before ``optimizer.step()``, the last moment a bad gradient can be stopped.
+        ``scaler`` is the run's ``GradScaler`` (accelerate keeps it on the optimizer it wraps; None
+        without fp16 mixed precision): with one, an inf gradient is a step the scaler skips.
         ``guard`` returns the name of what it found non-finite (or None) and does the rest itself:
         keeping the bad gradient out of the weights and asking the Trainer to stop. The callback
         records ``stopped_at`` (the 1-based step) and ``culprit`` (what the guard named).
@@ -612,12 +618,13 @@ def _make_guard_callback_class():
 
         def __init__(self, guard: Callable):
             if not callable(guard):
-                raise TypeError(f"guard must be a function guard(model, control), got {type(guard).__name__}"
+                raise TypeError("guard must be a function guard(model, control, scaler), got "
+                                f"{type(guard).__name__}"
                                 " — the callback calls it before each optimizer step — pass your function.")
             self.guard, self.stopped_at, self.culprit = guard, None, None
 
-        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-            found = self.guard(model, control)
+        def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kwargs):
+            found = self.guard(model, control, getattr(optimizer, "scaler", None))
             if found and self.stopped_at is None:
                 self.stopped_at, self.culprit = state.global_step + 1, found  # global_step counts done steps
             return control
@@ -631,6 +638,62 @@ def __getattr__(name):  # the class is built on first use: transformers' trainer
         globals()[name] = cls
         return cls
     raise AttributeError(name)
+
+
+# ------------------------------------------------------------------------------------------------
+# Load dtype: no float32 master weights, small updates lost
+# ------------------------------------------------------------------------------------------------
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def fraction_updated(model, batch: dict, lr: float = 1e-5) -> float:
+    """One AdamW step at ``lr`` on ``batch`` (the mean loss over its labels): the fraction of the trainable
+    weights whose stored value changed. AdamW's first step moves every weight by about ``lr``; a bfloat16
+    weight keeps 8 bits of mantissa, so a step below half its ulp (|w|·2⁻⁸) rounds back to the same value.
+    In float32 nearly every weight moves. The model is updated in place: pass a copy."""
+    validate.model("model", model)
+    validate.number("lr", lr, positive=True, why="it is the optimizer's step size")
+    if not isinstance(batch, dict) or not {"input_ids", "labels"} <= set(batch):
+        raise ValueError("batch must be a dict with input_ids and labels — one step needs a loss — pass one "
+                         "of make_batches(tok, chats)'s batches.")
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameter — nothing can be updated — pass a model that "
+                         "trains (a full fine-tune, or one with LoRA adapters).")
+    before = [p.detach().clone() for p in params]
+    optimizer = torch.optim.AdamW(params, lr=lr)
+    model.zero_grad(set_to_none=True)
+    loss = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                 labels=batch["labels"]).loss
+    loss.backward()
+    optimizer.step()
+    model.zero_grad(set_to_none=True)
+    changed = sum(int((b != p.detach()).sum()) for b, p in zip(before, params))
+    return changed / sum(b.numel() for b in before)
+
+
+def low_precision_master_weights(model) -> dict:
+    """Which trainable weights are stored in bfloat16/float16, from their dtype alone (for the doctor).
+
+    Transformers 5 loads a checkpoint in the dtype it was saved in (``dtype="auto"``): a bf16 checkpoint
+    comes back bf16. A full fine-tune of it has no float32 master copy — the optimizer writes its updates
+    into bf16 weights, and ``bf16=True`` (autocast) does not change that. Returns ``{"dtype": the most common
+    low-precision dtype or None, "share": the share of trainable weights in it, "trainable": their count}``;
+    ``share > 0`` is the finding. Fix: load with ``dtype=torch.float32`` (autocast still computes in bf16),
+    or train adapters (peft keeps them in float32)."""
+    validate.model("model", model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    total = sum(p.numel() for p in params)
+    by_dtype: dict = {}
+    for p in params:
+        if p.dtype in LOW_PRECISION:
+            by_dtype[p.dtype] = by_dtype.get(p.dtype, 0) + p.numel()
+    if not by_dtype:
+        return {"dtype": None, "share": 0.0, "trainable": total}
+    dtype = max(by_dtype, key=by_dtype.get)
+    return {"dtype": str(dtype).replace("torch.", ""), "share": sum(by_dtype.values()) / total,
+            "trainable": total}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -11,8 +11,10 @@ A lesson makes two kinds of claim (README, "What holds where"):
       ok = report_outcome("stop rate after the fix", stop_rate, 0.9)
       assert ok, "with <|im_end|> graded, the model stops"
 
-``report_outcome`` prints one line (value, threshold, margin) and, when ``$COURSE_OUTCOMES`` names a
-file, appends the claim to it as one JSON line; ``python -m tools.robustness`` sets that
+``report_outcome`` is silent when the claim holds — the learner reads the lesson's measurement, not proof
+chatter from a collapsed cell — and prints one line (value, threshold, margin) when it fails, or always with
+``verbose=True`` or ``$COURSE_OUTCOMES_VERBOSE=1`` (for an instructor). When ``$COURSE_OUTCOMES`` names a
+file it appends the claim to it as one JSON line; ``python -m tools.robustness`` sets that
 variable for every notebook × configuration and builds ROBUSTNESS.md from the lines.
 """
 
@@ -80,19 +82,24 @@ def _context(lesson: str | None) -> dict:
 
 
 def report_outcome(name: str, value, threshold, *, higher_is_better: bool = True,
-                   lesson: str | None = None, verbose: bool = True) -> Outcome:
+                   lesson: str | None = None, verbose: bool | None = None) -> Outcome:
     """Check ``value`` against ``threshold``; return an ``Outcome`` that is true when it holds.
 
     ``higher_is_better=True`` means the claim is ``value >= threshold`` (a stop rate), False means
     ``value <= threshold`` (a loss, a clip rate after a fix). ``lesson`` names the notebook
     (default: ``$COURSE_NOTEBOOK``, which the robustness runner sets). Prints the claim with its
-    margin unless ``verbose=False``; appends it as a JSON line to ``$COURSE_OUTCOMES`` when set.
+    margin when it fails (``verbose=None``, the default), always (``verbose=True``, or
+    ``$COURSE_OUTCOMES_VERBOSE=1``) or never (``verbose=False``); appends it as a JSON line to
+    ``$COURSE_OUTCOMES`` when set.
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(
             f"name={name!r} is not a non-empty string — it labels the claim in the robustness "
             "table — pass a short description such as 'stop rate after the fix'."
         )
+    if verbose is not None and not isinstance(verbose, bool):
+        raise ValueError(f"verbose={verbose!r} is not None/True/False — it says when the claim is printed — "
+                         "leave it out (printed only when it fails), or pass True (always) or False (never).")
     if not isinstance(higher_is_better, bool):
         raise ValueError(
             f"higher_is_better={higher_is_better!r} is not True/False — it says which side of the "
@@ -102,6 +109,8 @@ def report_outcome(name: str, value, threshold, *, higher_is_better: bool = True
     threshold = _number("threshold", threshold, allow_nan=False)
     margin = value - threshold if higher_is_better else threshold - value
     outcome = Outcome(name, value, threshold, higher_is_better, margin)
+    if verbose is None:  # the learner's view: a claim that holds says nothing; one that fails says why
+        verbose = not outcome or os.environ.get("COURSE_OUTCOMES_VERBOSE", "") not in ("", "0")
     if verbose:
         print(outcome)
     path = os.environ.get("COURSE_OUTCOMES")

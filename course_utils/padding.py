@@ -697,3 +697,37 @@ def _continuations(name: str, value) -> list[list[int]]:
                          f"{type(value).__name__ if value else 'an empty one'} — one per prompt — pass "
                          "greedy_continuations(...)'s result.")
     return [validate.token_ids(f"{name}[{i}]", c) for i, c in enumerate(value)]
+
+
+def sliding_window_drift(sliding_window: int = 4, length: int = 12, seed: int = 0) -> dict[str, float]:
+    """Max |Δlogit| of a tiny random sliding-window model (a Mistral config, built offline) called with an
+    explicit 4-D mask, against its own default call, for one example longer than the window.
+
+    ``"4-D causal mask, no window"`` is what a block-diagonal mask built for a full-attention model gives it;
+    ``"4-D mask with the window"`` cuts keys ``sliding_window`` or more positions back. transformers passes a
+    4-D mask through unchanged (``masking_utils._preprocess_mask_arguments``), so the first moves the logits:
+    a sliding-window model (Mistral, Gemma 2/3, Qwen2 with ``use_sliding_window``) needs its window in the
+    mask.
+    """
+    from transformers import MistralConfig, MistralForCausalLM
+
+    sliding_window = validate.positive_int("sliding_window", sliding_window,
+                                           why="it is how many keys a query sees")
+    length = validate.positive_int("length", length, why="it is the example's number of tokens")
+    if length <= sliding_window:
+        raise ValueError(f"length={length} is not above sliding_window={sliding_window} — an example inside "
+                         "the window cannot show the window — pass a length above the window.")
+    torch.manual_seed(validate.seed("seed", seed))
+    config = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2,
+                           sliding_window=sliding_window, max_position_embeddings=4 * length,
+                           attn_implementation="sdpa")
+    model = MistralForCausalLM(config).eval()
+    ids = torch.randint(0, config.vocab_size, (1, length))
+    query, key = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    masks = {"4-D causal mask, no window": key <= query,
+             "4-D mask with the window": (key <= query) & (query - key < sliding_window)}
+    with torch.no_grad():
+        own = model(ids).logits
+        return {name: float((model(ids, attention_mask=m[None, None]).logits - own).abs().max())
+                for name, m in masks.items()}

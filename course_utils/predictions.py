@@ -9,6 +9,10 @@ the failure; a prediction written after the answer is on screen teaches nothing,
     ...
     tally()                                     # the lesson's last cell: how many you got right
 
+After a Run All every measurement is already on screen, so a prediction written then is not counted; the
+messages say how to count one: ``forget(name)``, then the predict cell and the measurement cell again (or a
+kernel restart and the lesson cell by cell).
+
 The record lives in this process only (one kernel = one lesson); nothing is written to disk.
 Solution notebooks carry recorded predictions; the exercise copies have ``None`` until you write one.
 """
@@ -45,7 +49,10 @@ def predict(name: str, guess) -> None:
     entry = _ENTRIES.setdefault(name, _Entry())
     entry.guess = guess
     if entry.right is not None or entry.measured is not None:
-        print(f"noted {guess!r} for {name!r} — after the measurement was shown, so it is not counted.")
+        print(f"noted {guess!r} for {name!r} — after the measurement was shown (a Run All shows every one), "
+              "so it is not counted. To predict first: Kernel ▸ Restart, then run the lesson cell by cell; "
+              f"or run `from course_utils.predictions import forget; forget({name!r})`, this cell, then the "
+              "measurement cell again.")
         return
     entry.made_before = True
     print(f"recorded your prediction for {name!r}: {guess!r}")
@@ -65,7 +72,9 @@ def reveal(name: str, measured, *, right: Callable[[object], bool] | None = None
     if not entry.made_before:
         entry.right = None
         print(f"measured {name}: {_show(measured)} — no prediction was recorded before this cell ran "
-              "(write one in the cell above next time: predicting first is the point).")
+              "(predicting first is the point: write yours in its predict cell, run `from course_utils."
+              f"predictions import forget; forget({name!r})` and that cell, then this one; or Restart and "
+              "run the lesson cell by cell).")
         return None
     entry.right = bool(right(entry.guess)) if right is not None else entry.guess == measured
     verdict = "✅ right" if entry.right else "❌ not this time — read on for why"
@@ -88,9 +97,14 @@ def tally() -> dict[str, int]:
     return counts
 
 
-def forget() -> None:
-    """Clear every recorded prediction (start the lesson's count again without restarting the kernel)."""
-    _ENTRIES.clear()
+def forget(name: str | None = None) -> None:
+    """Clear the recorded prediction ``name`` (or every one, with no name): after a Run All showed a
+    measurement, ``forget(name)`` lets a prediction written now count once the measurement cell runs again."""
+    if name is None:
+        _ENTRIES.clear()
+        return
+    validate.non_empty_string("name", name, why="it names the prediction to clear")
+    _ENTRIES.pop(name, None)
 
 
 def _show(value) -> str:

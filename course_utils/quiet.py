@@ -13,16 +13,27 @@ import io
 import logging
 import warnings
 
+from . import validate
 
-@contextlib.contextmanager
+
 def captured_log(name: str = "transformers", level: int = logging.WARNING):
     """Collect what logger ``name`` (and its children) log at ``level`` and above into a list,
     instead of printing it to stderr. The lesson then shows the message it is about.
 
     For transformers, ``warning_once``'s memory is cleared first (a warning the process already
     showed is shown again) and the verbosity is raised to WARNING for the block, since a lesson may
-    have silenced it; everything is restored on exit.
+    have silenced it; everything is restored on exit. The arguments are checked when it is called, not
+    when the block is entered.
     """
+    validate.non_empty_string("name", name, why="it names the logger to listen to ('' is the root logger: "
+                              "every library at once)")
+    validate.integer("level", level, minimum=0, why="it is a logging level (logging.WARNING is 30)",
+                     fix="pass e.g. level=logging.INFO")
+    return _captured_log(name, level)
+
+
+@contextlib.contextmanager
+def _captured_log(name: str, level: int):
     messages: list[str] = []
 
     class _Collect(logging.Handler):

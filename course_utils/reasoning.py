@@ -12,6 +12,9 @@ short reasoning that restates the sum or the reversal, so a model of under a mil
 - what the trained model wrote: ``reply_to`` (greedy replies to chat histories, stopping at the end of
   turn), ``read_reply`` / ``reply_kinds`` (reasoned, an empty block, no block, reasoning leaked past the
   block), ``read_tool_call`` (the call a server would parse);
+- ``thinking_flag_diff``: what ``enable_thinking`` changes in *your* template's render (each family spells
+  it differently: Qwen3 an empty think block, GLM-4.5 ``/nothink`` after the user message, Gemma 4 a
+  ``<|think|>`` in the system turn);
 - ``reasoning_explorer``: the lesson's "what if" over its runs.
 
 The lesson's notebook generates with ``generation.generate_greedy`` and passes the records here.
@@ -19,6 +22,7 @@ The lesson's notebook generates with ``generation.generate_greedy`` and passes t
 
 from __future__ import annotations
 
+import difflib
 import json
 import random
 import re
@@ -26,7 +30,7 @@ import tempfile
 from collections.abc import Sequence
 
 from . import validate
-from .data import IGNORE_INDEX, make_messages
+from .data import is_graded, make_messages
 
 THINK, END_THINK = "<think>", "</think>"
 TOOL_CALL, END_TOOL_CALL = "<tool_call>", "</tool_call>"
@@ -153,6 +157,7 @@ def trained_rows(tokenizer, rows: list[dict], **config):
             f"{type(rows).__name__} — TRL prepares each — pass e.g. "
             "[{'messages': conversation}, ...]."
         )
+    validate.sft_config("config", config)
     args = SFTConfig(
         **{
             "output_dir": tempfile.mkdtemp(prefix="sft-lab-rows-"),
@@ -228,8 +233,8 @@ def think_blocks(tokenizer, row) -> list[dict]:
             {
                 "tokens": len(inside),
                 "empty": not tokenizer.decode(inside).strip(),
-                "graded": sum(label != IGNORE_INDEX for label in labels[s + 1 : e]),
-                "opening_graded": labels[s] != IGNORE_INDEX,
+                "graded": sum(is_graded(label) for label in labels[s + 1 : e]),
+                "opening_graded": is_graded(labels[s]),
             }
         )
     return blocks
@@ -300,7 +305,7 @@ def tool_budget(tokenizer, rows, conversations) -> dict:
         as_string += len(re.findall(r'"arguments": "', text))
         for s, e in _spans(ids, response, end_response):
             replies += 1
-            graded_replies += any(label != IGNORE_INDEX for label in labels[s + 1 : e])
+            graded_replies += any(is_graded(label) for label in labels[s + 1 : e])
     return {
         "tool_calls": calls,
         "calls_rendered": rendered,
@@ -384,7 +389,7 @@ def reply_kinds(records) -> dict:
     """Shares of ``REPLY_KINDS`` over generation records, and of the replies that leaked reasoning, that are
     clean (no think tag at all) and that wrote reasoning in a block (``with_reasoning``: reasoned or unclosed,
     the opposite of skipping it)."""
-    if isinstance(records, dict) or not isinstance(records, Sequence) or not records:
+    if isinstance(records, (str, bytes, dict)) or not isinstance(records, Sequence) or not records:
         raise ValueError(
             f"records must be a non-empty list of generate_greedy records, got "
             f"{type(records).__name__} — the helper reads each reply — pass generate_greedy(...)."
@@ -458,6 +463,24 @@ def arguments_shape(text: str) -> str | None:
 # ------------------------------------------------------------------------------------------------
 
 
+def thinking_flag_diff(tokenizer, conversation: list[dict]) -> list[str]:
+    """The lines of ``conversation``'s render (with the generation prompt) that change when
+    ``enable_thinking`` goes from True to False: ``"- line"`` only with the flag on, ``"+ line"`` only with it
+    off. ``enable_thinking`` is a template variable, not a library setting: what it does (or whether the
+    template reads it at all: then ``[]``) is decided by the template, so diff yours before you train or serve
+    with it."""
+    validate.tokenizer("tokenizer", tokenizer)
+    if isinstance(conversation, (str, dict)) or not isinstance(conversation, Sequence) or not conversation \
+            or not all(isinstance(m, dict) and "role" in m for m in conversation):
+        raise ValueError(f"conversation must be a non-empty list of messages, got {conversation!r:.60} — the "
+                         "template renders it twice — pass e.g. "
+                         "[{'role': 'user', 'content': 'What is 2 + 2?'}].")
+    on, off = (tokenizer.apply_chat_template(list(conversation), tokenize=False, add_generation_prompt=True,
+                                             enable_thinking=flag) for flag in (True, False))
+    diff = difflib.unified_diff(on.splitlines(), off.splitlines(), lineterm="", n=0)
+    return [f"{line[0]} {line[1:]}" for line in diff if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+
+
 def reasoning_explorer(runs: dict):
     """What if the run had been trained another way, or served with the other ``enable_thinking``?
     ``runs`` maps a run's label to ``{serve setting: generation records}``; one frame per pair: the shares
@@ -491,23 +514,31 @@ def reasoning_explorer(runs: dict):
     )
 
 
-def train_on(chat_template: str, rows: list[dict], *, steps: int = 60, batch: int = 16, **config):
+def train_on(chat_template: str, rows: list[dict], *, steps: int = 60, batch: int = 16,
+             progress: bool = False, **config):
     """One lesson run: a fresh course model with the reasoning tokens (``load_reasoning_model``), TRL's
     ``SFTTrainer`` on ``rows`` (TRL's data forms) for ``steps`` optimizer steps of ``batch`` rows, the
     course's CPU defaults (``training.make_sft_trainer``); ``config``: more ``SFTConfig`` fields. Returns the
     trained ``(model, tokenizer)``, the model in eval mode; the loss the trainer logged at each step is kept
-    on the model as ``model.logged_loss`` (a list, in step order)."""
+    on the model as ``model.logged_loss`` (a list, in step order). ``progress=True`` shows a bar (a run takes
+    ~5 s on 2 cores: a silent cell that long reads as a hang)."""
     from datasets import Dataset
 
     from .training import logged, make_sft_trainer
 
     validate.positive_int("steps", steps, why="it counts optimizer steps")
     validate.positive_int("batch", batch, why="it is the rows per step")
-    if isinstance(rows, dict) or not isinstance(rows, Sequence) or not rows:
+    if (
+        isinstance(rows, (str, bytes, dict))
+        or not isinstance(rows, Sequence)
+        or not rows
+        or not all(isinstance(r, dict) for r in rows)
+    ):
         raise ValueError(
             f"rows must be a non-empty list of dicts in one of TRL's forms, got {type(rows).__name__} "
             "— the run trains on them — pass e.g. [{'messages': conversation}, ...]."
         )
+    validate.sft_config("config", config)
     model, tokenizer = load_reasoning_model(chat_template)
     trainer = make_sft_trainer(
         model,
@@ -515,7 +546,7 @@ def train_on(chat_template: str, rows: list[dict], *, steps: int = 60, batch: in
         Dataset.from_list(list(rows)),
         max_steps=steps,
         per_device_train_batch_size=batch,
-        progress=False,
+        progress=progress,
         **config,
     )
     trainer.train()

@@ -8,18 +8,23 @@ memory; a LoRA-only loader drops the embedding rows ``modules_to_save`` trained;
 loads in bf16 under transformers 5's ``dtype="auto"``. This module measures each:
 
 - ``saved_files(directory)``: what is on disk, as a practitioner reads it — the files, the kind
-  (``"adapter"`` or ``"full"``), the eos ids ``generate()`` will use, the dtype, the tied embeddings.
+  (``"adapter"`` or ``"full"``), the eos ids of its own ``generation_config.json``, the dtype, the
+  quantization, the tied embeddings, the tokenizer and chat template.
 - ``load_saved(directory, base=None)``: load it as a user or a server does — an adapter on its base
   (peft uses the *base's* ``generation_config``; an adapter directory's own ``generation_config.json``
-  is not read), a full directory with ``dtype="auto"``.
+  is not read; the base is resized to the adapter's tokenizer, as ``AutoPeftModelForCausalLM`` does), a
+  full directory with ``dtype="auto"`` (and its ``quantization_config``, if any).
+- ``end_of_turn_after_final(tokenizer)`` / ``user_turn_header(tokenizer)``: the stop token a reply must
+  end on, taken after the *final* message (gpt-oss: ``<|return|>``, not ``<|end|>``), and the text that
+  opens a new user turn (``<|start_header_id|>user<|end_header_id|>``, not ``<|begin_of_text|>``).
 - ``lora_only_copy(adapter_dir, out_dir)``: the adapter as a loader that keeps only the LoRA matrices
   sees it (no ``modules_to_save``).
-- ``logit_drift(reference, model, batches)``: max |Δlogit| and the mean next-token KL on real tokens.
-- ``ship_report(trained_model, trained_tokenizer, saved_dir)``: the ship check — logits within a
-  tolerance, stops on the end-of-turn token with the saved ``generation_config``, the same chat
-  template, the special tokens' rows as trained, the dtype stated. ``python -m course_utils.ship
-  --trained DIR --saved DIR [--base DIR] [--json]`` runs it from a shell (exit 0 healthy, 1 with what
-  differs and the fix, 2 on bad input).
+- ``logit_drift(reference, model, batches)``: max |Δlogit|, the mean next-token KL and the greedy
+  agreement on real tokens.
+- ``ship_report(trained_model, trained_tokenizer, saved_dir)``: the ship check — one finding per question
+  (files, stopping, served prompt, precision, token rows, dtype), each ``pass`` / ``warn`` / ``fail`` (or
+  ``could-not-measure``) with what / why / fix. ``python -m course_utils.ship --trained DIR --saved DIR``
+  runs it from a shell (exit 0 no failure, 1 a failure, 2 an input it cannot load).
 
 The exercises' checkers (a ``save_for_serving`` to write, saved directories to diagnose) are in
 ``course_utils.exercises.lesson10``; the reference answers in ``course_utils.exercises.answers.lesson10``.
@@ -37,34 +42,59 @@ from pathlib import Path
 import torch
 
 from . import validate
-from .data import end_of_turn_token, make_batches, make_messages
+from .data import first_special_after, make_messages
 
-# max |Δlogit| a faithful copy may show. Measured on both course models: merging the LoRA adapter into the
-# float32 base and reloading moves logits by ~2e-5 (round-off of W + BA); a bf16 save moves them by ~0.1-0.3.
-# The tolerance sits ~40x above the first and ~100x below the second.
+# max |Δlogit| of a faithful float32 copy. Merging a LoRA adapter into the float32 base and reloading moves
+# logits by ~2e-5 (round-off of W + BA). Lesson 10 uses it to show what round-off alone does; the ship check
+# does not decide on it (a correct bf16 save moves logits by ~0.2 and serves the same replies).
 LOGIT_TOLERANCE = 1e-3
+# What a user feels decides the precision finding: the mean next-token KL (nats per token) and the share of
+# positions where the greedy (argmax) token agrees, on the probe chats. Per served precision, the defaults
+# sit far above what rounding alone costs and far below a model that is not the trained one (measured on
+# the course models, tests/test_shipping.py: a bf16 save ~1e-5 nats, a QLoRA run merged into a bf16 base
+# ~1e-3; an adapter served without its trained rows ~5 nats; another seed of the same recipe ~0.09).
+# The looser of the trained and the served precision's applies (a QLoRA reference is itself 4-bit).
+PRECISION_TOLERANCE = {"float32": (1e-3, 0.95), "bfloat16": (1e-2, 0.9), "float16": (1e-2, 0.9),
+                       "4-bit": (3e-2, 0.85), "8-bit": (3e-2, 0.85)}
 STOP_SLACK = 0.1  # the saved model may stop on this fraction fewer probe prompts than the trained one
+REFERENCE_STOPS = 0.5  # below this stop rate the reference itself does not stop: stopping cannot be compared
 PROBE_SEED = 9_000  # probe conversations no lesson trains on
 ADAPTER_FILES = ("adapter_config.json",)
 FULL_FILES = ("config.json",)
+VERDICTS = ("pass", "warn", "fail", "could-not-measure")
 
 
 @dataclass(frozen=True)
 class ShipFinding:
-    """One check of the ship report: ``ok``, what was measured (``detail``) and, when not ok, the ``fix``."""
+    """One question of the ship report: its ``verdict`` (one of ``VERDICTS``), ``what`` was measured, ``why``
+    it matters, and the ``fix`` (empty when it passes)."""
 
     check: str
-    ok: bool
-    detail: str
+    verdict: str
+    what: str
+    why: str = ""
     fix: str = ""
 
+    @property
+    def ok(self) -> bool:
+        """No failure: ``pass``, ``warn`` or ``could-not-measure``."""
+        return self.verdict != "fail"
+
+    @property
+    def detail(self) -> str:
+        return self.what
+
     def __str__(self) -> str:
-        return f"[{'OK' if self.ok else 'FAIL'}] {self.check}: {self.detail}" + (
-            "" if self.ok else f"\n       fix: {self.fix}")
+        text = f"[{self.verdict.upper()}] {self.check}: {self.what}"
+        if self.verdict != "pass":
+            text += f"\n       why: {self.why}" if self.why else ""
+            text += f"\n       fix: {self.fix}" if self.fix else ""
+        return text
 
 
 class ShipInputError(ValueError):
-    """The ship check cannot run on what it was given (not a model directory, a base it cannot find)."""
+    """The ship check cannot run on what it was given (not a model directory, a base it cannot find, an
+    adapter that does not fit its base)."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -87,7 +117,14 @@ def _directory(name: str, value) -> Path:
 
 
 def _read_json(path: Path) -> dict | None:
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ShipInputError(f"{str(path)!r} is not valid JSON ({exc}) — a loader would fail on it too — "
+                             "write it again with save_pretrained().") from None
+    return value if isinstance(value, dict) else None
 
 
 def _eos_list(eos) -> list[int]:
@@ -96,14 +133,27 @@ def _eos_list(eos) -> list[int]:
     return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
 
 
+def _quantization(config: dict) -> str | None:
+    """``"4-bit"`` / ``"8-bit"`` (bitsandbytes), another ``quant_method``, or None: read from config.json."""
+    q = config.get("quantization_config")
+    if not q:
+        return None
+    if q.get("load_in_4bit") or q.get("_load_in_4bit"):
+        return "4-bit"
+    if q.get("load_in_8bit") or q.get("_load_in_8bit"):
+        return "8-bit"
+    return str(q.get("quant_method", "quantized"))
+
+
 def saved_files(directory) -> dict:
     """What a saved model directory holds, as a practitioner reads it.
 
     Returns ``files`` (sorted names), ``kind`` (``"adapter"`` when it has ``adapter_config.json``, else
     ``"full"``), ``base`` (an adapter's ``base_model_name_or_path``), ``modules_to_save`` (an adapter's
     fully saved modules), ``generation_eos`` (the ``eos_token_id`` of the directory's own
-    ``generation_config.json``, None without one), ``has_tokenizer`` / ``has_chat_template``, ``dtype`` and
-    ``tie_word_embeddings`` (a full directory's ``config.json``).
+    ``generation_config.json``, None without one), ``has_weights``, ``has_tokenizer`` /
+    ``has_chat_template``, and from a full directory's ``config.json``: ``dtype``, ``quantization``
+    (``"4-bit"``, ``"8-bit"`` or None) and ``tie_word_embeddings``.
     """
     path = _directory("directory", directory)
     files = sorted(p.name for p in path.iterdir())
@@ -111,17 +161,70 @@ def saved_files(directory) -> dict:
     config = _read_json(path / "config.json") or {}
     generation = _read_json(path / "generation_config.json")
     tokenizer_config = _read_json(path / "tokenizer_config.json") or {}
+    weights = [f for f in files if f.endswith((".safetensors", ".bin")) and f != "training_args.bin"]
     return {
         "files": files,
         "kind": "adapter" if adapter is not None else "full",
         "base": (adapter or {}).get("base_model_name_or_path"),
         "modules_to_save": (adapter or {}).get("modules_to_save"),
         "generation_eos": None if generation is None else _eos_list(generation.get("eos_token_id")),
+        "has_weights": bool(weights),
         "has_tokenizer": "tokenizer.json" in files or "tokenizer_config.json" in files,
         "has_chat_template": "chat_template.jinja" in files or "chat_template" in tokenizer_config,
         "dtype": config.get("dtype", config.get("torch_dtype")),
+        "quantization": _quantization(config),
         "tie_word_embeddings": config.get("tie_word_embeddings"),
     }
+
+
+# ------------------------------------------------------------------------------------------------
+# The template's end of turn and its turn header
+# ------------------------------------------------------------------------------------------------
+
+_PROBE_ANSWER, _PROBE_NEXT = "Fine, thank you.", "And tomorrow?"
+
+
+def end_of_turn_after_final(tokenizer) -> int | None:
+    """The id of the special token the template writes right after the *final* assistant message (what a
+    reply must end on, so what generation must stop on): ``<|im_end|>`` for ChatML, ``<|eot_id|>`` for
+    Llama 3, ``<end_of_turn>`` for Gemma, ``<|return|>`` for gpt-oss (whose *earlier* turns end with
+    ``<|end|>``, a token a harmony reply writes before its final channel). ``None`` when the template ends
+    that turn with plain text. The doctor takes the stop token the same way."""
+    validate.tokenizer("tokenizer", tokenizer)
+    text = _render(tokenizer, [{"role": "user", "content": "How are you?"},
+                               {"role": "assistant", "content": _PROBE_ANSWER}])
+    if text is None or _PROBE_ANSWER not in text:
+        return None
+    return first_special_after(tokenizer, text[text.rindex(_PROBE_ANSWER) + len(_PROBE_ANSWER):])
+
+
+def user_turn_header(tokenizer) -> str | None:
+    """The text that opens a new *user* turn in the template (``<|im_start|>user``,
+    ``<|start_header_id|>user<|end_header_id|>``, ``<start_of_turn>user``, ``<|start|>user<|message|>``):
+    a reply that writes it before it stops invented the user's next message. Taken from the template's
+    own rendering of a second user turn — not the first special token of a prompt, which is
+    ``<|begin_of_text|>`` / ``<bos>`` on Llama 3 and Gemma. ``None`` when it cannot be rendered."""
+    validate.tokenizer("tokenizer", tokenizer)
+    text = _render(tokenizer, [{"role": "user", "content": "How are you?"},
+                               {"role": "assistant", "content": _PROBE_ANSWER},
+                               {"role": "user", "content": _PROBE_NEXT}])
+    if text is None or _PROBE_NEXT not in text or _PROBE_ANSWER not in text:
+        return None
+    between = text[text.rindex(_PROBE_ANSWER) + len(_PROBE_ANSWER):text.rindex(_PROBE_NEXT)]
+    closing = first_special_after(tokenizer, between)
+    if closing is not None:  # drop the token that closed the assistant turn: the header follows it
+        token = tokenizer.convert_ids_to_tokens(closing)
+        between = between[between.index(token) + len(token):]
+    return between.strip() or None
+
+
+def _render(tokenizer, messages, **kwargs) -> str | None:
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+    except Exception:  # noqa: BLE001 — a template that rejects the probe chat: nothing to read from it
+        return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -158,15 +261,37 @@ def _base_source(path: Path, base) -> str:
     return str(source)
 
 
-def load_saved(directory, base=None, *, dtype="auto"):
-    """``(model, tokenizer)`` as a user or a serving stack loads ``directory``, in eval mode.
+def _adapter_vocab(path: Path) -> int | None:
+    """Rows of the embedding the adapter saved in full (``modules_to_save``), if it saved one."""
+    from safetensors import safe_open
+
+    weights = path / "adapter_model.safetensors"
+    if not weights.exists():
+        return None
+    with safe_open(str(weights), "pt") as f:
+        rows = [f.get_slice(k).get_shape()[0] for k in f.keys()
+                if "embed_tokens" in k and "lora_" not in k and k.endswith("weight")]
+    return max(rows) if rows else None
+
+
+def _nf4_config():
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                              bnb_4bit_compute_dtype=torch.float32)
+
+
+def load_saved(directory, base=None, *, dtype="auto", quantization: str | None = None):
+    """``(model, tokenizer)`` as a user or a serving stack loads ``directory``, ready to run.
 
     An adapter directory: the base (``base``, else the adapter config's ``base_model_name_or_path``)
+    resized to the adapter's tokenizer when it has more tokens (what ``AutoPeftModelForCausalLM`` does),
     with ``PeftModel.from_pretrained`` on top — whose ``generation_config`` is the *base's*: peft does not
-    read a ``generation_config.json`` saved beside the adapter (nor does ``AutoPeftModelForCausalLM``).
-    The tokenizer comes from the directory when it has one, else from the base. A full directory:
-    ``AutoModelForCausalLM.from_pretrained`` with ``dtype`` (transformers 5's default ``"auto"``: the
-    dtype the config states).
+    read a ``generation_config.json`` saved beside the adapter. The tokenizer comes from the directory
+    when it has one, else from the base. ``quantization="nf4"`` loads the base in 4-bit, as a QLoRA run
+    trained it (the reference of a QLoRA run). A full directory: ``AutoModelForCausalLM.from_pretrained``
+    with ``dtype`` (transformers 5's default ``"auto"``: the dtype the config states) and the
+    ``quantization_config`` it carries. Anything a loader would fail on raises ``ShipInputError``.
     """
     path = _directory("directory", directory)
     if base is not None:
@@ -174,31 +299,64 @@ def load_saved(directory, base=None, *, dtype="auto"):
     if dtype != "auto" and not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype={dtype!r} must be 'auto' or a torch dtype — it is what the weights are "
                         "loaded in — pass 'auto' (what transformers does by default) or e.g. torch.bfloat16.")
+    if quantization not in (None, "nf4"):
+        raise ValueError(f"quantization={quantization!r} is not known — the course's QLoRA set-up loads the "
+                         "base in bitsandbytes nf4 — pass 'nf4' or None.")
     info = saved_files(path)
+    if not info["has_weights"]:
+        raise ShipInputError(f"{str(path)!r} holds no weights file (files: {info['files'][:8]}) — there is "
+                             "no model to serve — save with save_pretrained() / trainer.save_model().")
     source = _base_source(path, base) if info["kind"] == "adapter" else None  # bad input fails first
+    if info["kind"] == "full" and not info["has_tokenizer"]:
+        raise ShipInputError(f"{str(path)!r} holds a full model but no tokenizer — a user cannot render a "
+                             "prompt for it — save the tokenizer there too "
+                             "(tokenizer.save_pretrained(directory)).")
+    try:
+        model, tokenizer = _load(path, info, source, dtype, quantization)
+    except ShipInputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 — a size mismatch, another architecture: a loader fails the same way
+        what = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise ShipInputError(f"{str(path)!r} cannot be loaded ({type(exc).__name__}: {what}) — a user or a "
+                             "server would fail the same way — check that the adapter was trained on this "
+                             "base (--base DIR) and that the directory holds what save_pretrained() "
+                             "wrote.") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    _ready(model)
+    return model, tokenizer
+
+
+def _load(path: Path, info: dict, source: str | None, dtype, quantization: str | None):
     from transformers import AutoModelForCausalLM, AutoTokenizer  # seconds to import: after the checks
 
     from .quiet import no_progress_bars, quiet_libraries
 
     # the loaders' notices (peft's tied-layer warning, loading bars): the report measures what they warn of
     with quiet_libraries(python_warnings=False), no_progress_bars():
-        if info["kind"] == "adapter":
-            from peft import PeftModel
+        if info["kind"] == "full":
+            return (AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype),
+                    AutoTokenizer.from_pretrained(str(path)))
+        from peft import PeftModel
 
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
-            model = PeftModel.from_pretrained(model, str(path))
-            tokenizer = AutoTokenizer.from_pretrained(str(path) if info["has_tokenizer"] else source)
-        else:
-            if not info["has_tokenizer"]:
-                raise ShipInputError(f"{str(path)!r} holds a full model but no tokenizer — a user cannot "
-                                     "render a prompt for it — save the tokenizer there too "
-                                     "(tokenizer.save_pretrained(directory)).")
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-            tokenizer = AutoTokenizer.from_pretrained(str(path))
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model.eval()
-    return model, tokenizer
+        kwargs = {"quantization_config": _nf4_config(), "device_map": "cpu"} if quantization == "nf4" else {}
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(str(path) if info["has_tokenizer"] else source)
+        rows = _adapter_vocab(path) or len(tokenizer)
+        if rows > model.get_input_embeddings().num_embeddings:
+            model.resize_token_embeddings(rows)  # as AutoPeftModelForCausalLM does for an added-token adapter
+        return PeftModel.from_pretrained(model, str(path)), tokenizer
+
+
+def _quantized(model) -> bool:
+    return any(type(m).__name__ in ("Linear4bit", "Linear8bitLt") for m in model.modules())
+
+
+def _ready(model) -> None:
+    """Inference mode. A bitsandbytes 4-bit model stays in train mode on the CPU (its LoRA dropout is 0):
+    bitsandbytes 0.50.2 repacks eval-mode 4-bit weights on CPUs with AVX512-BF16 and then fails
+    (lesson 06)."""
+    model.train() if _quantized(model) else model.eval()
 
 
 def lora_only_copy(adapter_dir, out_dir) -> Path:
@@ -239,7 +397,8 @@ def _logits(model, batches: list[dict]) -> torch.Tensor:
 
 def logit_drift(reference, model, batches) -> dict:
     """How far ``model``'s next-token distribution is from ``reference``'s on ``batches`` (real tokens only):
-    ``max_abs`` (max |Δlogit|) and ``kl`` (mean KL(reference ‖ model) in nats per token)."""
+    ``max_abs`` (max |Δlogit|), ``kl`` (mean KL(reference ‖ model) in nats per token) and ``agreement``
+    (the share of positions whose greedy, argmax, token is the same)."""
     validate.model("reference", reference)
     validate.model("model", model)
     batches = validate.batches("batches", batches, need=("input_ids", "attention_mask"))
@@ -255,40 +414,45 @@ def _drift(ref: torch.Tensor, got: torch.Tensor, batches: list[dict]) -> dict:
     ref, got = ref[..., :vocab][real], got[..., :vocab][real]
     log_p, log_q = ref.log_softmax(-1), got.log_softmax(-1)
     kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
-    return {"max_abs": float((ref - got).abs().max()), "kl": max(0.0, float(kl))}  # round-off can dip below 0
+    return {"max_abs": float((ref - got).abs().max()), "kl": max(0.0, float(kl)),  # round-off dips below 0
+            "agreement": float((ref.argmax(-1) == got.argmax(-1)).float().mean())}
+
+
+def _conversation_batches(tokenizer, conversations: list, size: int = 16) -> list[dict]:
+    """The probe chats as the trained tokenizer renders them (any template), right-padded."""
+    rows = [tokenizer(tokenizer.apply_chat_template(c, tokenize=False), add_special_tokens=False)["input_ids"]
+            for c in conversations]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    batches = []
+    for i in range(0, len(rows), size):
+        chunk = rows[i:i + size]
+        width = max(len(r) for r in chunk)
+        batches.append({
+            "input_ids": torch.tensor([r + [pad] * (width - len(r)) for r in chunk]),
+            "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in chunk])})
+    return batches
 
 
 @torch.no_grad()
-def _stops(model, tokenizer, prompts: list[str], eos_ids: list[int] | None,
-           max_new_tokens: int) -> list[bool]:
-    """Per prompt: did greedy generation end on a stop id before opening a new turn? ``eos_ids=None``: the
-    model's own ``generation_config`` (what a user gets)."""
-    side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    try:
-        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    finally:
-        tokenizer.padding_side = side
-    enc = enc.to(next(model.parameters()).device)
+def _stops(model, tokenizer, prompts: list[str], eos_ids: list[int] | None, max_new_tokens: int,
+           header: str | None) -> list[bool]:
+    """Per prompt: did greedy generation end on a stop id before opening a new user turn? ``eos_ids=None``:
+    the model's own ``generation_config`` (what a user gets)."""
+    from .generation import _generate
+
     extra = {} if eos_ids is None else {"eos_token_id": eos_ids}
-    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                         pad_token_id=tokenizer.pad_token_id, **extra)
-    stops = set(_eos_list(model.generation_config.eos_token_id if eos_ids is None else eos_ids))
-    opener = _turn_opener(tokenizer)
-    result = []
-    for row in out[:, enc["input_ids"].shape[1]:].tolist():
-        end = next((i for i, t in enumerate(row) if t in stops), None)
-        result.append(end is not None and opener not in row[:end])
-    return result
+    records = _generate(model, tokenizer, prompts, max_new_tokens, (header,) if header else (), extra)
+    return [r["stopped"] for r in records]
 
 
-def _turn_opener(tokenizer) -> int:
-    """The first special token of a rendered generation prompt (``<|im_start|>``): a reply that writes it
-    invented a new turn."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False,
-                                         add_generation_prompt=True)
-    added = set(tokenizer.get_added_vocab().values())
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return next((t for t in ids if t in added), -1)
+@torch.no_grad()
+def _first_reply_token(model, tokenizer, prompts: list[str]) -> torch.Tensor:
+    """Log-probabilities of the first reply token after each rendered prompt."""
+    out = []
+    for text in prompts:
+        ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+        out.append(model(input_ids=ids.to(next(model.parameters()).device)).logits[0, -1].float().cpu())
+    return torch.stack(out).log_softmax(-1)
 
 
 def _rows_drift(trained, saved, ids: list[int]) -> float:
@@ -296,9 +460,10 @@ def _rows_drift(trained, saved, ids: list[int]) -> float:
     gap = 0.0
     for get in ("get_input_embeddings", "get_output_embeddings"):
         a, b = getattr(trained, get)(), getattr(saved, get)()
-        if a is None or b is None:
+        if a is None or b is None or not a.weight.is_floating_point() or not b.weight.is_floating_point():
             continue
-        a, b = a.weight.detach().float(), b.weight.detach().float()
+        # the trained rows rounded to the served dtype: a correct bf16 save then matches exactly
+        a, b = a.weight.detach().to(b.weight.dtype).float(), b.weight.detach().float()
         ids_in = [i for i in ids if i < min(a.shape[0], b.shape[0])]
         if ids_in:
             gap = max(gap, float((a[ids_in] - b[ids_in]).abs().max()))
@@ -309,99 +474,285 @@ def _dtype_of(model) -> torch.dtype:
     return next(p.dtype for p in model.parameters() if p.is_floating_point())
 
 
-def ship_report(trained_model, trained_tokenizer, saved_dir, *, base=None,
-                tolerance: float = LOGIT_TOLERANCE, n_prompts: int = 16, max_new_tokens: int = 40,
-                conversations: list | None = None) -> list[ShipFinding]:
+def _precision(model) -> str:
+    """What decides the default tolerance: ``"4-bit"`` / ``"8-bit"`` or the floating dtype's name."""
+    kinds = {type(m).__name__ for m in model.modules()}
+    if "Linear4bit" in kinds:
+        return "4-bit"
+    if "Linear8bitLt" in kinds:
+        return "8-bit"
+    return str(_dtype_of(model)).removeprefix("torch.")
+
+
+def _token(tokenizer, token_id: int | None) -> str:
+    return "none" if token_id is None else f"{tokenizer.convert_ids_to_tokens(token_id)} = {token_id}"
+
+
+# ------------------------------------------------------------------------------------------------
+# The findings
+# ------------------------------------------------------------------------------------------------
+
+def _files_finding(info: dict) -> ShipFinding:
+    missing = []
+    if info["kind"] == "adapter":
+        if info["generation_eos"] is None:
+            missing.append("generation_config.json (a peft loader would ignore it anyway: the base's is "
+                           "served)")
+        if not info["has_tokenizer"]:
+            missing.append("tokenizer files (the base's tokenizer and template are served)")
+    elif not info["has_chat_template"]:
+        missing.append("a chat template (a server cannot render a chat)")
+    elif info["generation_eos"] is None:
+        missing.append("generation_config.json (generate() falls back to config.json's eos)")
+    quant = f", saved {info['quantization']}" if info["quantization"] else ""
+    what = (f"{info['kind']} directory{quant}; files: {', '.join(info['files'])}"
+            + (f"; missing: {'; '.join(missing)}" if missing else ""))
+    return ShipFinding("files", "warn" if missing or info["quantization"] else "pass", what,
+                       "a loader falls back on the base's or the library's defaults for what is not there; "
+                       "a 4-bit save is served quantised (bitsandbytes), a re-quantised merge, not the "
+                       "weights you trained" if info["quantization"] else
+                       "a loader falls back on the base's or the library's defaults for what is not there",
+                       "save the merged model with its tokenizer and generation_config "
+                       "(merged.save_pretrained(d); tokenizer.save_pretrained(d)); for QLoRA reload the base "
+                       "in bf16, load the adapter, merge, and copy the eos list onto it")
+
+
+def _stop_finding(trained_model, trained_tok, saved, saved_tok, info, prompts, max_new_tokens) -> ShipFinding:
+    eot = end_of_turn_after_final(trained_tok)
+    served_eos = _eos_list(saved.generation_config.eos_token_id)
+    where = ("the base's generation_config (peft does not read one saved beside the adapter)"
+             if info["kind"] == "adapter" else "the directory's generation_config.json")
+    why = ("generate() and servers stop on generation_config.eos_token_id; a reply the template ends with "
+           "the end-of-turn token runs on to max_new_tokens when that id is not in the list")
+    fix = (f"ship a generation_config whose eos_token_id includes {_token(trained_tok, eot)}: "
+           "merge_and_unload() the trained (in-memory) model and save_pretrained() it, or copy the in-memory "
+           "generation_config onto what you save (model.generation_config.save_pretrained(d)) — for an "
+           "adapter onto the base it is served on, or into the server's stop list; an eval that passes "
+           "eos_token_id to generate() does not ship")
+    if eot is None:
+        return ShipFinding("stops", "could-not-measure", "the trained template ends a turn with plain "
+                           "text: there is no end-of-turn id to look for", why,
+                           "stop on strings (stop_strings=...)")
+    if eot not in served_eos:
+        return ShipFinding("stops", "fail", f"served eos_token_id {served_eos}, from {where}: the end of "
+                           f"turn {_token(trained_tok, eot)} is NOT in it", why, fix)
+    header = user_turn_header(trained_tok)
+    told = list(dict.fromkeys([eot, *_eos_list(trained_model.generation_config.eos_token_id)]))
+    ref_rate = sum(_stops(trained_model, trained_tok, prompts, told, max_new_tokens, header)) / len(prompts)
+    if ref_rate < REFERENCE_STOPS:
+        return ShipFinding("stops", "could-not-measure",
+                           f"served eos_token_id {served_eos} holds {_token(trained_tok, eot)}; the "
+                           f"trained model itself stops on {ref_rate:.2f} of {len(prompts)} probe prompts "
+                           f"within {max_new_tokens} new tokens, so the stop rates cannot be compared",
+                           "a reasoning model thinks longer than a short probe",
+                           "raise max_new_tokens (--max-new-tokens) or probe with your own prompts "
+                           "(--prompts)")
+    rate = sum(_stops(saved, saved_tok, prompts, None, max_new_tokens, header)) / len(prompts)
+    verdict = "pass" if rate >= ref_rate - STOP_SLACK else "fail"
+    return ShipFinding("stops", verdict, f"served eos_token_id {served_eos} ({where}) holds "
+                       f"{_token(trained_tok, eot)}; the saved model stops on {rate:.2f} of {len(prompts)} "
+                       f"probe prompts, the trained one on {ref_rate:.2f} (slack {STOP_SLACK})",
+                       "the end of turn is in the list, but the served model does not write it: the weights "
+                       "or the prompt it is served differ", "see the precision and served_prompt findings")
+
+
+def _tokenizer_eos_finding(trained_tok, saved_tok) -> ShipFinding:
+    same = saved_tok.eos_token == trained_tok.eos_token
+    return ShipFinding("tokenizer_eos", "pass" if same else "fail",
+                       f"served tokenizer eos_token {saved_tok.eos_token!r}, trained "
+                       f"{trained_tok.eos_token!r}",
+                       "servers that read the tokenizer's eos (TGI, llama.cpp conversions) stop on it; a "
+                       "tokenizer saved from the base carries the base's",
+                       "save the tokenizer you trained with (trainer.save_model() / "
+                       "tokenizer.save_pretrained(d))")
+
+
+def _served_prompt_finding(trained_model, trained_tok, saved, saved_tok, conversations, info) -> ShipFinding:
+    asked = [[m for m in c if m["role"] != "assistant"] for c in conversations]
+    mine = [_render(trained_tok, a, add_generation_prompt=True) for a in asked]
+    theirs = [_render(saved_tok, a, add_generation_prompt=True) for a in asked]
+    fix = ("save the tokenizer you trained with into the directory (tokenizer.save_pretrained(d); "
+           "trainer.save_model() does it)")
+    why = "a server renders the user's messages with the served tokenizer's chat template"
+    if any(t is None for t in theirs):
+        return ShipFinding("served_prompt", "fail", "the served tokenizer has no chat template (or it cannot "
+                           "render the probe chats): a chat request cannot be rendered", why, fix)
+    ids = [(trained_tok(a, add_special_tokens=False)["input_ids"],
+            saved_tok(b, add_special_tokens=False)["input_ids"]) for a, b in zip(mine, theirs)]
+    differ = sum(a != b for a, b in ids)
+    if not differ:
+        return ShipFinding("served_prompt", "pass", f"the served template renders all {len(asked)} probe "
+                           "prompts to the ids the trained one does")
+    ref = _first_reply_token(trained_model, trained_tok, mine)
+    got = _first_reply_token(saved, saved_tok, theirs)
+    vocab = min(ref.shape[-1], got.shape[-1])  # a resized head: the shared vocabulary, renormalised
+    ref, got = ref[:, :vocab].log_softmax(-1), got[:, :vocab].log_softmax(-1)
+    kl = max(0.0, float((ref.exp() * (ref - got)).sum(-1).mean()))
+    first = next(i for i, (a, b) in enumerate(ids) if a != b)
+    a, b = mine[first], theirs[first]
+    at = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))
+    source = "the saved tokenizer" if info["has_tokenizer"] else "the base's tokenizer (none saved)"
+    return ShipFinding("served_prompt", "fail", f"{source} renders {differ} of {len(asked)} probe prompts "
+                       f"differently (first at character {at}: served {b[at:at + 40]!r}, trained "
+                       f"{a[at:at + 40]!r}); next-token KL on the first reply token {kl:.3g} nats", why, fix)
+
+
+def _precision_finding(trained_model, saved, batches, kl_tolerance, agreement_tolerance) -> ShipFinding:
+    served, trained = _precision(saved), _precision(trained_model)
+    loose = PRECISION_TOLERANCE["float32"]
+    kl_default = max(PRECISION_TOLERANCE.get(served, loose)[0], PRECISION_TOLERANCE.get(trained, loose)[0])
+    agree_default = min(PRECISION_TOLERANCE.get(served, loose)[1], PRECISION_TOLERANCE.get(trained, loose)[1])
+    kl_tol = kl_default if kl_tolerance is None else kl_tolerance
+    agree_tol = agree_default if agreement_tolerance is None else agreement_tolerance
+    drift = _drift(_logits(trained_model, batches), _logits(saved, batches), batches)
+    ok = drift["kl"] <= kl_tol and drift["agreement"] >= agree_tol
+    origin = (f"the default for {trained} trained, {served} served" if kl_tolerance is None
+              and agreement_tolerance is None else "given")
+    return ShipFinding(
+        "precision", "pass" if ok else "fail",
+        f"served in {served}: next-token KL {drift['kl']:.3g} nats/token (tolerance {kl_tol:g}), greedy "
+        f"agreement {drift['agreement']:.3f} (at least {agree_tol:g}), max |Δlogit| {drift['max_abs']:.3g} "
+        f"(tolerances: {origin})",
+        "what a user feels is the next-token distribution and the greedy reply, not round-off in a logit",
+        "the saved weights are not the trained ones: save the adapter with everything it trained "
+        "(modules_to_save), or merge_and_unload() the trained model (QLoRA: the adapter onto the base "
+        "reloaded in bf16) and save that")
+
+
+def _token_rows_finding(trained_model, trained_tok, saved, saved_tok, info, base_vocab) -> ShipFinding:
+    special = sorted(set(trained_tok.get_added_vocab().values()))
+    gap = _rows_drift(trained_model, saved, special)
+    added = [i for i in special if base_vocab is not None and i >= base_vocab]
+    trained_rows = set(info.get("modules_to_save") or []) & {"embed_tokens", "lm_head"}
+    if info["kind"] == "adapter" and added and not trained_rows and not info.get("trainable_tokens"):
+        return ShipFinding("token_rows", "fail", f"{len(added)} added token(s) beyond the base's "
+                           f"{base_vocab} rows; the adapter neither trains nor saves their rows (no "
+                           "modules_to_save, no trainable_token_indices)",
+                           "their rows stayed at resize_token_embeddings' random initialisation, and a "
+                           "loader that resizes the base draws another one",
+                           'train and save the rows: LoraConfig(modules_to_save=["embed_tokens", "lm_head"]) '
+                           "or trainable_token_indices, then merge")
+    return ShipFinding("token_rows", "pass" if gap <= LOGIT_TOLERANCE else "fail",
+                       f"max |Δ| of the {len(special)} special tokens' embedding and head rows: {gap:.3g}",
+                       "the end-of-turn row is what makes a fine-tuned base stop",
+                       "keep modules_to_save in the adapter and load it with peft, or merge and save the "
+                       "full model")
+
+
+def _dtype_finding(trained_model, saved, info) -> ShipFinding:
+    trained, served = _precision(trained_model), _precision(saved)
+    stated = info["dtype"] or "not stated: an adapter takes its base"
+    same = trained == served
+    quant = f", {info['quantization']} quantization_config" if info["quantization"] else ""
+    return ShipFinding("dtype", "pass" if same else "warn",
+                       f"trained in {trained}, served in {served} (config dtype {stated}{quant})",
+                       "transformers 5 loads the dtype config.json states (dtype='auto'); the precision "
+                       "finding says whether the change is felt",
+                       "nothing if precision passes; else save in the dtype you trained and evaluated in")
+
+
+def ship_report(trained_model, trained_tokenizer, saved_dir, *, base=None, conversations: list | None = None,
+                n_prompts: int = 16, max_new_tokens: int = 64, kl_tolerance: float | None = None,
+                agreement_tolerance: float | None = None, tolerance=None) -> list[ShipFinding]:
     """The ship check: load ``saved_dir`` as a user would (``load_saved``), compare it with the trained model.
 
-    Five findings: ``logits`` (max |Δlogit| on probe chats <= ``tolerance``), ``stops`` (greedy replies with
-    the saved ``generation_config`` stop on the end-of-turn token about as often as the trained model's
-    replies do when told that token), ``chat_template`` (the one served equals the one trained with),
-    ``token_rows`` (the special tokens' embedding and head rows as trained) and ``dtype`` (stated; a
-    failure when it differs and moves the logits past the tolerance). The probe chats are the course's
-    toy conversations unless ``conversations`` (a list of message lists, each with a user turn; the
-    assistant turns are used for the logits) gives your own.
+    Findings, each ``pass`` / ``warn`` / ``fail`` / ``could-not-measure``: ``files`` (what a loader finds),
+    ``stops`` (fail when the end of turn after the final message is not in the served eos list; else the
+    served model's stop rate against the trained one's, could-not-measure when the trained model itself
+    does not stop within ``max_new_tokens``), ``tokenizer_eos``, ``served_prompt`` (the served template
+    renders the same prompt ids from the same messages; else the KL of the first reply token),
+    ``precision`` (next-token KL and greedy agreement on the probe chats, within a per-precision default or
+    the given tolerances), ``token_rows`` (special and added tokens' rows as trained) and ``dtype``.
+    ``conversations``: your own probe chats (lists of messages), else the course's. ``tolerance`` is
+    accepted for old callers and ignored: max |Δlogit| no longer decides.
     """
     validate.model("trained_model", trained_model)
     validate.tokenizer("trained_tokenizer", trained_tokenizer)
-    validate.number("tolerance", tolerance, positive=True,
-                    why="it is the largest |Δlogit| a faithful copy shows")
     validate.positive_int("n_prompts", n_prompts, why="it is how many probe chats the check generates for")
     validate.positive_int("max_new_tokens", max_new_tokens, why="it bounds every probe generation")
-    eot = end_of_turn_token(trained_tokenizer)
-    saved, saved_tok = load_saved(saved_dir, base)
-    info = saved_files(saved_dir)
-    trained_model.eval()
+    for name, value in (("kl_tolerance", kl_tolerance), ("agreement_tolerance", agreement_tolerance)):
+        validate.number(name, value, positive=True, allow_none=True,
+                        why="it bounds what a faithful copy shows")
+    if agreement_tolerance is not None and agreement_tolerance > 1:
+        raise ValueError(f"agreement_tolerance={agreement_tolerance!r} is above 1 — it is the least share of "
+                         "probe positions whose greedy token must agree, a fraction — pass e.g. 0.95.")
     if conversations is None:
         conversations = make_messages("mixed", n_prompts, seed=PROBE_SEED)
     else:
         validate.non_empty("conversations", conversations, what="conversations (lists of messages)",
                            fix="pass e.g. make_messages('mixed', 16), or leave it out (the course's).")
         conversations = [validate.messages(f"conversations[{i}]", c) for i, c in enumerate(conversations)]
-        n_prompts = len(conversations)
-    batches = make_batches(trained_tokenizer, conversations, n_prompts)
-    drift = _drift(_logits(trained_model, batches), _logits(saved, batches), batches)
-    findings = [ShipFinding(
-        "logits", drift["max_abs"] <= tolerance,
-        f"max |Δlogit| {drift['max_abs']:.3g} (tolerance {tolerance:g}), "
-        f"next-token KL {drift['kl']:.3g} nats",
-        "the saved weights are not the trained ones: save the adapter with everything it trained "
-        "(modules_to_save), or merge_and_unload() the trained model and save that, in the dtype you "
-        "trained in")]
-
-    eot_id = trained_tokenizer.convert_tokens_to_ids(eot)
-    stop_ids = list(dict.fromkeys([eot_id, *_eos_list(trained_tokenizer.eos_token_id)]))
-    prompts = [trained_tokenizer.apply_chat_template([m for m in c if m["role"] != "assistant"],
-                                                     tokenize=False, add_generation_prompt=True)
-               for c in conversations]
-    trained_stops = _stops(trained_model, trained_tokenizer, prompts, stop_ids, max_new_tokens)
-    trained_rate = sum(trained_stops) / n_prompts
-    saved_rate = sum(_stops(saved, saved_tok, prompts, None, max_new_tokens)) / n_prompts
-    served_eos = _eos_list(saved.generation_config.eos_token_id)
-    where = ("the base's generation_config (peft does not read one saved beside the adapter)"
-             if info["kind"] == "adapter" else "the directory's generation_config.json")
-    findings.append(ShipFinding(
-        "stops", saved_rate >= trained_rate - STOP_SLACK,
-        f"saved model stops on {saved_rate:.2f} of {n_prompts} probe chats with {where}: eos_token_id "
-        f"{served_eos} ({eot} = {eot_id} {'in' if eot_id in served_eos else 'NOT in'} it); the trained model "
-        f"stops on {trained_rate:.2f} when told {eot}",
-        f"ship a generation_config whose eos_token_id includes {eot}: merge_and_unload() the trained model "
-        "and save_pretrained() it (its generation_config is written), or set the base's "
-        "generation_config.eos_token_id; passing eos_token_id to generate() in your eval does not ship"))
-
-    same = saved_tok.chat_template == trained_tokenizer.chat_template
-    findings.append(ShipFinding(
-        "chat_template", same,
-        "the served chat template is the one trained with" if same else
-        "the served chat template differs from the trained one ("
-        f"{'the saved tokenizer' if info['has_tokenizer'] else 'none saved: the base one'} is served)",
-        "save the tokenizer you trained with into the directory (tokenizer.save_pretrained(directory); "
-        "trainer.save_model() does it)"))
-
-    special = sorted(set(trained_tokenizer.get_added_vocab().values()))
-    rows = _rows_drift(trained_model, saved, special)
-    findings.append(ShipFinding(
-        "token_rows", rows <= tolerance,
-        f"max |Δ| of the {len(special)} special tokens' embedding and head rows: {rows:.3g}",
-        "the special tokens' rows were trained (modules_to_save / trainable tokens) but not shipped: keep "
-        "modules_to_save in the adapter and load it with peft, or merge and save the full model"))
-
-    trained_dtype, saved_dtype = _dtype_of(trained_model), _dtype_of(saved)
-    findings.append(ShipFinding(
-        "dtype", trained_dtype == saved_dtype or drift["max_abs"] <= tolerance,
-        f"trained in {trained_dtype}, served in {saved_dtype} (config dtype "
-        f"{info['dtype'] or 'not stated: an adapter takes its base'})",
-        f"save in the dtype you trained and evaluated in (model.to({trained_dtype}).save_pretrained(...)), "
-        "or evaluate the saved dtype before shipping"))
+    if not getattr(trained_tokenizer, "chat_template", None):
+        raise ShipInputError("the trained tokenizer has no chat template — the check renders probe chats "
+                             "with it — pass the tokenizer the run trained with.")
+    if trained_tokenizer.pad_token is None:
+        trained_tokenizer.pad_token = trained_tokenizer.eos_token
+    saved, saved_tok = load_saved(saved_dir, base)
+    info = saved_files(saved_dir)
+    info["trainable_tokens"] = bool((_read_json(Path(saved_dir) / "adapter_config.json") or {})
+                                    .get("trainable_token_indices"))
+    base_vocab = _base_vocab(Path(saved_dir), base) if info["kind"] == "adapter" else None
+    _ready(trained_model)
+    prompts = [_render(trained_tokenizer, [m for m in c if m["role"] != "assistant"],
+                       add_generation_prompt=True) for c in conversations]
+    trained = (trained_model, trained_tokenizer)
+    findings = [_files_finding(info),
+                _stop_finding(*trained, saved, saved_tok, info, prompts, max_new_tokens),
+                _tokenizer_eos_finding(trained_tokenizer, saved_tok),
+                _served_prompt_finding(*trained, saved, saved_tok, conversations, info)]
+    batches = _conversation_batches(trained_tokenizer, conversations)
+    if max(int(b["input_ids"].max()) for b in batches) >= saved.get_input_embeddings().num_embeddings:
+        findings.append(ShipFinding("precision", "fail", "the served model has fewer embedding rows than the "
+                                    "trained tokenizer has tokens", "an added token cannot be embedded",
+                                    "resize the base to the tokenizer and save the trained rows"))
+    else:
+        findings.append(_precision_finding(trained_model, saved, batches, kl_tolerance, agreement_tolerance))
+    findings += [_token_rows_finding(trained_model, trained_tokenizer, saved, saved_tok, info, base_vocab),
+                 _dtype_finding(trained_model, saved, info)]
     return findings
+
+
+def verdicts(findings) -> str:
+    """One line for a ship report: ``"FAILS: stops (look at: files)"`` or ``"no failure"``."""
+    if not isinstance(findings, (list, tuple)) or not all(isinstance(f, ShipFinding) for f in findings):
+        raise TypeError(f"findings must be ship_report()'s list of ShipFinding, got "
+                        f"{type(findings).__name__} — the line summarises their verdicts — pass "
+                        "ship_report(...)'s result.")
+    failed = [f.check for f in findings if f.verdict == "fail"]
+    looked = [f.check for f in findings if f.verdict in ("warn", "could-not-measure")]
+    return ((f"FAILS: {', '.join(failed)}" if failed else "no failure")
+            + (f" (look at: {', '.join(looked)})" if looked else ""))
+
+
+def _base_vocab(path: Path, base) -> int | None:
+    try:
+        source = Path(_base_source(path, base))
+    except ShipInputError:
+        return None
+    return (_read_json(source / "config.json") or {}).get("vocab_size") if source.is_dir() else None
 
 
 # ------------------------------------------------------------------------------------------------
 # The command line: python -m course_utils.ship --trained DIR --saved DIR [--base DIR] [--json]
 # ------------------------------------------------------------------------------------------------
 
+def _read_prompts(path: str) -> list:
+    """Probe chats from a JSONL file: one ``{"messages": [...]}`` object (or a bare list) per line."""
+    try:
+        lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+        rows = [json.loads(line) for line in lines]
+    except (OSError, ValueError) as exc:
+        raise ShipInputError(f"--prompts {path!r} cannot be read as JSONL ({exc}) — one chat per line — "
+                             'write lines like {"messages": [{"role": "user", "content": "..."}]}.') from None
+    chats = [r.get("messages") if isinstance(r, dict) else r for r in rows]
+    if not chats or any(not isinstance(c, list) for c in chats):
+        raise ShipInputError(f"--prompts {path!r} holds no chats — each line needs a messages list — write "
+                             'lines like {"messages": [{"role": "user", "content": "..."}]}.')
+    return chats
+
+
 def main(argv=None) -> int:
-    """Exit 0 when the saved model is the trained one, 1 with what differs and the fix, 2 on bad input."""
+    """Exit 0 when nothing fails, 1 with what differs and the fix, 2 for an input it cannot load."""
     parser = argparse.ArgumentParser(
         prog="python -m course_utils.ship",
         description="Load a saved model as a user or server would and compare it with the trained one.")
@@ -410,27 +761,35 @@ def main(argv=None) -> int:
     parser.add_argument("--saved", required=True, help="what you ship: a full directory or an adapter")
     parser.add_argument("--base", help="the saved adapter's base (default: its adapter_config.json's)")
     parser.add_argument("--trained-base", help="the trained adapter's base (default: its adapter_config's)")
-    parser.add_argument("--tolerance", type=float, default=LOGIT_TOLERANCE,
-                        help="max |Δlogit| (default %(default)s)")
+    parser.add_argument("--trained-quantization", choices=("nf4",), help="load the trained adapter's base "
+                        "in 4-bit nf4, as a QLoRA run trained it")
+    parser.add_argument("--prompts", help="probe chats, JSONL: one {\"messages\": [...]} per line")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="probe length (default %(default)s)")
+    parser.add_argument("--kl-tolerance", type=float,
+                        help="max mean next-token KL, nats (default: per dtype)")
+    parser.add_argument("--agreement-tolerance", type=float, help="min greedy agreement (default: per dtype)")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     args = parser.parse_args(argv)
     from . import use_course_defaults
 
     use_course_defaults()
     try:
-        trained, tokenizer = load_saved(args.trained, args.trained_base)
-        findings = ship_report(trained, tokenizer, args.saved, base=args.base, tolerance=args.tolerance)
-    except (ShipInputError, TypeError) as exc:
+        conversations = _read_prompts(args.prompts) if args.prompts else None
+        trained, tokenizer = load_saved(args.trained, args.trained_base,
+                                        quantization=args.trained_quantization)
+        findings = ship_report(trained, tokenizer, args.saved, base=args.base, conversations=conversations,
+                               max_new_tokens=args.max_new_tokens, kl_tolerance=args.kl_tolerance,
+                               agreement_tolerance=args.agreement_tolerance)
+    except (ShipInputError, TypeError, ValueError) as exc:
         print(f"ship check: bad input: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps([asdict(f) for f in findings], indent=1))
+        print(json.dumps([{**asdict(f), "ok": f.ok} for f in findings], indent=1))
     else:
         for f in findings:
             print(f)
-    failed = [f.check for f in findings if not f.ok]
-    print(f"ship check: {'healthy' if not failed else 'differs: ' + ', '.join(failed)}", file=sys.stderr)
-    return 1 if failed else 0
+    print(f"ship check: {verdicts(findings)}", file=sys.stderr)
+    return 1 if any(f.verdict == "fail" for f in findings) else 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -453,15 +812,16 @@ def shipping_explorer(routes: dict):
         if not isinstance(r, dict) or not set(_ROUTE_KEYS) <= set(r):
             raise ValueError(f"routes[{label!r}] must be a dict with {list(_ROUTE_KEYS)} — the frame shows "
                              "them — measure each with saved_files, logit_drift and a stop rate.")
+    kl_tol = PRECISION_TOLERANCE["bfloat16"][0]
 
     def frame(route):
         r = routes[route]
-        verdict = "ships the trained model" if r["max_abs"] <= LOGIT_TOLERANCE and r["stop_rate"] >= 0.5 \
+        verdict = "ships the trained model" if r["kl"] <= kl_tol and r["stop_rate"] >= 0.5 \
             else "does NOT ship the trained model"
         return (f"{route}: {verdict}\n  files on disk : {', '.join(r['files'])}\n"
                 f"  generate() stops on (served generation_config): {r['served_eos']}\n"
-                f"  max |Δlogit| vs the trained model: {r['max_abs']:.3g} (tolerance {LOGIT_TOLERANCE:g}); "
-                f"next-token KL {r['kl']:.3g} nats\n  stop rate with the served generation_config: "
-                f"{r['stop_rate']:.2f}")
+                f"  next-token KL vs the trained model: {r['kl']:.3g} nats (a user feels it above "
+                f"~{kl_tol:g}); max |Δlogit| {r['max_abs']:.3g}\n"
+                f"  stop rate with the served generation_config: {r['stop_rate']:.2f}")
 
     return what_if(frame, {"route": list(routes)}, descriptions={"route": "how it was saved"}, width="620px")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import os
 import tempfile
 
 from . import validate
@@ -395,12 +394,69 @@ def save_other_family_tokenizer(tokenizer, directory: str | None = None) -> str:
     from trl.chat_template_utils import phi3_chat_template  # TRL: see the top of the module
 
     validate.tokenizer("tokenizer", tokenizer)
-    if directory is not None and (not isinstance(directory, str) or os.path.isfile(directory)):
-        raise ValueError(f"directory={directory!r} must be a folder path (or None for a temporary one) — the "
-                         "tokenizer's files are written there — pass a directory, not a file.")
+    if directory is not None:  # never over another model's files: a tokenizer saved there replaces them
+        validate.new_directory("directory", directory, what="the tokenizer's files")
     source = copy.deepcopy(tokenizer)
     source.add_special_tokens({"additional_special_tokens": list(PHI3_SPECIAL_TOKENS)})
     source.chat_template = phi3_chat_template
     directory = directory or tempfile.mkdtemp(prefix="other-family-tok-")
     source.save_pretrained(directory)
     return directory
+
+
+# ---------------------------------------------------------------------------------------------
+# Double BOS on TRL's text path (issue 45): a tokenizer that adds BOS, text that already starts with it
+# ---------------------------------------------------------------------------------------------
+
+def bos_adding_variant(tokenizer, bos_token: str = "<|begin_of_text|>"):
+    """A copy of ``tokenizer`` that puts ``bos_token`` in front of every encoding, as Llama 3's and Gemma's
+    tokenizers do (the course tokenizer adds none, like Qwen's): the stand-in for measuring what TRL's text
+    path does with text that already starts with the BOS."""
+    validate.tokenizer("tokenizer", tokenizer)
+    if not isinstance(bos_token, str) or not bos_token:
+        raise ValueError(f"bos_token={bos_token!r} must be a non-empty string — it becomes the tokenizer's BOS — "
+                         "pass e.g. '<|begin_of_text|>'.")
+    tok = copy.deepcopy(tokenizer)  # a shallow copy would share the special-token map with the original
+    tok.add_special_tokens({"bos_token": bos_token})
+    tok.add_bos_token = True  # transformers 5 rebuilds the post-processor: every encoding starts with it
+    return tok
+
+
+def leading_bos(input_ids, bos_token_id: int) -> int:
+    """How many BOS tokens ``input_ids`` starts with: 1 is right for a BOS-adding model, 2 is the double BOS."""
+    input_ids = validate.token_ids("input_ids", input_ids)
+    validate.integer("bos_token_id", bos_token_id, minimum=0, why="it is a token id")
+    count = 0
+    while count < len(input_ids) and input_ids[count] == bos_token_id:
+        count += 1
+    return count
+
+
+def double_bos_rows(rows, bos_token_id: int) -> list[int]:
+    """Indices of the prepared rows (``input_ids`` lists, or dicts holding them) that start with two or more
+    BOS tokens: a model trained on them learns a start it never sees at inference."""
+    if not isinstance(rows, (list, tuple)) or not rows:
+        raise ValueError(f"rows must be a non-empty list of token-id rows, got {type(rows).__name__} — the check "
+                         "reads each row's first tokens — pass [r['input_ids'] for r in trainer.train_dataset].")
+    ids = [r["input_ids"] if isinstance(r, dict) else r for r in rows]
+    return [i for i, row in enumerate(ids) if leading_bos(row, bos_token_id) >= 2]
+
+
+def trl_text_rows(tokenizer, texts: list[str], dataset_kwargs: dict | None = None) -> list[list[int]]:
+    """The ``input_ids`` TRL 1.16's ``SFTTrainer`` trains for a text (non-conversational) dataset of
+    ``texts`` with ``SFTConfig(dataset_kwargs=...)`` — its own data preparation, without a model."""
+    import trl
+    from datasets import Dataset, disable_progress_bars
+
+    from . import internals
+
+    validate.tokenizer("tokenizer", tokenizer)
+    if not isinstance(texts, (list, tuple)) or not texts or not all(isinstance(t, str) and t for t in texts):
+        raise ValueError("texts must be a non-empty list of non-empty strings — each becomes one row of a "
+                         "'text' dataset — pass e.g. [tokenizer.bos_token + 'some text'].")
+    disable_progress_bars()  # TRL's map() bars are not the lesson
+    args = trl.SFTConfig(output_dir=tempfile.mkdtemp(prefix="trl-text-"), report_to="none", use_cpu=True,
+                         bf16=False, activation_checkpointing=False, dataset_kwargs=dataset_kwargs,
+                         max_length=None)
+    rows = internals.prepare_sft_dataset(Dataset.from_dict({"text": list(texts)}), tokenizer, args)
+    return [list(r["input_ids"]) for r in rows]

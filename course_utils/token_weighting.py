@@ -9,7 +9,9 @@ The two agree only when every nᵢ is the same. This module measures that on the
 - ``uneven_micro_batches`` / ``equal_count_micro_batches``: deterministic micro-batches whose
   supervised-token counts differ a lot, or not at all;
 - ``trainer_step_grad``: the gradient TRL's ``SFTTrainer`` (transformers' ``Trainer`` loop) hands
-  to its optimizer at the accumulation boundary, with today's ``num_items_in_batch`` or without it;
+  to its optimizer at the accumulation boundary, with today's ``num_items_in_batch`` or without it
+  (hooked out, or because the model class says ``accepts_loss_kwargs = False``);
+- ``loss_count_ignored``: which classes a ``config.json`` names that make the Trainer skip the count;
 - ``run_ddp_grad``: launches ``course_utils.ddp_grad`` under ``torchrun`` (two CPU processes, gloo)
   and reads back the data-parallel gradient under a per-rank mean and under a global token count;
 - ``token_weights`` / ``plot_token_weights``: the weight one token gets under each scheme, drawn;
@@ -472,7 +474,8 @@ def accumulation_explorer(model, tokenizer, seed: int = 0, n_chats: int = 8):
 # ------------------------------------------------------------------------------------------------
 
 def trainer_step_grad(dataset, *, per_device_train_batch_size: int, gradient_accumulation_steps: int,
-                      count_items: bool = True, bf16: bool = False, seed: int = 0) -> dict:
+                      count_items: bool = True, bf16: bool = False, accepts_loss_kwargs: bool = True,
+                      seed: int = 0, name_or_path=None) -> dict:
     """Run one optimizer step of TRL's ``SFTTrainer`` on a fresh course model; return its gradient.
 
     A ``TrainerCallback.on_pre_optimizer_step`` copies ``.grad`` right before ``optimizer.step()``:
@@ -482,6 +485,10 @@ def trainer_step_grad(dataset, *, per_device_train_batch_size: int, gradient_acc
     which restores the pre-v4.46 path: each micro-batch's mean loss, divided by the number of
     accumulation steps in ``Trainer.training_step``. ``bf16=True`` restores ``SFTConfig``'s own default
     (CPU autocast in bfloat16, ~1e-2 gradient noise), which ``make_sft_trainer`` turns off.
+    ``accepts_loss_kwargs=False`` sets that flag on the model, as ``Gemma4ForConditionalGeneration`` and the
+    Qwen-VL classes declare it (``loss_count_ignored`` lists them): the ``Trainer`` then never counts the
+    step's tokens, so the same per-micro-batch-mean path runs with no hook at all. ``name_or_path``: the
+    course model to load (``COURSE_MODEL`` when None; ``tools.claims`` passes each shipped model).
     Returns ``{"grad", "num_items", "micro_batches"}``: the count the Trainer passed to
     ``compute_loss`` (or None) and the micro-batches exactly as the Trainer fed them to the model.
     """
@@ -491,6 +498,7 @@ def trainer_step_grad(dataset, *, per_device_train_batch_size: int, gradient_acc
                           why="it is the micro-batches per optimizer step")
     _check_flag("count_items", count_items)
     _check_flag("bf16", bf16)
+    _check_flag("accepts_loss_kwargs", accepts_loss_kwargs)
     validate.seed("seed", seed)
     if not hasattr(dataset, "column_names") or not hasattr(dataset, "__len__"):
         raise TypeError(f"dataset must be a datasets.Dataset, got {type(dataset).__name__} — SFTTrainer "
@@ -508,7 +516,9 @@ def trainer_step_grad(dataset, *, per_device_train_batch_size: int, gradient_acc
     from transformers import TrainerCallback  # see the note on imports at the top
     from trl import SFTTrainer
 
-    model, tokenizer = load_course_model()
+    model, tokenizer = load_course_model(name_or_path)
+    if not accepts_loss_kwargs:  # Trainer.__init__ reads the model's flag before anything else
+        model.accepts_loss_kwargs = False
     captured: dict = {"micro_batches": []}
 
     class GradAtBoundary(TrainerCallback):
@@ -534,6 +544,51 @@ def trainer_step_grad(dataset, *, per_device_train_batch_size: int, gradient_acc
     num_items = captured.get("num_items")
     return {"grad": captured["grad"], "num_items": None if num_items is None else int(num_items),
             "micro_batches": captured["micro_batches"]}
+
+
+def loss_count_ignored(config: dict, *, gradient_accumulation_steps: int = 1,
+                       world_size: int = 1) -> list[str]:
+    """The model classes a ``config.json`` names whose ``accepts_loss_kwargs`` is False, when that matters.
+
+    ``Trainer.__init__`` reads the class's ``accepts_loss_kwargs`` (or, without one, looks for ``**kwargs``
+    in its ``forward``). When it is False the Trainer never counts the step's supervised tokens
+    (``num_items_in_batch`` stays None): TRL divides each micro-batch by its *own* count and the Trainer
+    divides by K — lesson 07's per-micro-batch mean, whatever ``SFTTrainer`` promises. That matters only
+    with ``gradient_accumulation_steps > 1`` or more than one process; with neither this returns ``[]``.
+    The classes are the ones in ``config["architectures"]`` plus the one ``AutoModelForCausalLM`` loads for
+    ``config["model_type"]`` (e.g. ``Gemma4ForConditionalGeneration`` for ``gemma4``), read from the
+    installed transformers — not from a list kept here. Returns their names, sorted; ``[]`` when every
+    class counts the tokens (Qwen2, Llama, Qwen3 ...). The doctor reports a non-empty answer.
+    """
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a dict (config.json, loaded), got {type(config).__name__} — the "
+                        "architectures it names decide the flag — pass json.load(open('config.json')) or "
+                        "model.config.to_dict().")
+    validate.positive_int("gradient_accumulation_steps", gradient_accumulation_steps,
+                          why="it is the micro-batches per optimizer step")
+    validate.positive_int("world_size", world_size, why="it is the number of training processes")
+    if gradient_accumulation_steps == 1 and world_size == 1:
+        return []  # one micro-batch, one process: its own count IS the step's count
+    import transformers  # see the note on imports at the top
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    names = list(config.get("architectures") or [])
+    auto_name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type"))
+    names += [auto_name] if auto_name else []
+    blind = set()
+    for name in names:
+        cls = getattr(transformers, name, None) if isinstance(name, str) else None
+        if cls is not None and not _accepts_loss_kwargs(cls):
+            blind.add(name)
+    return sorted(blind)
+
+
+def _accepts_loss_kwargs(cls) -> bool:
+    """What ``Trainer.__init__`` decides for a model of class ``cls`` (transformers 5.24, trainer.py:517)."""
+    if hasattr(cls, "accepts_loss_kwargs"):
+        return bool(cls.accepts_loss_kwargs)
+    params = inspect.signature(cls.forward).parameters.values()
+    return any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -586,7 +641,12 @@ def run_ddp_grad(nproc: int = 2, seed: int = 0, batch_size: int = 2, timeout: fl
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONPATH": _worker_pythonpath()}
     for attempt in (1, 2):  # a rank can die in gloo's teardown on a busy machine: one retry, announced
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=work)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=work)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"torchrun ran past timeout={timeout} s — {nproc} processes start, build the "
+                               "course model and exchange gradients, which takes tens of seconds on a busy "
+                               "CPU — pass a larger timeout (the default: 180).") from None
         if proc.returncode == 0 and out.exists():
             return torch.load(out)
         if attempt == 1:

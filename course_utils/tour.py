@@ -18,7 +18,7 @@ import sys
 from importlib import metadata
 
 from . import validate
-from .data import IGNORE_INDEX, make_messages, tokenize_chat
+from .data import IGNORE_INDEX, is_graded, make_messages, tokenize_chat
 from .model import course_seed, load_course_model
 from .viz import token_strings, what_if
 
@@ -194,7 +194,7 @@ def _graded_text(tokenizer, input_ids, labels, width: int = 100) -> list[str]:
     # a token is shown graded where its own label is set, as TRL writes the label array (unshifted): the
     # viewer shows labels position by position; data.graded would drop column 0 (never a target)
     for piece, label in zip(token_strings(tokenizer, input_ids), labels):
-        piece = f"[{piece}]" if label != IGNORE_INDEX else piece
+        piece = f"[{piece}]" if is_graded(label) else piece
         if line and len(line) + len(piece) > width:
             lines.append(line)
             line = ""
@@ -223,7 +223,7 @@ def _loss_mode_frame(tokenizer, messages: list[dict], mode: str) -> str:
     out = _graded_labels(tokenizer, messages, mode)
     ids, labels = out["input_ids"], out["labels"]
     # the labels TRL writes, counted as the viewer shows them (unshifted: "full sequence" is 100 %)
-    graded = [label for label in labels if label != IGNORE_INDEX]
+    graded = [label for label in labels if is_graded(label)]
     turns = sum(m.get("role") == "assistant" for m in messages)
     return "\n".join([
         f"{mode}: {LOSS_MODES[mode]}",

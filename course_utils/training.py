@@ -62,8 +62,18 @@ def micro_batch_loss(summed: torch.Tensor, n_tokens: int, *, normalise: str, acc
     ``"token"``: the sum divided by the valid tokens of *all* micro-batches of the step, so every
     token weighs the same, as in one big batch (lesson 07).
     """
+    validate.tensor("summed", summed)
     validate.choice("normalise", normalise, NORMALISATIONS, why="the loop knows these two normalisations")
     validate.positive_int("accum_steps", accum_steps, why="it is the number of micro-batches per step")
+    validate.flag("divide_by_accum", divide_by_accum, why="it switches lesson 01's division by the steps")
+    # 0 is allowed: a micro-batch (or a step) without a graded token is the failure lessons 05 and 07 show
+    validate.integer("n_tokens", n_tokens, minimum=0, why="it counts the micro-batch's graded tokens")
+    validate.integer("step_tokens", step_tokens, minimum=0, why="it counts the graded tokens of the whole "
+                     "step, all its micro-batches")
+    if n_tokens > step_tokens:
+        raise ValueError(f"n_tokens={n_tokens} is more than step_tokens={step_tokens} — the micro-batch's "
+                         "tokens are some of the step's — pass step_tokens = the sum over the step's "
+                         "micro-batches (losses.count_supervised).")
     if normalise == "token":
         return summed / step_tokens
     # 0/0 = NaN when the micro-batch has no targets, yet the gradient stays 0: ignore_index's
@@ -108,6 +118,9 @@ def train(model, micro_batches: Sequence[dict], *, steps: int, accum_steps: int 
     """
 
     _check_train_args(model, micro_batches, accum_steps, steps, normalise, optimizer, lr, max_grad_norm)
+    validate.number("weight_decay", weight_decay, minimum=0, why="it shrinks every weight by lr x it each "
+                    "step: a negative one grows them")
+    validate.number("eps", eps, positive=True, why="it keeps Adam's division by the gradient's scale finite")
     params = [p for p in model.parameters() if p.requires_grad]
     if optimizer == "adamw":
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, eps=eps)
@@ -153,9 +166,20 @@ def train(model, micro_batches: Sequence[dict], *, steps: int, accum_steps: int 
         bar.update()
         if on_step is not None and on_step(step + 1, model):
             break  # the caller's criterion is met
-    bar.close()
+    _close_bar(bar)
     model.eval()
     return records
+
+
+def _close_bar(bar) -> None:
+    """Close a progress bar as done. A run that meets its criterion early (``on_step``, a stop callback) is
+    finished, not failed: without this the notebook bar closes at e.g. 90/300 and tqdm paints it red."""
+    if bar.total and bar.n < bar.total:
+        done = bar.n
+        bar.reset(total=done)  # the notebook bar's maximum too (setting .total alone leaves it at the cap)
+        bar.update(done)
+        bar.refresh()  # update() may skip the redraw (mininterval): the closed bar shows done/done
+    bar.close()
 
 
 def clip_rate(records: list[dict]) -> float:
@@ -179,7 +203,7 @@ def _progress_callback():
             self.bar.update()
 
         def on_train_end(self, args, state, control, **kwargs):
-            self.bar.close()
+            _close_bar(self.bar)  # a stop callback may end the run before max_steps: finished, not failed
 
     return QuietProgress()
 
@@ -218,10 +242,7 @@ def make_sft_trainer(model, tokenizer, train_dataset, *, trainer_cls=None, progr
         raise TypeError(f"train_dataset must be a datasets.Dataset, got {type(train_dataset).__name__} — "
                         "SFTTrainer maps and tokenizes it — build one with make_chat_dataset() or "
                         "datasets.Dataset.from_dict(...).")
-    unknown = set(config) - set(SFTConfig.__dataclass_fields__)
-    if unknown:
-        raise ValueError(f"unknown SFTConfig field(s) {sorted(unknown)} — make_sft_trainer passes keyword "
-                         "arguments to trl.SFTConfig — check the spelling against SFTConfig's docs.")
+    validate.sft_config("config", config)  # make_sft_trainer passes its keyword arguments to SFTConfig
     merged = {**defaults, **config}
     if merged["max_steps"] is not None and merged["max_steps"] != -1:
         validate.positive_int("max_steps", merged["max_steps"], why="it counts optimizer steps (-1: epochs)")

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from . import internals, validate
-from .data import IGNORE_INDEX, collate_right, graded, n_graded
+from .data import IGNORE_INDEX, collate_right, graded, is_graded, n_graded
 from .losses import mean_ignore_index, model_logits, params_finite
 from .model import course_seed
 from .quiet import quiet_libraries
@@ -90,7 +90,7 @@ def answer_start(example: dict) -> int:
 def _answer_start(example: dict) -> int:
     # a position in the row, not a shifted target: this is where the answer begins (it is never column 0)
     for i, label in enumerate(example["labels"]):
-        if label != IGNORE_INDEX:
+        if is_graded(label):
             return i
     raise ValueError("answer_start: this example has no target at all — there is no answer to locate — "
                      "pass the untruncated tokenize_chat() output.")
@@ -649,9 +649,11 @@ def _check_flag(name: str, value) -> None:
 
 
 def trl_kept_examples(model, tokenizer, dataset, max_length: int,
-                      truncation_mode: str = "keep_start") -> list[dict]:
-    """The training rows TRL's ``SFTTrainer`` keeps with ``assistant_only_loss=True``, ``max_length``
-    and ``truncation_mode``: after truncation it drops "fully masked examples" (``sft_trainer.py``).
+                      truncation_mode: str = "keep_start", *, packing: bool = False) -> list[dict]:
+    """The examples TRL's ``SFTTrainer`` trains with ``assistant_only_loss=True``, ``max_length``
+    and ``truncation_mode``: without packing, after truncation it drops "fully masked examples"
+    (``sft_trainer.py``). With ``packing=True`` (``bfd``, padding-free) TRL 1.16 runs no such drop: the
+    packed rows are split back into their examples (``seq_lengths``), and fully masked ones are among them.
 
     The trainer gets a copy: TRL 1.16 replaces ``model.forward`` with a fused-loss forward.
     """
@@ -662,9 +664,47 @@ def trl_kept_examples(model, tokenizer, dataset, max_length: int,
                          "SFTTrainer tokenizes, truncates and filters it — pass e.g. make_chat_dataset(...).")
     validate.positive_int("max_length", max_length, why="it is the truncation length")
     validate.choice("truncation_mode", truncation_mode, MODES, why="TRL knows these two truncation modes")
+    _check_flag("packing", packing)
     trainer = make_sft_trainer(copy.deepcopy(model), tokenizer, dataset, max_length=max_length,
-                               assistant_only_loss=True, truncation_mode=truncation_mode, progress=False)
-    return [{"input_ids": r["input_ids"], "labels": r["labels"]} for r in trainer.train_dataset]
+                               assistant_only_loss=True, truncation_mode=truncation_mode, packing=packing,
+                               progress=False)
+    examples = []
+    for row in trainer.train_dataset:
+        start = 0
+        for length in row.get("seq_lengths") or [len(row["input_ids"])]:  # a packed row: its examples
+            examples.append({"input_ids": row["input_ids"][start:start + length],
+                             "labels": row["labels"][start:start + length]})
+            start += length
+    return examples
+
+
+def rows_without_targets(examples: Sequence[dict]) -> list[int]:
+    """Indices of the examples whose labels are all ``-100``: the rows that make a silent 0.0 (a step of
+    them only) or a NaN (a hand-written mean). Run it on what the trainer trains
+    (``list(trainer.train_dataset)``, before ``train()``): with ``packing=True`` TRL keeps them."""
+    examples = _check_examples(examples)
+    return [i for i, e in enumerate(examples) if not has_targets(e["labels"])]
+
+
+def cut_before_end_of_turn(examples: Sequence[dict], end_of_turn_id: int) -> list[int]:
+    """Indices of the examples that still carry graded tokens but whose last graded answer holds no graded
+    end-of-turn token: truncation cut the answer's end (or the template never graded it). Such a row trains
+    the answer and never the stop after it — a cause of a model that does not stop (lesson 02) that the
+    "drop fully masked rows" filter does not see, since the row keeps targets."""
+    examples = _check_examples(examples)
+    validate.integer("end_of_turn_id", end_of_turn_id, minimum=0, why="it is a token id")
+    cut = []
+    for i, e in enumerate(examples):
+        labels = list(e["labels"])
+        graded_at = [j for j, label in enumerate(labels) if label != IGNORE_INDEX]
+        if not graded_at:
+            continue  # fully masked: rows_without_targets' case
+        start = graded_at[-1]
+        while start > 0 and labels[start - 1] != IGNORE_INDEX:  # back to the start of the last graded run
+            start -= 1
+        if end_of_turn_id not in labels[start:graded_at[-1] + 1]:
+            cut.append(i)
+    return cut
 
 
 def _rows_dataset(examples: list[dict]):
@@ -677,26 +717,30 @@ def _rows_dataset(examples: list[dict]):
 
 
 def trl_logged_on_pretokenised(model, tokenizer, examples: Sequence[dict], *, nan_inf_filter: bool = True,
-                               lr: float = 1e-3, accum_steps: int = 1) -> dict:
+                               lr: float = 1e-3, accum_steps: int = 1, logging_steps: int = 1) -> dict:
     """Train a copy of ``model`` with TRL's ``SFTTrainer`` on a *pre-tokenised* dataset (``input_ids`` and
     ``labels`` columns, ``max_length=None``): TRL skips its own truncation and its drop of fully masked
     rows, so they reach ``compute_loss``, which divides the summed loss by ``num_items_in_batch`` — the
     graded tokens of the whole optimizer step (every micro-batch; every rank), ``clamp(min=1)``.
 
     One row per micro-batch, in order (no shuffle), ``accum_steps`` micro-batches per optimizer step.
-    Returns ``logged`` (loss per step), ``grad_norms``, ``targets`` (supervised tokens per step, summed
-    over its micro-batches) and ``weights_finite``."""
+    ``logging_steps``: the Trainer logs the mean loss of each window of that many steps (SFTConfig's
+    default is 10; 1 logs every step). Returns ``logged`` (loss per logged window), ``grad_norms`` (the last
+    step of each window), ``targets`` (supervised tokens per step, summed over its micro-batches) and
+    ``weights_finite``."""
     examples = _check_model_examples(model, tokenizer, examples)
     _check_flag("nan_inf_filter", nan_inf_filter)
     validate.number("lr", lr, positive=True, why="it is the learning rate")
     validate.positive_int("accum_steps", accum_steps, why="it is micro-batches per optimizer step")
+    validate.positive_int("logging_steps", logging_steps, why="it is optimizer steps per logged value")
     if len(examples) % accum_steps:
         raise ValueError(f"{len(examples)} rows do not fill steps of accum_steps={accum_steps} — the last "
                          "step would wrap around to the first rows — pass a multiple of accum_steps rows.")
     trainer = make_sft_trainer(copy.deepcopy(model), tokenizer, _rows_dataset(examples), max_length=None,
                                per_device_train_batch_size=1, gradient_accumulation_steps=accum_steps,
                                max_steps=len(examples) // accum_steps, learning_rate=lr,
-                               logging_nan_inf_filter=nan_inf_filter, progress=False)
+                               logging_nan_inf_filter=nan_inf_filter, logging_steps=logging_steps,
+                               progress=False)
     # library-private: the Trainer's sampler hook; a SequentialSampler keeps one row per step, in order
     internals.feed_in_order(trainer)
     trainer.train()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 
 def _did_you_mean(value, known: Iterable) -> str:
@@ -20,22 +21,24 @@ def _did_you_mean(value, known: Iterable) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def integer(name: str, value, *, minimum: int = 1, why: str = "it is a count") -> int:
-    """``value`` as an ``int`` >= ``minimum`` (bools are refused: ``True`` is not a count)."""
+def integer(name: str, value, *, minimum: int = 1, why: str = "it is a count", fix: str = "") -> int:
+    """``value`` as an ``int`` >= ``minimum`` (bools are refused: ``True`` is not a count); ``fix`` replaces
+    the generic "pass e.g. name=1" (a command-line flag, a typical value)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name}={value!r} must be an integer >= {minimum} — {why} — "
-                         f"pass e.g. {name}={max(minimum, 1)}.")
+                         f"{fix or f'pass e.g. {name}={max(minimum, 1)}'}.")
     return value
 
 
-def positive_int(name: str, value, *, why: str = "it is a count") -> int:
+def positive_int(name: str, value, *, why: str = "it is a count", fix: str = "") -> int:
     """An integer >= 1 (steps, accumulation steps, batch sizes, ranks…)."""
-    return integer(name, value, minimum=1, why=why)
+    return integer(name, value, minimum=1, why=why, fix=fix)
 
 
 def number(name: str, value, *, minimum: float | None = None, positive: bool = False,
-           allow_none: bool = False, why: str = "") -> float | None:
-    """A finite real number (``positive``: > 0; ``minimum``: >= it); ``None`` where allowed."""
+           allow_none: bool = False, why: str = "", fix: str = "") -> float | None:
+    """A finite real number (``positive``: > 0; ``minimum``: >= it); ``None`` where allowed. NaN and
+    infinities are refused: every comparison with NaN is False, so a NaN tolerance passes any check."""
     if value is None and allow_none:
         return None
     ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
@@ -44,8 +47,17 @@ def number(name: str, value, *, minimum: float | None = None, positive: bool = F
         rule = "> 0" if positive else (f">= {minimum}" if minimum is not None else "finite")
         none = " or None" if allow_none else ""
         raise ValueError(f"{name}={value!r} must be a finite number {rule}{none}"
-                         f"{' — ' + why if why else ''} — pass e.g. {name}=1.0.")
+                         f"{' — ' + why if why else ''} — {fix or f'pass e.g. {name}=1.0'}.")
     return float(value)
+
+
+def flag(name: str, value, *, why: str = "it switches one behaviour on or off", fix: str = "") -> bool:
+    """``True`` or ``False``, nothing else: ``"no"``, ``0`` or ``None`` for a switch is a slip to name, not
+    a value to read as true or false."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}={value!r} must be True or False — {why} — "
+                        f"{fix or f'pass {name}=True or {name}=False'}.")
+    return value
 
 
 def choice(name: str, value, allowed: Sequence, *, why: str = "the helper knows only these") -> object:
@@ -327,3 +339,61 @@ def trainer(name: str, value):
                         "reads its log history — pass the trainer you called .train() on "
                         "(make_sft_trainer(...)).")
     return value
+
+
+# SFTConfig fields that count tokens or rows: SFTConfig stores 0 or -5 without a word, and training then cuts
+# every row to nothing or builds empty batches
+SFT_COUNTS = ("max_length", "per_device_train_batch_size", "gradient_accumulation_steps")
+
+
+def sft_config(name: str, config: dict) -> dict:
+    """``config`` as keyword arguments of ``trl.SFTConfig`` that training can use: every key one of its
+    fields (a typo named, with the closest), a boolean field ``True``/``False`` (``"yes"`` is a string
+    SFTConfig keeps), a count (``SFT_COUNTS``) an integer >= 1 (``max_length`` may be ``None``: no
+    truncation), a ``learning_rate`` > 0. ``SFTConfig`` itself accepts ``max_length=0`` and then every row
+    is cut to nothing."""
+    from trl import SFTConfig
+
+    if not isinstance(config, dict):
+        raise TypeError(f"{name} must be a dict of SFTConfig fields, got {type(config).__name__} — each key "
+                        "is a field name — pass e.g. {'max_length': 512}.")
+    fields = SFTConfig.__dataclass_fields__
+    for key, value in config.items():
+        if key not in fields:
+            raise ValueError(f"{name} field {key!r} is not an SFTConfig field{_did_you_mean(key, fields)} — "
+                             "SFTConfig(**...) raises TypeError on it — fix the spelling against SFTConfig's "
+                             "fields, or drop it.")
+        if str(fields[key].type) in ("<class 'bool'>", "bool"):
+            flag(key, value, why="it is an SFTConfig switch")
+        elif key in SFT_COUNTS and not (key == "max_length" and value is None):
+            integer(key, value, minimum=1, why="it counts tokens or rows, and nothing trains with fewer than "
+                    "one", fix=f"pass e.g. {key}={512 if key == 'max_length' else 8}"
+                    + (" (or None: no truncation)" if key == "max_length" else ""))
+        elif key == "learning_rate":
+            number(key, value, positive=True, why="a rate of 0 or less trains nothing or backwards",
+                   fix="pass e.g. learning_rate=2e-5")
+    return dict(config)
+
+
+def new_directory(name: str, value, *, inputs: Iterable = (), what: str = "the helper's files") -> Path:
+    """A directory to write ``what`` into that holds nothing yet: absent (it is created by the caller) or
+    empty, and neither one of the ``inputs`` paths, inside one, nor around one. Writing into a folder with
+    files, or over what is being read, overwrites them for good."""
+    if not isinstance(value, (str, Path)) or not str(value).strip():
+        raise TypeError(f"{name}={value!r} is not a directory path — {what} are written there — pass a new "
+                        "directory, e.g. tempfile.mkdtemp().")
+    out = Path(value).expanduser()
+    for source in inputs:
+        mine, theirs = out.resolve(), Path(source).expanduser().resolve()
+        if mine == theirs or theirs in mine.parents or mine in theirs.parents:
+            raise ValueError(f"{name}={str(value)!r} is {str(source)!r}, inside it or around it — writing "
+                             f"{what} there would overwrite what is being read, for good — pass a new "
+                             "directory elsewhere, e.g. tempfile.mkdtemp().")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{name}={str(value)!r} is a file — {what} go into a folder, so it must be a folder "
+                         "path, and writing there would overwrite the file — pass a new or empty directory, "
+                         "e.g. tempfile.mkdtemp().")
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{name}={str(value)!r} already holds files — {what} are written there and would "
+                         "overwrite them — pass a new or empty directory, e.g. tempfile.mkdtemp().")
+    return out

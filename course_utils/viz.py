@@ -15,6 +15,7 @@ import html
 from collections.abc import Iterable, Sequence
 
 from . import validate
+from .data import is_graded
 
 
 def plot_curves(runs: dict[str, list[dict]], key: str = "loss", *, threshold: float | None = None,
@@ -90,7 +91,7 @@ def token_viewer(tokenizer, input_ids: Sequence[int], mask: Sequence[int], *,
                          "token needs one mask value — pass the ids and mask of the same sequence.")
     # labels (any -100, or values beyond 0/1) mark by "!= -100": a label can be token id 0 (<|endoftext|>)
     is_labels = any(m == -100 or m > 1 for m in mask)
-    on = [m != -100 if is_labels else m != 0 for m in mask]
+    on = [is_graded(m) if is_labels else m != 0 for m in mask]
     highlight = set(highlight)
     tokens = tokenizer.convert_ids_to_tokens(input_ids)
     boxes = "".join(_box(text, flag, tok in highlight)
@@ -113,6 +114,8 @@ def figure(width: float = 7, height: float = 3.3):
     """
     from matplotlib.figure import Figure
 
+    validate.number("width", width, positive=True, why="it is the figure's width in inches")
+    validate.number("height", height, positive=True, why="it is the figure's height in inches")
     fig = Figure(figsize=(width, height), dpi=90)
     return fig, fig.add_subplot()
 
@@ -244,7 +247,8 @@ def _what_if_class():
         def _repr_mimebundle_(self, **kwargs):
             bundle = super()._repr_mimebundle_(**kwargs)
             setting = ", ".join(f"{name} = {s.value}" for name, s in self._sliders.items())
-            bundle["text/plain"] = f"[what if: {setting}; move the controls in JupyterLab]\n{self.text}"
+            bundle["text/plain"] = (f"[what if: {setting}; run the cell in JupyterLab for its controls]\n"
+                                   f"{self.text}")
             return bundle
 
     return WhatIf

@@ -47,6 +47,7 @@ ACCEPTS_ANYTHING = {
     "checks.close": "it compares any two values (None equals None): it is the checkers' comparison",
 }
 WHAT_WHY_FIX = re.compile(r".+ — .+ — .+", re.S)
+PUBLIC_FACES = ("course_utils.doctor",)
 SILENT = ("None", "wrong kind", "empty")
 
 
@@ -58,8 +59,17 @@ def public_functions():
         for attr, fn in sorted(vars(module).items()):
             label = f"{info.name.removeprefix('course_utils.')}.{attr}"
             if (not attr.startswith("_") and _swept_kind(fn) and fn.__module__ == module.__name__
-                    and not SKIP.match(attr) and label not in ACCEPTS_ANYTHING):
+                    and not SKIP.match(attr) and label not in ACCEPTS_ANYTHING and _offered(info.name, attr)):
                 yield label, fn
+
+
+def _offered(module: str, attr: str) -> bool:
+    """A package with a public face (``__all__``: the doctor) offers users only those names; the other names
+    of its files serve the package and are called with what it built (issue 42's rooms)."""
+    for package in PUBLIC_FACES:
+        if module.startswith(package + "."):
+            return attr in importlib.import_module(package).__all__
+    return True
 
 
 def _swept_kind(obj) -> bool:
@@ -125,8 +135,12 @@ def bad_values(good) -> list[tuple[str, object]]:
     return out
 
 
+class _OverTime(BaseException):  # not an Exception: no `except Exception` in the package swallows it
+    pass
+
+
 def _timeout(*_):
-    raise TimeoutError("over 20 s")
+    raise _OverTime("over 20 s")
 
 
 def classify(fn, kwargs) -> tuple[str, str]:
@@ -134,7 +148,7 @@ def classify(fn, kwargs) -> tuple[str, str]:
     signal.alarm(20)
     try:
         fn(**kwargs)
-    except TimeoutError:
+    except _OverTime:
         return "time-out", ""
     except Exception as exc:  # noqa: BLE001 - classifying, not handling
         message = str(exc)
@@ -197,13 +211,267 @@ def test_the_sweep_reaches_every_module_and_the_check_it_aims_at(rows):
     assert aimed and named >= 0.9 * len(aimed), f"{named} of {len(aimed)} wrong-kind errors name the argument"
 
 
-if __name__ == "__main__":
-    table = measure()
-    for row in table:
-        print(" | ".join(str(x) for x in row))
-    counts = Counter(row[3] for row in table)
+
+# ---------------------------------------------------------------------------------------------
+# The adversarial pass (issue 42): numbers that are not counts, text for a list, blank names, outputs over
+# inputs, and both commands. Every public function whose required arguments the package can build is
+# called with each optional number made bad in turn (the rest valid), each list made one string, each name
+# made blank; the commands get each flag wrong. ~1,500 calls, ~2-4 min of one core: `make test-slow`.
+# ---------------------------------------------------------------------------------------------
+
+NAN, INF = float("nan"), float("inf")
+# a result from these is wrong whatever the parameter: NaN passes no comparison (a NaN tolerance accepts
+# anything), "3" is not a number, True is not a count, 2.5 is not a number of rows
+ALWAYS_WRONG = ("NaN", "text for a number", "bool for a number", "fraction for a count", "string for a list",
+                "blank name")
+# optional numbers for which a negative value, zero or infinity is meaningful, and why
+NEGATIVE_OK = {"position": "an index: -1 is the last position"}
+ZERO_OK = {
+    "seed": "a seed", "skip": "how many to skip", "weight_decay": "no decay", "eps": "no epsilon",
+    "momentum": "no momentum", "margin": "no margin", "beta": "no smoothing",
+    "level": "the bottom of a range", "same": "identical", "leak": "none leaked",
+    "reasoning_share": "no reasoning", "max_load_gb": "load nothing",
+    "context_words": "no context", "skip_timeout": "no wait", "position": "the first position",
+    "shown": "show none", "turns": "no extra turn", "lr": "a control run that does not move",
+}
+INFINITE_OK = {"timeout": "no time limit", "skip_timeout": "no time limit", "max_load_gb": "no load limit"}
+FRACTION_OK = {"timeout": "seconds: 2.5 s is a time limit", "width": "inches", "height": "inches"}
+BLANK_OK = {"text": "any text is read, an empty reply included"}  # text to read, not a name
+
+
+def numeric_attacks(default) -> list[tuple[str, object]]:
+    if isinstance(default, int):
+        return [("NaN", NAN), ("infinite", INF), ("negative", -3), ("zero", 0), ("fraction for a count", 2.5),
+                ("text for a number", "3"), ("bool for a number", True)]
+    return [("NaN", NAN), ("infinite", INF), ("negative", -0.5), ("zero", 0.0), ("text for a number", "0.5"),
+            ("bool for a number", True)]
+
+
+def extra_good_values(good) -> dict:
+    """Valid values for more of the names the package shares, so that more functions are reached with
+    every neighbour valid."""
+    from course_utils.data import make_messages
+
+    conversations = make_messages("add", 2, seed=1)
+    return {**good, "records": [{"text": "4<|im_end|>"}, {"text": "<think>x</think>5"}],
+            "rows": [{"messages": c} for c in conversations], "histories": [c[:-1] for c in conversations],
+            "values": [1.0, 2.0, 3.0, 4.0], "text": "The answer is 4.", "prompts": ["What is 2 plus 2?"],
+            "name": "a check", "n_rows": 8, "stop_id": good["tokenizer"].convert_tokens_to_ids("<|im_end|>")}
+
+
+def silent(name: str, category: str, default, outcome: str) -> bool:
+    """Whether ``outcome`` (a result, or running on past the time limit) is a wrong answer for this slip."""
+    if outcome not in ("result", "time-out"):
+        return False
+    if category in ALWAYS_WRONG:
+        return not ((category == "fraction for a count" and name in FRACTION_OK)
+                    or (category == "blank name" and name in BLANK_OK))
+    if category == "negative":
+        return name not in NEGATIVE_OK
+    if category == "zero":  # a token id of 0 is a token (<|endoftext|> in the course's vocabulary)
+        return (name not in ZERO_OK and not name.endswith("_id") and isinstance(default, (int, float))
+                and default > 0)
+    if category == "infinite":
+        return name not in INFINITE_OK
+    return False
+
+
+def _signature(fn):
+    try:
+        return inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+
+
+def adversarial(good: dict | None = None) -> list[tuple]:
+    """``(function, argument, slip, outcome, detail, silent)`` for every call of the adversarial pass."""
+    good = extra_good_values(good_values() if good is None else good)
+    rows = []
+    for label, fn in public_functions():
+        required = required_params(fn)
+        if not all(p in good for p in required):
+            continue
+        base = {p: good[p] for p in required}
+        calls = []
+        for param in _signature(fn):
+            default = param.default
+            numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
+            if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY) and numeric:
+                calls += [(param.name, category, default, bad) for category, bad in numeric_attacks(default)]
+        for name in required:
+            if isinstance(good[name], (list, tuple)) and good[name] and not isinstance(good[name][0], int):
+                calls.append((name, "string for a list", None, "some text"))
+            if isinstance(good[name], str):
+                calls.append((name, "blank name", None, "   "))
+            if isinstance(good[name], int) and not isinstance(good[name], bool) and good[name] > 0:
+                calls += [(name, "zero", good[name], 0), (name, "NaN", good[name], NAN)]
+        for name, category, default, bad in calls:
+            outcome, detail = classify(fn, {**base, name: bad})
+            rows.append((label, name, category, outcome, detail, silent(name, category, default, outcome)))
+    return rows
+
+
+def _doctor_argv(tmp_path) -> list[str]:
+    import json
+
+    from course_utils.data import make_messages
+    from course_utils.model import SHIPPED_MODELS
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"messages": m}) + "\n" for m in make_messages("add", 8, seed=0)))
+    return ["--model", str(SHIPPED_MODELS["tiny-qwen"]), "--data", str(data), "--no-forward"]
+
+
+def cli_cases(tmp_path) -> list[tuple[str, list[str]]]:
+    """``(command, argv)``: each a user mistake on an otherwise valid command line."""
+    good = _doctor_argv(tmp_path)
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    (tmp_path / "list.json").write_text("[1, 2]")
+    doctor = [[*good, flag, value] for flag, values in {
+        "--max-length": ["0", "-5", "abc"], "--sample": ["0", "-1", "2.5"], "--num-processes": ["0", "-2"],
+        "--max-load-gb": ["nan", "-1", "inf"], "--seed": ["-1", "x"],
+        "--config": [str(folder), "", str(tmp_path / "list.json")],
+        "--peft-config": [str(tmp_path / "list.json"), str(folder)], "--trainer": ["nomodule", ":Class"],
+    }.items() for value in values]
+    doctor += [["--model", "", *good[2:]], ["--model", str(folder), *good[2:]], [*good[:2], "--data", ""],
+               [*good[:2], "--data", str(folder)], [*good[:2], "--data", str(tmp_path / "list.json")]]
+    ship = [["--trained", str(folder), "--saved", str(folder), "--tolerance", t]
+            for t in ("-1", "nan", "0", "inf")]
+    ship += [["--trained", "", "--saved", str(folder)],
+             ["--trained", str(tmp_path / "none"), "--saved", str(folder)],
+             ["--trained", str(folder), "--saved", str(tmp_path / "list.json")]]
+    return [("doctor", argv) for argv in doctor] + [("ship", argv) for argv in ship]
+
+
+def run_command(command: str, argv: list[str]) -> tuple[int, str]:
+    """``(exit status, stderr)`` of ``python -m course_utils.<command>`` run in this process; an exception
+    that escapes the command is a traceback, status None."""
+    import contextlib
+    import io
+
+    from course_utils.doctor.__main__ import main as doctor_main
+    from course_utils.shipping import main as ship_main
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            status = {"doctor": doctor_main, "ship": ship_main}[command](argv)
+    except SystemExit as exc:  # argparse: usage and "error:" on stderr, exit 2
+        status = exc.code
+    except Exception as exc:  # noqa: BLE001 - what a user would see as a traceback
+        return None, f"Traceback: {type(exc).__name__}: {exc}"
+    return status, err.getvalue()
+
+
+def cli_outcome(status, stderr: str) -> str:
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    if status != 2 or "Traceback" in stderr:
+        return "raw error" if status is None or "Traceback" in stderr else "result"
+    reason = lines[-1] if lines else ""
+    clear = WHAT_WHY_FIX.match(reason) or ": error:" in reason  # argparse: usage, then "prog: error: ..."
+    return "what/why/fix" if clear else "raw error"
+
+
+@pytest.fixture(scope="module")
+def adversarial_rows():
+    return adversarial()
+
+
+@pytest.mark.slow  # ~1,500 calls, some of which run a function to its end: `make test-slow`
+def test_adversarial_pass_gets_no_silent_result(adversarial_rows):
+    wrong = [f"{label}({name}: {category}) -> {outcome}" for label, name, category, outcome, _, bad
+             in adversarial_rows if bad]
+    assert not wrong, "accepted input that should have been refused:\n" + "\n".join(wrong)
+
+
+@pytest.mark.slow
+def test_adversarial_pass_errors_are_ours_and_say_what_why_fix(adversarial_rows):
+    errors = [r for r in adversarial_rows if r[3] in ("what/why/fix", "raw error")]
+    raw = [f"{label}({name}: {category}): {detail}" for label, name, category, outcome, detail, _
+           in adversarial_rows if outcome == "raw error"]
+    assert errors and len(raw) <= 0.05 * len(errors), (f"{len(raw)} raw errors of {len(errors)}:\n"
+                                                        + "\n".join(raw))
+
+
+@pytest.mark.slow
+def test_both_commands_answer_every_mistake_with_exit_2_and_one_line(tmp_path):
+    bad = []
+    for command, argv in cli_cases(tmp_path):
+        status, stderr = run_command(command, argv)
+        if cli_outcome(status, stderr) != "what/why/fix":
+            bad.append(f"{command} {' '.join(argv[-2:])}: exit {status}: {stderr.strip()[-200:]}")
+    assert not bad, "\n".join(bad)
+
+
+def _fake_adapter(root) -> object:
+    """An adapter directory as peft writes one (a LoRA matrix and a trained embedding row)."""
+    import json
+
+    import torch as _torch
+    from safetensors.torch import save_file
+
+    from course_utils.model import SHIPPED_MODELS
+
+    root.mkdir()
+    save_file({"base_model.model.lm_head.lora_A.weight": _torch.zeros(2, 4),
+               "base_model.model.embed_tokens.modules_to_save.weight": _torch.ones(3, 4)},
+              str(root / "adapter_model.safetensors"))
+    (root / "adapter_config.json").write_text(json.dumps({
+        "base_model_name_or_path": str(SHIPPED_MODELS["tiny-qwen"]), "peft_type": "LORA",
+        "modules_to_save": ["embed_tokens"], "r": 2}))
+    return root
+
+
+def test_no_output_is_written_over_an_input_or_a_folder_with_files(tmp_path):
+    """An output path equal to, inside or around an input, or a folder that already holds files: refused,
+    and every byte on disk as it was."""
+    from course_utils import load_course_model
+    from course_utils.exercises.lesson08 import broken_setup
+    from course_utils.shipping import lora_only_copy
+    from course_utils.templates import save_other_family_tokenizer
+
+    adapter = _fake_adapter(tmp_path / "adapter")
+    busy = tmp_path / "project"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine")
+    _, tokenizer = load_course_model()
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    calls = {"lora_only_copy into the adapter": lambda: lora_only_copy(adapter, adapter),
+             "lora_only_copy inside the adapter": lambda: lora_only_copy(adapter, adapter / "copy"),
+             "lora_only_copy around the adapter": lambda: lora_only_copy(adapter, tmp_path),
+             "lora_only_copy into a folder with files": lambda: lora_only_copy(adapter, busy),
+             "save_other_family_tokenizer into a folder with files":
+                 lambda: save_other_family_tokenizer(tokenizer, str(busy)),
+             "broken_setup into a folder with files": lambda: broken_setup(0, busy)}
+    for what, call in calls.items():
+        with pytest.raises(ValueError, match=WHAT_WHY_FIX) as caught:
+            call()
+        assert "overwrite" in str(caught.value), what
+    after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert after == before, "a refused call changed the disk"
+
+
+def summary(rows: list[tuple], label: str) -> str:
+    counts = Counter(r[3] for r in rows)
     errors = counts["what/why/fix"] + counts["raw error"]
-    silent = sum(1 for r in table if r[3] == "result" and r[2] in SILENT)
-    print(f"{len(table)} calls of {len({r[0] for r in table})} functions: {dict(counts)}; "
-          f"{counts['what/why/fix'] / errors:.0%} of errors what/why/fix; {silent} silent results")
+    wrong = sum(1 for r in rows if (r[5] if len(r) > 5 else r[3] == "result" and r[2] in SILENT))
+    return (f"{label}: {len(rows)} calls of {len({r[0] for r in rows})} functions: {dict(counts)}; "
+            f"{counts['what/why/fix'] / max(errors, 1):.1%} of errors what/why/fix; {wrong} silent results")
+
+if __name__ == "__main__":
+    import tempfile
+    from pathlib import Path
+
+    good = good_values()
+    table, attacks = measure(good), adversarial(good)
+    for row in table + attacks:
+        print(" | ".join(str(x) for x in row))
+    commands = [(c, " ".join(a[-2:]), cli_outcome(*run_command(c, a)))
+                for c, a in cli_cases(Path(tempfile.mkdtemp()))]
+    for row in commands:
+        print(" | ".join(row))
+    print(summary(table, "first pass"))
+    print(summary(attacks, "adversarial pass"))
+    print(f"commands: {len(commands)} mistakes, {dict(Counter(r[2] for r in commands))}")
     sys.exit(0)

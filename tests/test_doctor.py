@@ -18,7 +18,9 @@ from trl.chat_template_utils import qwen2_5_chat_template, qwen2_5_training_chat
 
 from course_utils import doctor
 from course_utils.data import make_messages
-from course_utils.doctor import DoctorInputError, Finding, diagnose, empty_batch_probability, main
+from course_utils.doctor import DoctorInputError, Finding, diagnose, empty_batch_probability
+from course_utils.doctor.__main__ import main
+from course_utils.doctor.inputs import read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = {"assistant_only_loss": True, "eos_token": "<|im_end|>", "learning_rate": 2e-5}
@@ -367,10 +369,10 @@ def test_malformed_jsonl_row_exits_2_with_its_line_number(tmp_path, course, caps
 
 
 BAD_CONFIGS = {  # config -> what the message names (SFTConfig accepts every one of them without a word)
-    "max_length -5": ({"max_length": -5}, "max_length=-5 is below 1"),
-    "max_length 0": ({"max_length": 0}, "max_length=0 is below 1"),
-    "max_length as text": ({"max_length": "64"}, "max_length='64' has type str"),
-    "max_length as a float": ({"max_length": 64.0}, "max_length=64.0 has type float"),
+    "max_length -5": ({"max_length": -5}, "config max_length=-5 must be a whole number of tokens >= 1"),
+    "max_length 0": ({"max_length": 0}, "config max_length=0 must be a whole number of tokens >= 1"),
+    "max_length as text": ({"max_length": "64"}, "config max_length='64' must be a whole number"),
+    "max_length as a float": ({"max_length": 64.0}, "config max_length=64.0 must be a whole number"),
     "batch size 0": ({"per_device_train_batch_size": 0}, "per_device_train_batch_size=0 is below 1"),
     "gradient_accumulation_steps 0": ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps=0"),
     "negative learning rate": ({"learning_rate": -1e-5}, "learning_rate=-1e-05 is not a positive number"),
@@ -564,7 +566,7 @@ def test_sampling_reads_a_uniform_sample_of_the_file_and_every_line(tmp_path):
     path.write_text("".join(json.dumps({"prompt": f"p{i}", "completion": "c"}) + "\n" for i in range(1000)))
     counts = [0] * 10
     for seed in range(200):
-        rows_, total = doctor._read_jsonl(path, 50, seed)
+        rows_, total = read_rows(path, 50, seed)
         assert total == 1000 and len(rows_) == 50
         for r in rows_:
             counts[r["_doctor_row"] // 100] += 1
@@ -572,7 +574,7 @@ def test_sampling_reads_a_uniform_sample_of_the_file_and_every_line(tmp_path):
     with path.open("a") as handle:
         handle.write("{not json\n")
     with pytest.raises(DoctorInputError, match="line 1001"):
-        doctor._read_jsonl(path, 50, 0)  # a malformed line outside the sample is still bad input
+        read_rows(path, 50, 0)  # a malformed line outside the sample is still bad input
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,10 +31,12 @@ import trl
 from transformers import AutoTokenizer, GenerationConfig
 from trl.chat_template_utils import qwen2_5_chat_template
 
-from course_utils import doctor, load_course_model
+from course_utils import load_course_model
 from course_utils.data import make_messages
-from course_utils.doctor import EXIT_CODES, diagnose, main
-from course_utils.doctor_reasoning import CHECKS as REASONING_CHECKS
+from course_utils.doctor import EXIT_CODES, diagnose
+from course_utils.doctor import checks as doctor_checks
+from course_utils.doctor.__main__ import main
+from course_utils.doctor.reasoning import CHECKS as REASONING_CHECKS
 from course_utils.templates import add_generation_markers
 
 TEMPLATES = Path(trl.__file__).parent / "chat_templates"
@@ -624,7 +626,7 @@ def test_a_check_that_fails_is_reported_as_could_not_check(families, monkeypatch
     def broken(*args):
         raise IndexError("list index out of range")
 
-    monkeypatch.setattr(doctor, "_stop_token_findings", broken)
+    monkeypatch.setattr(doctor_checks, "stop_token_findings", broken)
     report = diagnose(str(families["qwen3"]), chats(), {"learning_rate": 2e-5})
     finding = next(f for f in report if f.severity == "could-not-check")
     assert finding.check == "stop-token-untrained"

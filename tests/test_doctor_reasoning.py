@@ -24,9 +24,10 @@ from transformers import AutoTokenizer, GenerationConfig
 from trl import SFTConfig, SFTTrainer
 from trl.chat_template_utils import is_chat_template_stop_token_trained
 
-from course_utils import doctor, internals
+from course_utils import internals
 from course_utils.data import make_messages
-from course_utils.doctor import diagnose, main
+from course_utils.doctor import diagnose, trl_view
+from course_utils.doctor.__main__ import main
 
 ONLY = {"learning_rate": 2e-5, "assistant_only_loss": True}
 FULL = {"learning_rate": 2e-5}
@@ -53,7 +54,7 @@ def write_jsonl(path, rows, blank_every=0):
 def prepared_by_the_doctor(monkeypatch):
     """What the doctor hands TRL's preparation (the dataset) and gets back (the rows), first call."""
     seen = {}
-    real = doctor._prepare
+    real = trl_view.prepare
 
     def recording(tokenizer, dataset, *args, **kwargs):
         out = real(tokenizer, dataset, *args, **kwargs)
@@ -61,7 +62,7 @@ def prepared_by_the_doctor(monkeypatch):
         seen.setdefault("prepared", out)
         return out
 
-    monkeypatch.setattr(doctor, "_prepare", recording)
+    monkeypatch.setattr(trl_view, "prepare", recording)
     return seen
 
 
@@ -177,7 +178,7 @@ def test_gpt_oss_is_never_told_to_stop_at_end(checkpoints, tmp_path):
     source = checkpoints["gpt-oss"]
     no_return = tmp_path / "gpt-oss-no-return"
     copy_of = AutoTokenizer.from_pretrained(source)
-    assert copy_of.convert_ids_to_tokens(doctor._end_of_turn_or_none(copy_of)) == "<|return|>"
+    assert copy_of.convert_ids_to_tokens(trl_view.end_of_turn_or_none(copy_of)) == "<|return|>"
     shutil.copytree(source, no_return)
     config = GenerationConfig.from_pretrained(no_return)
     config.eos_token_id = copy_of.convert_tokens_to_ids("<|endoftext|>")

@@ -23,6 +23,7 @@ from tools.notebook_runner import execute
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISES = sorted((ROOT / "notebooks").glob("*.ipynb"))
 STUB_MARK = "NotImplementedError"
+ANSWER_MARK = "# your answer"  # a self-test question's answer line: quiz.answer(n, None)  # your answer
 
 PROBE = r'''
 import contextlib as _cl, io as _io, json as _json, signal as _signal, types as _types
@@ -92,10 +93,13 @@ def _checker_calls(nb, learner: set[str]) -> list[str]:
         except SyntaxError:
             continue
         for node in ast.walk(tree):
-            if not isinstance(node, ast.Call) or not node.args or not isinstance(node.args[0], ast.Name):
+            if not isinstance(node, ast.Call) or not node.args:
                 continue
-            func = ast.unparse(node.func)
-            if func.split(".")[-1].startswith("check_") and node.args[0].id in learner:
+            func, first = ast.unparse(node.func), node.args[0]
+            # the learner's function, or what records the learner's answers (the self-test's quiz.given)
+            learners = (isinstance(first, ast.Name) and first.id in learner) or (
+                isinstance(first, ast.Attribute) and isinstance(first.value, ast.Name))
+            if func.split(".")[-1].startswith("check_") and learners:
                 node.args[0] = ast.Name("_candidate", ast.Load())
                 calls.append(ast.unparse(node))
     return calls
@@ -112,9 +116,11 @@ def probe_source(nb) -> str:
 def check_run_all(nb, printed: str, probe_output: str) -> None:
     """What a learner's first Run All of exercise notebook ``nb`` must show (``printed``: every cell's
     output text), and what the probe found (``probe_output``: the probe cell's output)."""
-    n_exercises = sum(STUB_MARK in c.source for c in nb.cells if c.cell_type == "code")
-    assert n_exercises >= 1 and printed.count("not implemented yet") >= n_exercises, \
-        "each stubbed exercise's checker says it is not implemented yet"
+    n_exercises = sum(STUB_MARK in c.source or ANSWER_MARK in c.source
+                      for c in nb.cells if c.cell_type == "code")
+    unfinished = printed.count("not implemented yet") + printed.count("not answered yet")
+    assert n_exercises >= 1 and unfinished >= n_exercises, \
+        "each stubbed exercise's checker (each unanswered self-test question) says it is not done yet"
     assert "✅" not in printed, "no checker may pass on a stub"
     passes = json.loads(probe_output[probe_output.index("PROBE") + len("PROBE"):].strip())
     assert not passes, f"the exercise copy already holds an answer (checker call, callable): {passes}"

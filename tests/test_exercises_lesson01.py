@@ -4,7 +4,7 @@ the hints; the broken-run generator covers every cause; bad non-learner argument
 
 import pytest
 import torch
-from conftest import Row, graded, stub, tried_twice
+from conftest import Row, graded, tried_twice
 
 from course_utils.checks import Diagnosis
 from course_utils.exercises import lesson01 as ex
@@ -215,7 +215,7 @@ WRONG = [
     ("accumulation_step", clips_after_the_step, "clip once"),
     ("diagnose_run", memorised_missing_division, "is not what broke this run"),
     ("diagnose_run", by_clip_rate, "the split test"),
-    ("diagnose_run", log_only, "the split test grows"),
+    ("diagnose_run", log_only, "the split test"),  # "grows" or "tells them apart": whichever case is shown
     ("diagnose_run", cause_without_evidence, "does not show it"),
 ]
 
@@ -254,23 +254,8 @@ def test_mystery_run_covers_every_cause_is_deterministic_and_hands_out_the_run_o
 
 # ---- bad input: what / why / fix (issue 36) ---------------------------------------------------------
 
-@pytest.mark.parametrize("seeds", [[], (), range(0)], ids=["list", "tuple", "range"])
-def test_diagnose_run_with_no_seeds_raises_instead_of_passing(seeds):
-    """Zero cases used to be "✅ all 0 cases pass" for any function, the stub included."""
-    with pytest.raises(ValueError, match="seeds must be a non-empty list of ints.* — "):
-        ex.check_diagnose_run(stub, seeds=seeds)
-
-
-@pytest.mark.parametrize("seeds, words", [(5, "non-empty list of ints"), ("12", "non-empty list of ints"),
-                                          ([3, None], r"seeds\[1\]=None"), ([-2], r"seeds\[0\]=-2")])
-def test_diagnose_run_refuses_bad_seeds(seeds, words):
-    with pytest.raises(ValueError, match=words):
-        ex.check_diagnose_run(lesson01.diagnose_run, seeds=seeds)
-
-
-def test_diagnose_run_grades_the_seeds_it_is_given(capsys):
-    assert ex.check_diagnose_run(lesson01.diagnose_run, seeds=range(4))
-    assert "all 4 cases pass" in capsys.readouterr().out
+# (The diagnosis checker takes no seeds: it draws fresh cases per run; tests/test_checkers.py tries
+# the shortcuts.)
 
 
 @pytest.mark.parametrize("seed, words", [(None, "seed=None"), (-1, "seed=-1"), (2.0, "seed=2.0")])

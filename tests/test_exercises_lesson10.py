@@ -113,11 +113,11 @@ CHECKERS = [
     Row("save_for_serving", graded(ex.check_save_for_serving), lesson10.save_for_serving),
     Row("diagnose_saved", graded(ex.check_diagnose_saved), lesson10.diagnose_saved),
 ]
-ALSO_CORRECT = [("save_for_serving", save_merged_copy), ("diagnose_saved", diagnose_saved_other_order)]
+ALSO_CORRECT = [("save_for_serving", save_merged_copy), ("diagnose_saved", diagnose_saved_other_order),
+                ("save_for_serving", save_merged_in_bf16)]  # what a user feels decides: bf16 is correct
 WRONG = [
     ("save_for_serving", save_adapter_and_generation_config, "peft does not read a generation_config.json"),
     ("save_for_serving", save_merged_without_tokenizer, "not the one the run trained with"),
-    ("save_for_serving", save_merged_in_bf16, "the model loads in torch.bfloat16"),
     ("save_for_serving", save_lora_matrices_only, "modules_to_save"),
     ("diagnose_saved", reads_the_adapters_own_generation_config, "beside the adapter is not read"),
     ("diagnose_saved", no_generation_config_file_means_broken, "an instruct base"),
@@ -212,7 +212,5 @@ def test_the_artefact_names_no_cause():
 def test_the_graders_refuse_bad_set_up_arguments():
     with pytest.raises(TypeError, match="must be a function"):
         ex.check_save_for_serving("my_save_for_serving")
-    with pytest.raises(ValueError, match="non-empty list"):
-        ex.check_diagnose_saved(lesson10.diagnose_saved, seeds=[])
     with pytest.raises(ValueError, match="seed"):
         ex.saved_directory(None)

@@ -22,15 +22,75 @@ def test_every_lesson_contributes_and_no_question_names_its_answer():
 
 
 def test_right_answers_pass_blanket_answers_fail(capsys):
-    quiz = st.draw_quiz()
-    assert st.check_self_test(lambda q: st._truth(q), quiz, quiet=True)
-    by_letter = st.check_self_test(lambda q: "abcdefgh"[q.choices.index(st._truth(q))], quiz, quiet=True)
+    assert st.check_self_test(lambda q: st._truth(q), st.draw_quiz(), quiet=True)
+    by_letter = st.check_self_test(lambda q: "abcdefgh"[q.choices.index(st._truth(q))], st.draw_quiz(),
+                                   quiet=True)
     assert by_letter, "a letter answers too"
     for blanket in ("a", "b"):
-        assert not st.check_self_test(lambda q, b=blanket: b, quiz, quiet=True), f"always {blanket!r}"
+        assert not st.check_self_test(lambda q, b=blanket: b, st.draw_quiz(), quiet=True), f"always {blanket}"
+    quiz = st.draw_quiz()
     result = st.check_self_test(lambda q: q.choices[-1] if st._truth(q) != q.choices[-1] else q.choices[0],
                                 quiz, quiet=True)
-    assert not result and "revisit lesson" in result.message and "0 of" in result.message
+    assert not result and "Look again with lesson" in result.message and "0 of" in result.message
+    lines = {line.split(":")[0]: line for line in result.message.splitlines()}
+    for q in quiz:  # a wrong answer is told why the chosen cause does not fit, never the right one
+        assert st._truth(q) not in lines[f"❌ Q{q.number}"], f"Q{q.number}'s feedback names the right cause"
+
+
+def test_every_run_draws_another_quiz_and_a_demo_seed_repeats_one(monkeypatch):
+    first, second = st.draw_quiz(), st.draw_quiz()
+    assert [q.text for q in first] != [q.text for q in second], "a quiz drawn fresh per run"
+    assert not {q.text for q in first} & {q.text for q in second}, "no case comes back in another run"
+    monkeypatch.setenv("COURSE_CHECK_SEED", "11")
+    assert [q.text for q in st.draw_quiz()] == [q.text for q in st.draw_quiz()], "the instructor's demo"
+
+
+def test_a_replay_does_not_score_from_memory(capsys):
+    """The first answer to each question counts: changing it after the feedback, by quiz.answer or by a second
+    check_self_test, scores nothing more."""
+    quiz = st.draw_quiz()
+    wrong = {q.number: next(c for c in q.choices if c != st._truth(q)) for q in quiz}
+    assert not st.check_self_test(lambda q: wrong[q.number], quiz, quiet=True)
+    assert quiz.answer(1, st._truth(quiz[0])) is False, "the first (wrong) answer still counts"
+    replay = st.check_self_test(lambda q: st._truth(q), quiz, quiet=True)
+    assert not replay and "0 of 18 right" in replay.message and "answered already" in replay.message
+    assert quiz.score() == 0
+
+
+def test_answer_feedback_flags_non_choices_and_names_a_raising_functions_error(capsys):
+    quiz = st.draw_quiz()
+    assert quiz.answer(1, "z") is None and quiz.answer(1, "a totally made-up cause") is None
+    out = capsys.readouterr().out
+    assert out.count("is not one of the choices") == 2 and quiz.answered() == 0, "flagged, not recorded"
+    assert quiz.answer(2, None) is None and "not answered yet" in capsys.readouterr().out
+    answers = {q.number: "a" for q in quiz if q.number != 7}
+    result = st.check_self_test(lambda q: answers[q.number], quiz, quiet=True)
+    assert "Q7: your function raised KeyError: 7" in result.message, "the missing key is named"
+
+
+def test_the_score_is_revealed_only_once_every_question_is_answered(capsys):
+    from course_utils import predictions
+
+    predictions.predict("self-test score", 10)
+    quiz = st.draw_quiz()
+    st.reveal_score(quiz)
+    out = capsys.readouterr().out
+    assert "0 of 18 questions answered" in out and "measured" not in out
+    for q in quiz:
+        quiz.answer(q.number, st._truth(q))
+    capsys.readouterr()
+    st.reveal_score(quiz)
+    assert "measured 18" in capsys.readouterr().out
+
+
+def test_every_contributing_lessons_cause_has_its_tell_and_section():
+    from course_utils.exercises.answers import self_test_bank as bank
+
+    for lesson in st.LESSONS:
+        answers = importlib.import_module(f"course_utils.exercises.answers.lesson{lesson}")
+        assert lesson in bank.SECTIONS, f"self_test_bank.SECTIONS needs lesson {lesson}'s section"
+        missing = set(answers.SELF_TEST_CAUSES) - set(bank.TELLS.get(lesson, {}))
+        assert not missing, f"self_test_bank.TELLS[{lesson!r}] needs a tell for {sorted(missing)}"
 
 
 @pytest.mark.parametrize("lesson", st.LESSONS)
@@ -59,20 +119,15 @@ def test_each_lessons_cases_draw_every_cause_quickly_and_never_name_it(lesson):
 def test_bad_input_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="draw_quiz"):
         st.check_self_test(lambda q: "a", [])
+    quiz = st.draw_quiz()
+    for part in (quiz[:3], st.Quiz(quiz[:3]), list(quiz)):  # a slice of questions you chose is no self-test
+        with pytest.raises(ValueError, match="whole quiz"):
+            st.check_self_test(lambda q: st._truth(q), part)
     with pytest.raises(TypeError, match="must be a function"):
         st.check_self_test("a", st.draw_quiz())
 
 
 # ---- the checker tables (tests/test_checkers.py runs them) ------------------------------------------------
-
-_QUIZ = []
-
-
-def _quiz():
-    if not _QUIZ:
-        _QUIZ.append(st.draw_quiz())
-    return _QUIZ[0]
-
 
 def answer_key(question):
     """The reference: each question's cause, drawn again from its lesson."""
@@ -89,6 +144,6 @@ def always_the_first_choice(question):
     return "a"
 
 
-CHECKERS = [Row("self_test", lambda fn, fixture: st.check_self_test(fn, _quiz()), answer_key)]
+CHECKERS = [Row("self_test", lambda fn, fixture: st.check_self_test(fn, st.draw_quiz()), answer_key)]
 ALSO_CORRECT = [("self_test", by_letter)]
-WRONG = [("self_test", always_the_first_choice, "revisit lesson")]
+WRONG = [("self_test", always_the_first_choice, "Look again with lesson")]

@@ -31,6 +31,26 @@ def test_guard_callback_records_step_and_culprit():
         nd.GuardCallback("not a function")
 
 
+def test_guard_callback_hands_the_guard_the_optimizers_scaler():
+    """accelerate's AcceleratedOptimizer keeps the GradScaler as .scaler: with one, an inf is a skipped
+    step."""
+    callback = nd.GuardCallback(ref.guard)
+    model = torch.nn.Linear(2, 2)
+    model.weight.grad = torch.full_like(model.weight, float("inf"))
+
+    class State:
+        global_step = 0
+
+    class Control:
+        should_training_stop = False
+
+    class Optimizer:
+        scaler = torch.amp.GradScaler("cpu")
+
+    control = callback.on_pre_optimizer_step(None, State(), Control(), model=model, optimizer=Optimizer())
+    assert not control.should_training_stop and callback.stopped_at is None and model.weight.grad is not None
+
+
 # ---- tools: searches raise instead of returning None ------------------------------------------
 
 def _records(losses, norms):
@@ -261,3 +281,32 @@ def test_learned_vs_control_scores_the_untrained_model_on_the_run_batches(course
     assert math.isclose(noise, steps, rel_tol=1e-6)
     with pytest.raises(ValueError, match=WHAT_WHY_FIX):
         nd.learned_vs_control(model, batches, control[:2])  # one loss per batch
+
+
+# ---- load dtype: a bf16 checkpoint fully fine-tuned has no float32 master weights ---------------
+
+def test_a_bf16_checkpoint_loads_in_bf16_and_small_updates_round_away(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from course_utils import load_course_model, make_batches
+    from course_utils.data import make_messages
+
+    model, tok = load_course_model()
+    model.to(torch.bfloat16).save_pretrained(tmp_path)
+    batch = make_batches(tok, make_messages(n=4, seed=1), batch_size=4)[0]
+    as_saved = AutoModelForCausalLM.from_pretrained(tmp_path)          # transformers 5: dtype="auto"
+    in_fp32 = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    n_weights = sum(p.numel() for p in in_fp32.parameters())
+    expected = {"dtype": "bfloat16", "share": 1.0, "trainable": n_weights}
+    assert nd.low_precision_master_weights(as_saved) == expected
+    assert nd.low_precision_master_weights(in_fp32)["share"] == 0.0
+    kept, moved = nd.fraction_updated(as_saved, batch, lr=1e-5), nd.fraction_updated(in_fp32, batch, lr=1e-5)
+    assert moved > 0.9 and kept < moved / 2, (kept, moved)
+
+
+def test_load_dtype_helpers_refuse_bad_input():
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises((TypeError, ValueError), match=WHAT_WHY_FIX):
+        nd.fraction_updated(model, {"input_ids": torch.zeros(1, 2)})
+    with pytest.raises((TypeError, ValueError), match=WHAT_WHY_FIX):
+        nd.low_precision_master_weights("model")

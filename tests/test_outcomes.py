@@ -30,7 +30,7 @@ def test_nan_value_never_passes():
 
 
 def test_accepts_tensors_and_prints_the_margin(capsys):
-    report_outcome("ratio", torch.tensor(3.0), 2)
+    report_outcome("ratio", torch.tensor(3.0), 2, verbose=True)
     line = capsys.readouterr().out
     assert "'ratio'" in line and "3 >= 2" in line and "margin +1" in line and "holds" in line
 
@@ -78,3 +78,15 @@ def test_bad_input_gives_what_why_fix(args, kwargs, words):
         report_outcome(*args, verbose=False, **kwargs)
     for word in words:
         assert word in str(excinfo.value)
+
+
+def test_a_claim_that_holds_is_silent_one_that_fails_says_why(capsys, monkeypatch):
+    """The learner's view (issue 43): collapsed proof cells print no "outcome ... holds" chatter."""
+    monkeypatch.delenv("COURSE_OUTCOMES_VERBOSE", raising=False)
+    report_outcome("stop rate", 0.95, 0.9)
+    assert capsys.readouterr().out == ""
+    report_outcome("stop rate", 0.5, 0.9)
+    assert "FAILS" in capsys.readouterr().out
+    monkeypatch.setenv("COURSE_OUTCOMES_VERBOSE", "1")
+    report_outcome("stop rate", 0.95, 0.9)
+    assert "holds" in capsys.readouterr().out

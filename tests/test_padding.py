@@ -290,3 +290,14 @@ def test_layout_attention_classifies_one_row_of_each_layout(course):
     assert len(fixed) == 2 and all(sum(c.values()) == 0 for c in fixed)
     with pytest.raises(ValueError, match=".+ — .+ — .+"):
         layout_attention(model, examples, -1)
+
+
+def test_a_4d_mask_replaces_a_sliding_window_models_own_window():
+    """Lesson 03, exercise 2: transformers passes a 4-D mask through unchanged, the window too."""
+    from course_utils.padding import sliding_window_drift
+
+    drift = sliding_window_drift(sliding_window=4, length=12)
+    assert drift["4-D mask with the window"] < 1e-5, "the window in the mask: the model's own call, exactly"
+    assert drift["4-D causal mask, no window"] > 1e-2, "without the window queries see too far"
+    with pytest.raises(ValueError, match="not above sliding_window.* — .* — "):
+        sliding_window_drift(sliding_window=4, length=4)

@@ -29,3 +29,18 @@ def test_bad_input_says_what_to_pass():
         predict("", 1)
     with pytest.raises(TypeError, match="must be a function"):
         reveal("ratio", 1.0, right=True)
+
+
+def test_after_a_run_all_the_learner_is_told_how_to_predict_first(capsys):
+    """Issue 43: a prediction written after Run All is not counted, and the message says what to do."""
+    from course_utils.predictions import forget, predict, reveal, tally
+
+    reveal("ratio", 4.0)  # Run All: the measurement ran before any prediction
+    assert "forget('ratio')" in capsys.readouterr().out
+    predict("ratio", 4.0)
+    out = capsys.readouterr().out
+    assert "not counted" in out and "forget('ratio')" in out and "Restart" in out
+    forget("ratio")
+    predict("ratio", 4.0)
+    reveal("ratio", 4.0)
+    assert tally()["right"] == 1

@@ -231,3 +231,24 @@ def test_reply_to_renders_each_history_and_stops_at_the_end_of_turn():
     records = reply_to(model, tok, [history, history], max_new_tokens=5)
     assert len(records) == 2 and records[0]["ids"] == records[1]["ids"]
     assert all(r["n_new"] <= 5 for r in records)
+
+
+def test_thinking_flag_diff_shows_what_each_family_switches():
+    import copy
+
+    from trl.chat_template_utils import gemma4_chat_template, glm4moe_chat_template, qwen3_chat_template
+
+    from course_utils.reasoning import load_reasoning_model, thinking_flag_diff
+
+    _, tok = load_reasoning_model(qwen3_chat_template)
+    conv = [{"role": "user", "content": "What is 2 + 2?"}]
+    assert thinking_flag_diff(tok, conv) == ["+ <think>", "+ ", "+ </think>", "+ "]   # Qwen3: an empty block
+    glm = copy.copy(tok)
+    glm.chat_template = glm4moe_chat_template
+    assert any(line.startswith("+ ") and "/nothink" in line for line in thinking_flag_diff(glm, conv))
+    gemma = copy.copy(tok)
+    gemma.chat_template = gemma4_chat_template
+    gemma_diff = thinking_flag_diff(gemma, conv)    # Gemma 4: the flag ON adds <|think|> in a system turn
+    assert "- <|think|>" in gemma_diff and all(line.startswith("- ") for line in gemma_diff), gemma_diff
+    with pytest.raises(ValueError, match="conversation must be"):
+        thinking_flag_diff(tok, "What is 2 + 2?")

@@ -175,3 +175,28 @@ def test_patch_acceptance_follows_the_exact_match_not_the_distance(tokenizer):
     assert len(fig.axes[0].patches) == len(rows)
     with pytest.raises(ValueError, match=".+ — .+ — .+"):
         templates.plot_patch_acceptance([("only a label",)])
+
+
+def test_trl_text_path_doubles_a_bos_the_text_already_has_and_ignores_dataset_kwargs(tokenizer):
+    """Issue 45: TRL 1.16's text path tokenizes with the tokenizer's specials whatever dataset_kwargs says."""
+    from course_utils import templates as TT
+
+    bos_tok = TT.bos_adding_variant(tokenizer)
+    assert tokenizer.bos_token is None, "the course tokenizer itself is untouched"
+    texts = [bos_tok.bos_token + "What is 2 + 2? 4", "What is 3 + 3? 6"]
+    for kwargs in (None, {"add_special_tokens": False}):
+        rows = TT.trl_text_rows(bos_tok, texts, kwargs)
+        assert [TT.leading_bos(r, bos_tok.bos_token_id) for r in rows] == [2, 1], kwargs
+        assert TT.double_bos_rows(rows, bos_tok.bos_token_id) == [0]
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda tok: __import__("course_utils.templates").templates.double_bos_rows([], 1), "non-empty list"),
+    (lambda tok: __import__("course_utils.templates").templates.leading_bos([1, 2], -1), "bos_token_id"),
+    (lambda tok: __import__("course_utils.templates").templates.trl_text_rows(tok, []), "texts"),
+    (lambda tok: __import__("course_utils.templates").templates.bos_adding_variant(tok, ""), "bos_token"),
+])
+def test_the_bos_helpers_refuse_bad_input(call, words, tokenizer):
+    with pytest.raises((TypeError, ValueError), match=words) as error:
+        call(tokenizer)
+    assert " — " in str(error.value)

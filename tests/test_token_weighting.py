@@ -122,7 +122,7 @@ def test_worker_in_one_process_matches_full_batch(model_tok, monkeypatch, tmp_pa
     model, tok = model_tok
     ref = tw.full_batch_grad(model, tw.uneven_micro_batches(tok, k=1, batch_size=2, seed=3), tok.pad_token_id)
     assert result["world_size"] == 1 and len(result["n_tokens"]) == 1
-    for scheme in ("rank_mean", "global_count"):  # one rank: both schemes are the full batch
+    for scheme in ("rank_mean", "global_count", "global_count_no_world"):  # one rank (W = 1): all exact
         assert tw.relative_error(result[scheme], ref) < 1e-5
 
 
@@ -307,6 +307,8 @@ def test_run_ddp_grad_works_from_another_working_directory(monkeypatch, tmp_path
     model, tok = model_tok
     ref = tw.full_batch_grad(model, tw.uneven_micro_batches(tok, k=2, batch_size=1, seed=0), tok.pad_token_id)
     assert result["world_size"] == 2 and tw.relative_error(result["global_count"], ref) < 1e-5
+    # lesson 01's "normalise by num_items_in_batch yourself" with a gathered count: DDP's average makes it 1/W
+    assert tw.relative_error(result["global_count_no_world"] * 2, ref) < 1e-5
     # lesson 07 §8.3: rank 1's empty micro-batch skipped -> rank 0 waits out the group's timeout; run with a
     # zero loss -> the same collectives on both ranks and rank 0's gradient alone
     skip = result["skip"]
@@ -326,3 +328,40 @@ def test_accumulation_explorer_refuses_a_tokenizer_from_another_model(model_tok)
     bigger.add_tokens([f"<extra_{i}>" for i in range(model.get_input_embeddings().num_embeddings)])
     with pytest.raises(ValueError, match="different checkpoints"):
         tw.accumulation_explorer(model, bigger)
+
+
+# ---- accepts_loss_kwargs = False: the Trainer skips the step's count ------------------------------
+
+def test_loss_count_ignored_reads_the_flag_from_the_installed_classes():
+    gemma4 = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4"}
+    assert tw.loss_count_ignored(gemma4, gradient_accumulation_steps=4) == ["Gemma4ForConditionalGeneration"]
+    assert tw.loss_count_ignored({"model_type": "gemma4"}, world_size=2) == ["Gemma4ForConditionalGeneration"]
+    vl = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl"}
+    assert tw.loss_count_ignored(vl, gradient_accumulation_steps=2) == ["Qwen2_5_VLForConditionalGeneration"]
+    assert tw.loss_count_ignored(gemma4) == [], "one micro-batch on one process: its own count is the step's"
+    for healthy in ({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"},
+                    {"architectures": ["LlamaForCausalLM"], "model_type": "llama"},
+                    {"model_type": "unknown"}):
+        assert tw.loss_count_ignored(healthy, gradient_accumulation_steps=8, world_size=4) == []
+
+
+def test_loss_count_ignored_refuses_bad_input():
+    with pytest.raises(TypeError, match="config must be a dict"):
+        tw.loss_count_ignored("config.json")
+    with pytest.raises(ValueError, match="gradient_accumulation_steps"):
+        tw.loss_count_ignored({}, gradient_accumulation_steps=0)
+
+
+@pytest.mark.slow  # three SFTTrainer steps on the course model (~10 s)
+def test_the_flag_off_is_the_per_micro_batch_mean():
+    from datasets import Dataset
+
+    data = Dataset.from_dict({"messages": tw.multi_turn_conversations(8, seed=3)})
+    big = tw.trainer_step_grad(data, per_device_train_batch_size=8, gradient_accumulation_steps=1)
+    off = tw.trainer_step_grad(data, per_device_train_batch_size=2, gradient_accumulation_steps=4,
+                               accepts_loss_kwargs=False)
+    hooked = tw.trainer_step_grad(data, per_device_train_batch_size=2, gradient_accumulation_steps=4,
+                                  count_items=False)
+    assert off["num_items"] is None
+    assert tw.relative_error(off["grad"], hooked["grad"]) < 1e-5
+    assert tw.relative_error(off["grad"], big["grad"]) > 1e-2

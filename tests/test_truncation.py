@@ -332,3 +332,36 @@ def _dataset():
     from course_utils import make_chat_dataset
 
     return make_chat_dataset("add", 2, seed=0)
+
+
+def test_rows_without_targets_and_cut_before_end_of_turn_on_hand_made_rows():
+    """Issue 45: the rows TRL packs without a target, and the rows truncation cut before <|im_end|> (id 2)."""
+    rows = [{"input_ids": [5, 6, 7, 2], "labels": [-100, 6, 7, 2]},        # healthy: the stop is graded
+            {"input_ids": [5, 6, 7, 8], "labels": [-100, -100, -100, -100]},  # fully masked
+            {"input_ids": [5, 6, 7, 8], "labels": [-100, -100, 7, 8]},     # cut inside the answer
+            {"input_ids": [5, 6, 2, 9, 7], "labels": [-100, 6, 2, -100, 7]}]  # 2nd answer cut, 1st whole
+    assert T.rows_without_targets(rows) == [1]
+    assert T.cut_before_end_of_turn(rows, 2) == [2, 3], "the last graded answer decides, not an earlier one"
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: T.cut_before_end_of_turn([{"input_ids": [1], "labels": [1]}], -1), "end_of_turn_id"),
+    (lambda: T.cut_before_end_of_turn([], 2), "examples"),
+    (lambda: T.rows_without_targets([{"input_ids": [1]}]), "labels"),
+])
+def test_the_row_checks_refuse_bad_input(call, words):
+    with pytest.raises((TypeError, ValueError), match=words) as error:
+        call()
+    assert " — " in str(error.value)
+
+
+@pytest.mark.slow
+def test_trl_packs_fully_masked_examples_it_drops_without_packing(course):
+    from course_utils import make_chat_dataset
+
+    model, tok = course
+    data = make_chat_dataset("mixed", n=24, seed=0, context_words=20, long_tail=True)
+    unpacked = T.trl_kept_examples(model, tok, data, max_length=60)
+    packed = T.trl_kept_examples(model, tok, data, max_length=60, packing=True)
+    assert not T.rows_without_targets(unpacked) and len(packed) == len(data)
+    assert len(T.rows_without_targets(packed)) == len(data) - len(unpacked) > 0

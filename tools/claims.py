@@ -902,15 +902,28 @@ def _nan_weights(ctx):
         "empty batch, loss at all positions x mask: losses": _fmt_list([r["loss"] for r in rec]),
         "empty batch, loss at all positions x mask: weights finite": params_finite(m),
     }
+    # fp16=True mixed precision: a GradScaler step whose gradient holds an inf is skipped, not applied
+    scaled = ctx.model()
+    params = [p for p in scaled.parameters() if p.requires_grad]
+    opt, scaler = torch.optim.AdamW(params, lr=1e-3), torch.amp.GradScaler("cpu")
+    before = _flat(scaled)
+    scaler.scale(mean_ignore_index(model_logits(scaled, healthy), healthy["labels"])).backward()
+    params[0].grad.view(-1)[0] = float("inf")  # the overflow a float16 backward meets
+    scaler.step(opt)
+    scaler.update()
+    numbers["inf gradient under a GradScaler: weights unchanged"] = bool(torch.equal(before, _flat(scaled)))
     masked_label_nan_is_harmless = math.isnan(losses[-1]) and finite
     other_nan_kills = math.isnan(rec[-1]["loss"]) and not params_finite(m)
+    scaler_skips = numbers["inf gradient under a GradScaler: weights unchanged"]
     return Result(
-        "depends" if masked_label_nan_is_harmless and other_nan_kills else "false",
+        "depends" if masked_label_nan_is_harmless and other_nan_kills and scaler_skips else "false",
         numbers,
         "false for a masked-label NaN in transformers' Trainer (the loss 0/0 of an empty micro-batch, logged "
-        "without the filter, gradients exactly 0: the weights stay finite); true when the NaN reaches the "
-        "gradients — a per-token loss at every position times a mask (claim 2), an fp16 overflow or a "
-        "diverging learning rate (lesson 06): one AdamW step and the weights are NaN",
+        "without the filter, gradients exactly 0: the weights stay finite) and for an overflow under "
+        "fp16=True mixed precision (the GradScaler skips the step: the float32 weights stay as they were); "
+        "true when the NaN reaches the gradients of a loop without a GradScaler — a per-token loss at every "
+        "position times a mask (claim 2), float16 storage with fp16=False (lesson 06, section 1) or a "
+        "diverging learning rate: one AdamW step and the weights are NaN",
     )
 
 
@@ -1101,18 +1114,31 @@ def _trl_clamp(ctx):
         "mean loss of the full row's graded tokens": round(full_mean, 4),
         "step of two empty micro-batches: logged loss, grad_norm": (run["logged"][1], run["grad_norms"][1]),
     }
+    # a model class with accepts_loss_kwargs=False (Gemma 4, Qwen-VL): no step count, each micro-batch its own
+    flag_off = ctx.model()
+    flag_off.accepts_loss_kwargs = False
+    with quiet_libraries(capture_output=True, python_warnings=False):
+        off = trl_logged_on_pretokenised(flag_off, copy.deepcopy(ctx.tokenizer), rows, nan_inf_filter=False,
+                                         accum_steps=2)
+    numbers["accepts_loss_kwargs=False: step of a full + an empty micro-batch: logged loss"] = \
+        round(off["logged"][0], 4)
     step_mean = math.isclose(run["logged"][0], full_mean, rel_tol=1e-4)
+    halved = math.isclose(off["logged"][0], full_mean / 2, rel_tol=1e-4)  # (mean + 0) / K, K = 2
     silent_zero = numbers["all-masked batch: loss"] == 0.0 and norm == 0.0 and run["logged"][1] == 0.0
     return Result(
-        "false" if step_mean and silent_zero else "true",
+        "false" if step_mean and silent_zero and halved else "true",
         numbers,
-        "TRL 1.16 divides the summed loss by num_items_in_batch — the graded tokens of the whole optimizer "
-        "step "
-        "(every micro-batch; every rank with average_tokens_across_devices, the default) — clamped to 1: an "
-        "empty micro-batch inside a step adds 0 and the step logs the correct mean; only a step with no "
-        "graded "
-        "token anywhere logs a silent 0.0 with zero gradients (the plain transformers Trainer gives NaN: "
-        "claim 16)",
+        "for a model class that accepts loss kwargs (Qwen2, Llama, Qwen3 ...) TRL 1.16 divides the "
+        "summed loss "
+        "by num_items_in_batch — the graded tokens of the whole optimizer step (every micro-batch; "
+        "every rank "
+        "with average_tokens_across_devices, the default) — clamped to 1: an empty micro-batch inside a step "
+        "adds 0 and the step logs the correct mean; only a step with no graded token anywhere logs a silent "
+        "0.0 with zero gradients (the plain transformers Trainer gives NaN: claim 16). For a class with "
+        "accepts_loss_kwargs=False (Gemma4ForConditionalGeneration, the Qwen-VL classes, PaliGemma) the "
+        "Trainer counts nothing: each micro-batch is divided by its own count (clamped: still no "
+        "NaN) and the "
+        "step by K, so the full + empty step logs half the mean (claim 26)",
     )
 
 
@@ -1203,6 +1229,201 @@ def _sft_bf16(ctx):
         "refuses to "
         "build (ValueError: 'Your setup doesn't support bf16/gpu') unless use_cpu=True, which then means CPU "
         "bf16 autocast (~1e-2 relative gradient noise); the course passes bf16=False",
+    )
+
+
+@claim(
+    26,
+    "sft_accumulation_equals_big_batch",
+    "`SFTTrainer`'s gradient accumulation gives the same gradient as one big batch.",
+    "07",
+    "transformers/trainer.py Trainer.__init__ (model_accepts_loss_kwargs), Trainer._get_num_items_in_batch; "
+    "trl/trainer/sft_trainer.py SFTTrainer.compute_loss",
+)
+def _sft_accumulation(ctx):
+    from datasets import Dataset
+
+    from course_utils import token_weighting as tw
+
+    data = Dataset.from_dict({"messages": tw.multi_turn_conversations(8, seed=ctx.seed + 3)})
+    step = functools.partial(tw.trainer_step_grad, data, seed=ctx.seed, name_or_path=ctx.model_name)
+    with quiet_libraries(capture_output=True, python_warnings=False):
+        big = step(per_device_train_batch_size=8, gradient_accumulation_steps=1)
+        on = step(per_device_train_batch_size=2, gradient_accumulation_steps=4)
+        off = step(per_device_train_batch_size=2, gradient_accumulation_steps=4, accepts_loss_kwargs=False)
+    numbers = {
+        "2 x 4 vs 8 x 1, relative gradient difference": tw.relative_error(on["grad"], big["grad"]),
+        "same, model class with accepts_loss_kwargs=False": tw.relative_error(off["grad"], big["grad"]),
+        "classes with the flag off (gemma4, qwen2_5_vl)": tuple(
+            c for t in ("gemma4", "qwen2_5_vl")
+            for c in tw.loss_count_ignored({"model_type": t, "architectures": [
+                {"gemma4": "Gemma4ForConditionalGeneration",
+                 "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}[t]]}, gradient_accumulation_steps=4)),
+    }
+    exact = numbers["2 x 4 vs 8 x 1, relative gradient difference"] < 1e-5
+    broken = numbers["same, model class with accepts_loss_kwargs=False"] > 1e-2
+    return Result(
+        "depends" if exact and broken else "true" if exact else "false",
+        numbers,
+        "true for a model class that accepts loss kwargs (the Trainer counts the step's graded "
+        "tokens, TRL divides "
+        "by that count); false for a class with accepts_loss_kwargs=False — "
+        "Gemma4ForConditionalGeneration (what "
+        "AutoModelForCausalLM loads for gemma4), Qwen2_5_VL/Qwen3VL ForConditionalGeneration, "
+        "PaliGemma: each "
+        "micro-batch is divided by its own count and the step by K (lesson 07's per-micro-batch mean); "
+        "token_weighting.loss_count_ignored(config) reads it from config.json",
+    )
+
+
+@claim(
+    27,
+    "qwen3_template_trains_every_reasoning",
+    "Training on multi-turn conversations with Qwen3's chat template trains every turn's reasoning.",
+    "09",
+    "trl/chat_templates/qwen3.jinja (last_query_index), qwen3_training.jinja (assistant_only_loss)",
+)
+def _qwen3_reasoning(ctx):
+    from trl.chat_template_utils import qwen3_chat_template
+
+    from course_utils.reasoning import load_reasoning_model, reasoning_budget, reasoning_chats, trained_rows
+
+    _, tok = load_reasoning_model(qwen3_chat_template, ctx.model_name)
+    rows = [{"messages": c} for c in reasoning_chats(8, ctx.seed, turns=2)]
+    with quiet_libraries(capture_output=True, python_warnings=False):
+        default = reasoning_budget(tok, trained_rows(tok, rows))
+        training = reasoning_budget(tok, trained_rows(tok, rows, assistant_only_loss=True))
+    numbers = {
+        "reasoning blocks in the data": 2 * len(rows),
+        "TRL defaults (original template): blocks rendered, tokens graded":
+            (default["reasoning_blocks"], default["graded_reasoning_tokens"]),
+        "assistant_only_loss (training template): blocks rendered, tokens graded":
+            (training["reasoning_blocks"], training["graded_reasoning_tokens"]),
+    }
+    dropped = default["reasoning_blocks"] == len(rows)  # only the last turn's block survives the render
+    kept = training["reasoning_blocks"] == 2 * len(rows) and \
+        training["graded_reasoning_tokens"] == training["reasoning_tokens"]
+    return Result(
+        "depends" if dropped and kept else "true" if not dropped else "false",
+        numbers,
+        "false with the original template (TRL's defaults): it renders reasoning only after the last user "
+        "message, so every earlier turn's reasoning is gone before tokenisation; true with "
+        "assistant_only_loss=True, where TRL swaps in qwen3_training.jinja and grades every block — on "
+        "histories a server never shows (lesson 09, exercise 1: one prompt-completion row per turn)",
+    )
+
+
+@claim(
+    28,
+    "adapter_generation_config_read",
+    "A `generation_config.json` saved beside a LoRA adapter is read when the adapter is loaded.",
+    "10",
+    "peft/peft_model.py PeftModel.from_pretrained; peft/auto.py AutoPeftModelForCausalLM",
+)
+def _adapter_generation_config(ctx):
+    from peft import AutoPeftModelForCausalLM, LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    base_dir, adapter_dir = tempfile.mkdtemp(prefix="claims-"), tempfile.mkdtemp(prefix="claims-")
+    ctx.model().save_pretrained(base_dir)
+    peft_model = get_peft_model(ctx.model(), LoraConfig(r=2, target_modules="all-linear"))
+    peft_model.peft_config["default"].base_model_name_or_path = base_dir
+    peft_model.save_pretrained(adapter_dir)
+    marker = 7  # an eos id the base's generation config does not hold
+    config = copy.deepcopy(peft_model.generation_config)
+    config.eos_token_id = marker
+    config.save_pretrained(adapter_dir)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with quiet_libraries(capture_output=True, python_warnings=False):
+            via_peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), adapter_dir)
+            via_auto = AutoPeftModelForCausalLM.from_pretrained(adapter_dir)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    numbers = {
+        "eos in the adapter's generation_config.json": marker,
+        "PeftModel.from_pretrained(base, adapter): eos": via_peft.generation_config.eos_token_id,
+        "AutoPeftModelForCausalLM.from_pretrained(adapter): eos": via_auto.generation_config.eos_token_id,
+    }
+    read = [numbers[k] == marker for k in list(numbers)[1:]]
+    return Result(
+        "depends" if any(read) and not all(read) else "true" if all(read) else "false",
+        numbers,
+        "both peft loaders build the generation config from the base checkpoint's folder: a "
+        "generation_config.json next to adapter_config.json is ignored, so an eos fixed only there is lost; "
+        "put it in the base's folder, merge and save the full model, or pass eos_token_id to generate() "
+        "(lesson 10)",
+    )
+
+
+@claim(
+    29,
+    "merge_into_4bit_exact",
+    "Merging a LoRA adapter into a 4-bit quantised base gives the same model.",
+    "10",
+    "peft/tuners/lora/bnb.py Linear4bit.merge (dequantise, add, quantise again)",
+)
+def _merge_4bit(ctx):
+    from peft import LoraConfig, get_peft_model
+
+    batch = ctx.batches()[0]
+    change = {}
+    for name, base in (("4-bit nf4 base", _qlora(ctx)), ("float32 base", ctx.model())):
+        set_seed(ctx.seed)
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+        model = get_peft_model(base, lora)  # init_lora_weights=False: a non-zero update, as after training
+        # train mode (no dropout here): bitsandbytes 0.50.2's CPU inference path (eval mode, on a CPU with
+        # avx512-bf16) repacks 4-bit weights and fails when in_features is not a multiple of 64 (tiny-llama)
+        with torch.no_grad():
+            before = model_logits(model.train(), batch).float()
+            with quiet_libraries(capture_output=True, python_warnings=False):
+                merged = model.merge_and_unload()
+            change[name] = float((model_logits(merged.train(), batch).float() - before).abs().max())
+    numbers = {f"{name}: largest |logit change| from merging": v for name, v in change.items()}
+    fp32, four_bit = change["float32 base"], change["4-bit nf4 base"]
+    exact_fp32 = fp32 < 1e-3
+    inexact = four_bit > 100 * max(fp32, 1e-6)
+    return Result(
+        ("false" if inexact else "true") if exact_fp32 else "depends",
+        numbers,
+        "merging into a float32 base is exact to round-off; into a 4-bit base peft dequantises each weight, "
+        "adds the update and quantises the sum again, so the merged model is another model (its logits move "
+        "by the printed amount): merge into a float16/bfloat16/float32 copy of the base and check the "
+        "result (lesson 10)",
+    )
+
+
+@claim(
+    30,
+    "bf16_save_changes_model",
+    "Saving a float32 fine-tune in bfloat16 changes the model.",
+    "10",
+)
+def _bf16_save(ctx):
+    model = ctx.model().eval()
+    rounded = copy.deepcopy(model).to(torch.bfloat16).to(torch.float32)  # what a bf16 save and a reload keep
+    batch = ctx.batches()[0]
+    with torch.no_grad():
+        ref, got = model_logits(model, batch).float(), model_logits(rounded, batch).float()
+    graded = batch["labels"][:, 1:] != IGNORE_INDEX
+    ref, got = ref[:, :-1][graded], got[:, :-1][graded]
+    kl = float(F.kl_div(F.log_softmax(got, -1), F.log_softmax(ref, -1), log_target=True,
+                        reduction="batchmean"))
+    numbers = {
+        "largest |logit change| (graded positions)": float((got - ref).abs().max()),
+        "same top-1 token": float((got.argmax(-1) == ref.argmax(-1)).float().mean()),
+        "KL to the float32 model (nats/token)": kl,
+    }
+    changed = numbers["largest |logit change| (graded positions)"] > 0
+    return Result(
+        "depends" if changed else "false",
+        numbers,
+        "true bit for bit: every weight is rounded to 8 mantissa bits and the logits move; whether that is a "
+        "change that matters depends on the yardstick — compare with the run's own noise (another seed, a "
+        "reshuffle) and with the greedy replies, not with zero (lesson 10)",
     )
 
 

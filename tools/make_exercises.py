@@ -9,7 +9,9 @@ Solutions are the single source. In a code cell, the lines between ``### BEGIN S
 indented like the fenced code; all outputs and execution counts are cleared.
 
 A prediction line — ``predict("name", guess)  # your prediction: ...`` — keeps its call and comment and
-loses its guess (``None``): the solution carries a recorded prediction, the learner writes their own.
+loses its guess (``None``): the solution carries a recorded prediction, the learner writes their own. A
+self-test answer line — ``quiz.answer(n, "b")  # your answer ...`` — loses its letter the same way. A line
+ending ``# solution copy only`` is left out of the exercise copy (lesson 11's fixed demo quiz).
 
 Each copy says which copy it is: the generator writes a header line under the title of the first
 cell — "Solution copy" in ``solutions/`` (written in place, outputs untouched), "Exercise copy" in
@@ -46,9 +48,16 @@ _PREDICTION = re.compile(  # predict("name", guess)  # your prediction ...   (on
     r"""^([ \t]*predict\((?:"[^"\n]*"|'[^'\n]*'),[ \t]*)(.+?)(\)[ \t]*# your prediction.*)$""", re.MULTILINE)
 
 
+_ANSWER = re.compile(r"^([ \t]*quiz\.answer\(\d+,[ \t]*)(.+?)(\)[ \t]*# your answer.*)$", re.MULTILINE)
+_SOLUTION_ONLY = re.compile(r"^[^\n]*# solution copy only[^\n]*\n?", re.MULTILINE)
+
+
 def blank_predictions(source: str) -> str:
-    """Replace the guess of every ``predict(name, guess)  # your prediction`` line with ``None``."""
-    return _PREDICTION.sub(lambda m: f"{m.group(1)}None{m.group(3)}", source)
+    """Replace the guess of every ``predict(name, guess)  # your prediction`` line, and the letter of every
+    ``quiz.answer(n, letter)  # your answer`` line, with ``None``; drop ``# solution copy only`` lines."""
+    source = _PREDICTION.sub(lambda m: f"{m.group(1)}None{m.group(3)}", source)
+    source = _ANSWER.sub(lambda m: f"{m.group(1)}None{m.group(3)}", source)
+    return _SOLUTION_ONLY.sub("", source)
 
 
 HEADER_PREFIXES = ("> **Solution copy**", "> **Exercise copy**")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .. import validate
 from ..checks import Case, Hints, check_diagnosis, fresh_seeds, run_check
-from ..data import IGNORE_INDEX, end_of_turn_id, tokenize_chat
+from ..data import end_of_turn_id, is_graded, tokenize_chat
 from .answers import lesson00 as _answers
 
 # ------------------------------------------------------------------------------------------------
@@ -45,15 +45,16 @@ def unseen_labelled_example(tokenizer, seed: int) -> dict:
     return _answers.labelled_case(tokenizer, validate.seed("seed", seed), graded=False)[0]
 
 
-def check_label_diagnosis(fn, tokenizer, seeds=None):
+def check_label_diagnosis(fn, tokenizer):
     """Checker for exercise 1: ``fn(example) -> Diagnosis(cause, evidence)`` with ``cause`` one of
-    ``LABEL_CAUSES`` and ``evidence`` the number of tokens that carry loss. ``seeds``: the cases to
-    grade on (default: twelve fresh ones, three per cause, healthy controls included)."""
+    ``LABEL_CAUSES`` and ``evidence`` the number of tokens that carry loss. Graded on twelve cases drawn
+    fresh on every run, three per cause, healthy controls included (no keyword fixes them: see
+    ``checks.fresh_seeds``)."""
     validate.function("fn", fn)  # not an answer yet: a value the checker cannot call
     validate.tokenizer("tokenizer", tokenizer)
-    seeds = fresh_seeds(3 * len(LABEL_CAUSES)) if seeds is None else validate.seeds("seeds", seeds)
     return check_diagnosis(
-        "diagnose_labels", fn, lambda seed: _answers.labelled_case(tokenizer, seed), seeds=seeds,
+        "diagnose_labels", fn, lambda seed: _answers.labelled_case(tokenizer, seed),
+        seeds=fresh_seeds(3 * len(LABEL_CAUSES)),
         misconceptions=_LABEL_MISCONCEPTIONS,
         hint=Hints("Open the token viewer of §2 beside this example: which property of a correct labelling "
                    "could a broken pipeline lose?",
@@ -74,14 +75,27 @@ def _whitespace(tokenizer, token_id: int) -> bool:
 
 
 def _label_cases(tokenizer) -> list[Case]:
+    """Rows as a real pipeline hands them to a labeller: whole chats, a chat cut by ``max_length`` inside
+    its last answer, and a chat padded to its batch's width. The last two are why the exercise is done on
+    the ids: decoding a row and re-rendering its messages (``tokenize_chat``) does not give back those ids
+    (a cut answer has no ``<|im_end|>``; the pads are not a turn), so it labels the wrong positions."""
     cases = []
-    for seed, extra_turn in ((2001, False), (2002, True), (2003, False), (2004, True)):
+    for seed, extra_turn, layout in ((2001, False, "whole"), (2002, True, "whole"), (2003, True, "cut"),
+                                     (2004, False, "padded"), (2005, True, "padded"), (2006, False, "cut")):
         messages = _answers._messages_for(seed, two_exchanges=extra_turn)  # a second exchange: both graded
         example = tokenize_chat(tokenizer, messages)
+        ids, labels = list(example["input_ids"]), list(example["labels"])
+        if layout == "cut":  # max_length cuts the last answer after its first token, as TRL truncates
+            last_answer = max(i for i, label in enumerate(labels) if label == IGNORE_INDEX) + 1
+            ids, labels = ids[:last_answer + 2], labels[:last_answer + 2]  # its newline + 1 token
+        elif layout == "padded":  # right-padded to a longer row of its batch with the pad token
+            n_pad = 5 + seed % 4
+            ids, labels = ids + [tokenizer.pad_token_id] * n_pad, labels + [IGNORE_INDEX] * n_pad
         tag = "multi_turn" if extra_turn else "single_turn"
-        ids = list(example["input_ids"])
-        label = f"{'two exchanges' if extra_turn else 'one exchange'}, seed {seed}"
-        cases.append(Case((tokenizer, ids), (ids, list(example["labels"])), label=label, tag=tag))
+        shape = {"whole": "whole", "cut": "cut by max_length inside the last answer",
+                 "padded": "right-padded"}[layout]
+        label = f"{'two exchanges' if extra_turn else 'one exchange'}, {shape}, seed {seed}"
+        cases.append(Case((tokenizer, ids), (ids, labels), label=label, tag=f"{tag}_{layout}"))
     return cases
 
 
@@ -95,8 +109,8 @@ def _compare_labels(tokenizer):
         ids, expected = expected
         if not isinstance(got, (list, tuple)) or len(got) != len(expected):
             return f"expected a list of {len(expected)} labels (one per token), got {got!r:.120}"
-        graded = {i for i, label in enumerate(got) if label != IGNORE_INDEX}
-        reference = {i for i, label in enumerate(expected) if label != IGNORE_INDEX}
+        graded = {i for i, label in enumerate(got) if is_graded(label)}
+        reference = {i for i, label in enumerate(expected) if is_graded(label)}
         core = {i for i in reference if not _whitespace(tokenizer, ids[i])}
         wrong = [i for i in graded if int(got[i]) != ids[i]]
         if wrong:
@@ -117,9 +131,14 @@ def _diagnose_labels(tokenizer):
 
     def diagnose(got, case) -> str | None:
         ids = case.args[1]
-        if not isinstance(got, (list, tuple)) or len(got) != len(ids):
+        if isinstance(got, (list, tuple)) and len(got) != len(ids):
+            return (f"{len(got)} labels for {len(ids)} ids: label the ids you are given, position by "
+                    "position. Decoding the row and re-rendering its messages gives other ids when the row "
+                    "was cut by "
+                    "max_length (no closing <|im_end|>) or padded to its batch's width.")
+        if not isinstance(got, (list, tuple)):
             return None
-        graded = [i for i, label in enumerate(got) if label != IGNORE_INDEX]
+        graded = [i for i, label in enumerate(got) if is_graded(label)]
         if graded and all(int(got[i]) == ids[i + 1] for i in graded if i + 1 < len(ids)) and \
                 any(int(got[i]) != ids[i] for i in graded):
             return ("your labels are shifted by one: don't shift them, the model does "
@@ -129,8 +148,8 @@ def _diagnose_labels(tokenizer):
         if all(ids[i] != eot for i in graded):
             return ("<|im_end|> after each answer carries no loss: the model would never learn to stop "
                     "(lesson 02).")
-        if case.tag == "multi_turn" and any(
-                int(e) != IGNORE_INDEX and int(g) == IGNORE_INDEX for g, e in zip(got, case.expected[1])):
+        if case.tag.startswith("multi_turn") and any(
+                is_graded(int(e)) and not is_graded(int(g)) for g, e in zip(got, case.expected[1])):
             return "only part of the conversation's answers is graded: every assistant turn carries loss."
         return None
     return diagnose

@@ -20,7 +20,7 @@ import torch
 
 from .. import validate
 from ..accumulation import MysteryRun, flat_params
-from ..checks import Case, Diagnosis, Hints, check_diagnosis, run_check
+from ..checks import Case, Diagnosis, Hints, check_diagnosis, fresh_seeds, run_check
 from ..data import collate_right, make_messages, tokenize_chat
 from ..model import course_seed, load_course_model
 from .answers import lesson01 as answers
@@ -76,21 +76,16 @@ _DIAGNOSIS_MISCONCEPTIONS = {
 }
 
 
-def check_diagnose_run(fn, seeds=None):
+def check_diagnose_run(fn):
     """Checker: ``fn(run) -> Diagnosis(cause, evidence)`` names what is behind fresh runs.
 
     Evidence per cause: ``missing_division`` the split test's norm ratio at the run's K (≈ K);
     ``clip_far_below_norm`` the median logged norm over ``max_grad_norm``; ``lr_too_high`` the step
     with the lowest loss (where the run turned); ``healthy`` ``None``. Cases are drawn from a stream
-    the notebook never shows (three per cause, healthy controls and look-alikes included); ``seeds``
-    replaces them.
+    the notebook never shows, fresh on every run (three per cause, healthy controls and look-alikes
+    included; no keyword fixes them: see ``checks.fresh_seeds``).
     """
     validate.function("fn", fn)  # not an answer yet: a value the checker cannot call
-    if seeds is None:
-        base = 1000 + 12 * course_seed()
-        seeds = range(base, base + 3 * len(CAUSES))
-    else:
-        seeds = validate.seeds("seeds", seeds)
     hints = Hints(
         question="Which number does not depend on any threshold, and what value would it take if the / K "
                  "were missing? Which two causes make the clip fire on every step?",
@@ -99,7 +94,7 @@ def check_diagnose_run(fn, seeds=None):
         answer="r = run.grad_norm(K) / run.grad_norm(1): r ≈ K → missing_division (evidence r); loss rising "
                "after its minimum → lr_too_high (evidence: step of the lowest loss); median grad_norm above "
                "max_grad_norm → clip_far_below_norm (evidence: that ratio); else healthy (None).")
-    return check_diagnosis("diagnose_run", fn, answers.mystery_run_case, seeds=seeds,
+    return check_diagnosis("diagnose_run", fn, answers.mystery_run_case, seeds=fresh_seeds(3 * len(CAUSES)),
                            evidence_ok=_evidence_ok, misconceptions=_DIAGNOSIS_MISCONCEPTIONS, hint=hints)
 
 

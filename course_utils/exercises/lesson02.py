@@ -5,8 +5,9 @@
 2. ``broken_generation_run(seed)`` (the artefact a learner reads: replies, the generate() call, training
    rows; ``show_run`` prints it) + ``check_diagnosis_exercise(fn)``: ``fn(artefact) -> Diagnosis(cause,
    evidence)``, one of ``CAUSES``, graded on fresh runs. No setting alone decides a cause.
-3. ``check_collate_keep_eos(fn)``: ``fn(examples, pad_token_id)``, a collator that keeps the row's own
-   eos label when pad == eos, checked by properties.
+3. ``check_collate_keep_eos(fn)``: ``fn(examples, pad_token_id, eos_token_id)``, a collator that ends every
+   row with its graded eos (appended where the row has none) and keeps that label when pad == eos, checked
+   by properties.
 
 The generator that knows a run's cause lives with the reference answers: the notebook shows the
 artefact only. Reference answers: ``answers/lesson02.py``.
@@ -16,16 +17,14 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Sequence
 
 import torch
 from transformers import GenerationConfig
 from trl.chat_template_utils import gemma_chat_template, llama3_chat_template, phi3_chat_template
 
 from .. import validate
-from ..checks import Case, Hints, check_diagnosis, run_check
-from ..data import IGNORE_INDEX
-from ..model import course_seed
+from ..checks import Case, Hints, check_diagnosis, fresh_seeds, run_check
+from ..data import IGNORE_INDEX, is_graded
 from .answers import lesson02 as answers
 
 # ------------------------------------------------------------------------------------------------
@@ -50,6 +49,10 @@ def _stop_cases(tokenizer) -> list[Case]:
     gemma.bos_token = "<bos>"
     phi = _variant(tokenizer, phi3_chat_template, ["<|user|>", "<|assistant|>", "<|end|>"])
     eos_is_eot = _variant(tokenizer, tokenizer.chat_template, [], eos="<|im_end|>")
+    # Gemma's template copied onto a tokenizer that never got its turn tokens (no setup_chat_format, no
+    # add_special_tokens): "<end_of_turn>" is plain text here, split into pieces, so no single id closes a
+    # turn — the course's end_of_turn_token refuses such a template, and the answer is the config's ids alone.
+    untokenized = _variant(tokenizer, gemma_chat_template, [])
     def config(tok, *tokens):  # a generation_config.json as a checkpoint ships it (no ids: none written)
         ids = tok.convert_tokens_to_ids(list(tokens))
         return GenerationConfig(eos_token_id=ids[0] if len(ids) == 1 else (ids or None))
@@ -63,7 +66,9 @@ def _stop_cases(tokenizer) -> list[Case]:
              config(llama, eos, "<|eom_id|>")),
             ("Gemma template, no generation_config eos", "gemma", gemma, config(gemma)),
             ("Phi-3 template", "phi3", phi, config(phi, eos)),
-            ("eos already set to <|im_end|>", "eos_is_eot", eos_is_eot, config(eos_is_eot, "<|im_end|>")))
+            ("eos already set to <|im_end|>", "eos_is_eot", eos_is_eot, config(eos_is_eot, "<|im_end|>")),
+            ("Gemma's template on a tokenizer without its turn tokens (<end_of_turn> is plain text here)",
+             "no_turn_token", untokenized, config(untokenized, eos)))
     return [Case((tok, gen), answers.stop_ids_for_generate(tok, gen), label=label, tag=tag)
             for label, tag, tok, gen in sets]
 
@@ -95,6 +100,11 @@ def _diagnose_stop_ids(got, case: Case) -> str | None:
     if course_eot in got and course_eot not in case.expected:
         return ("you hard-coded <|im_end|>; other families close turns with other tokens — "
                 "read the token off the rendered chat template.")
+    if case.tag == "no_turn_token" and got != case.expected:
+        return ("this tokenizer has no single token for the template's end of turn: '<end_of_turn>' is "
+                "split into plain-text pieces, so no id can stop the turn — return generation_config's ids "
+                "alone (and stop on the text with generate(stop_strings=..., tokenizer=...), or add the "
+                "token and train it).")
     listed = gen.eos_token_id if isinstance(gen.eos_token_id, list) else []
     if any(i not in got for i in listed):
         names = tok.convert_ids_to_tokens(listed)
@@ -112,10 +122,12 @@ STOP_IDS_HINTS = Hints(
     question="Which token does the chat template write right after the assistant's text — and which ids "
              "does generate() already stop on for this checkpoint?",
     pointer="Render [user, assistant, user] with tokenizer.apply_chat_template(..., tokenize=False), "
-            "tokenize what follows the assistant's text, and look for the first id in "
-            "tokenizer.get_added_vocab().values().",
+            "tokenize what follows the assistant's text, and look at its first token that is not whitespace: "
+            "is it in tokenizer.get_added_vocab().values()? A template copied onto a tokenizer that lacks "
+            "its turn tokens writes them as plain text.",
     answer="ids = generation_config.eos_token_id as a list (or [tokenizer.eos_token_id] when it is None); "
-           "eot = first added-vocab id after the answer; return ids if eot in ids else ids + [eot]")
+           "eot = the first non-whitespace token after the answer if it is an added-vocab id, else None "
+           "(nothing to add); return ids if eot is None or eot in ids else ids + [eot]")
 
 
 def check_stop_token_ids(fn, tokenizer):
@@ -123,8 +135,9 @@ def check_stop_token_ids(fn, tokenizer):
     ``generate()``: what the checkpoint's generation_config already stops on, plus the end-of-turn token.
 
     ``tokenizer``: a chat tokenizer (the course's); the cases are copies of it with the templates and
-    turn tokens of Llama 3, Gemma and Phi-3, and one whose eos already is the end-of-turn token, each with
-    a generation_config as such a checkpoint ships it (several ids, one, none).
+    turn tokens of Llama 3, Gemma and Phi-3, one whose eos already is the end-of-turn token, and one with
+    Gemma's template but not its tokens (no id closes a turn: nothing to add), each with a
+    generation_config as such a checkpoint ships it (several ids, one, none).
     """
     validate.tokenizer("tokenizer", tokenizer)
     if not getattr(tokenizer, "chat_template", None):
@@ -201,17 +214,14 @@ DIAGNOSIS_HINTS = Hints(
            "it -> pad_equals_eos if pad is that token, else stop_token_not_graded (the token).")
 
 
-def check_diagnosis_exercise(fn, seeds: Sequence[int] | None = None):
+def check_diagnosis_exercise(fn):
     """Checker for exercise 2: ``fn(artefact) -> Diagnosis`` on fresh broken runs.
 
-    By default every cause once, then 12 draws offset by the course seed; ``seeds`` (a non-empty list)
-    grades on those runs instead.
+    Every cause once, then 12 runs drawn fresh on every run, in a shuffled order (no keyword fixes them:
+    see ``checks.fresh_seeds``).
     """
     validate.function("fn", fn)  # check_diagnosis wraps fn, so run_check's own test would not see it
-    if seeds is None:
-        fresh = [1000 + 7 * course_seed() + i for i in range(12)]
-        seeds = list(range(len(CAUSES))) + fresh  # every cause at least once, then fresh draws
-    seeds = validate.seeds("seeds", seeds)
+    seeds = list(range(len(CAUSES))) + fresh_seeds(12)  # every cause at least once, then fresh draws
     return check_diagnosis("diagnose_generations", fn, answers.broken_run_case, seeds=seeds,
                            misconceptions=DIAGNOSIS_MISCONCEPTIONS,
                            hint=DIAGNOSIS_HINTS)
@@ -222,22 +232,25 @@ def check_diagnosis_exercise(fn, seeds: Sequence[int] | None = None):
 # ------------------------------------------------------------------------------------------------
 
 def _collate_cases(n_cases: int = 6) -> list[Case]:
-    """Batches the notebook never shows: random ids ending in eos, pad == eos (and one pad != eos)."""
+    """Batches the notebook never shows: random ids, pad == eos (and one pad != eos). Some rows end with
+    their eos, some were tokenized without it (the tokenizer appends none): TRL appends it while it prepares
+    a non-conversational dataset (``add_eos``), its collator does not — so the collator must."""
     rng = random.Random(4242)
     cases = []
     for k in range(n_cases):
         eos = rng.randint(0, 9)
         pad = eos if k < n_cases - 1 else eos + 10  # the last case: a distinct pad token
         examples = []
-        for _ in range(rng.randint(2, 5)):
+        for i in range(rng.randint(3, 5)):
             body = [rng.randint(20, 400) for _ in range(rng.randint(3, 12))]
-            ex = {"input_ids": body + [eos]}
+            ex = {"input_ids": body + [eos] if (i + k) % 3 else body}  # every batch: rows with and without
             if k % 2:  # a prompt mask, as a chat or prompt-completion example carries
                 n_prompt = rng.randint(1, len(body) - 1)
                 ex["labels"] = [IGNORE_INDEX] * n_prompt + ex["input_ids"][n_prompt:]
             examples.append(ex)
-        expected = {"reference": answers.collate_keep_eos(examples, pad), "examples": examples}
-        cases.append(Case((examples, pad), expected,
+        expected = {"reference": answers.collate_keep_eos(examples, pad, eos), "examples": examples,
+                    "complete": [answers.with_eos(e, eos) for e in examples]}
+        cases.append(Case((examples, pad, eos), expected,
                           label=f"{len(examples)} rows, {'with' if k % 2 else 'no'} prompt mask, "
                                 f"pad {'==' if pad == eos else '!='} eos",
                           tag="prompt_mask" if k % 2 else "plain"))
@@ -254,7 +267,7 @@ def _rows(batch: dict, examples: list[dict]):
 
 
 def _compare_collate(got, expected: dict) -> str | None:
-    examples, reference = expected["examples"], expected["reference"]
+    examples, reference = expected["complete"], expected["reference"]
     if not isinstance(got, dict) or not all(isinstance(got.get(k), torch.Tensor)
                                             for k in ("input_ids", "attention_mask", "labels")):
         return "expected a dict with tensors 'input_ids', 'attention_mask' and 'labels'"
@@ -263,25 +276,38 @@ def _compare_collate(got, expected: dict) -> str | None:
         return f"expected three tensors of shape {tuple(reference['input_ids'].shape)}, got {shapes}"
     for i, (ids, labels, real_ids, real_labels, pad_labels) in enumerate(_rows(got, examples)):
         if real_ids != ids:
-            return f"row {i}: the attention mask does not mark exactly the example's own tokens"
+            return (f"row {i}: the attention mask does not mark exactly the example's own tokens, ending "
+                    "with one eos")
         if real_labels != labels:
             return f"row {i}: labels on the example's own tokens differ from its labels"
-        if any(x != IGNORE_INDEX for x in pad_labels):
+        if any(is_graded(x) for x in pad_labels):
             return f"row {i}: a padding position carries a label"
     return None
 
 
 def _diagnose_collate(got, case: Case) -> str | None:
-    examples, pad = case.args
-    if not isinstance(got, dict) or "labels" not in got:
+    examples, pad, eos = case.args
+    if not isinstance(got, dict) or "labels" not in got or "attention_mask" not in got:
         return None
-    first = list(_rows(got, examples))
-    for ids, labels, real_ids, real_labels, pad_labels in first:
+    try:
+        rows = list(_rows(got, examples))
+    except (IndexError, RuntimeError):  # fewer rows than examples, or tensors of another shape
+        return None
+    for ids, _, real_ids, _, _ in rows:
+        if ids[-1] != eos and real_ids == ids:
+            return ("a row that came without its eos still has none: nothing in it teaches the model to stop "
+                    "(lesson 02's 'never appended'). TRL appends eos_token while it prepares a "
+                    "non-conversational dataset (add_eos), not in its collator: append it here, with its "
+                    "label.")
+        if ids[-1] == eos and real_ids == ids + [eos]:
+            return ("this row already ended with its eos and you appended another: check the last id "
+                    "before you append (with pad == eos, the row's own eos is not padding).")
+    for ids, labels, real_ids, real_labels, pad_labels in _rows(got, case.expected["complete"]):
         if real_ids != ids and len(real_ids) == len(got["input_ids"][0]):
             return "the attention mask is all ones: the model would attend to (and the labels see) padding."
         if real_ids != ids:
             return None
-        if real_labels[-1] == IGNORE_INDEX and labels[-1] != IGNORE_INDEX and ids[-1] == pad:
+        if not is_graded(real_labels[-1]) and is_graded(labels[-1]) and ids[-1] == pad:
             return ("the row's own eos lost its label: you masked by pad *id*, and with pad == eos that "
                     "erases every eos — mask by position (where the example ends) instead.")
         if real_labels == ids and labels != ids:
@@ -290,27 +316,31 @@ def _diagnose_collate(got, case: Case) -> str | None:
         if pad_labels and all(x == pad for x in pad_labels):
             return ("the padding carries labels (pad ids): the model is trained to write eos/pad again and "
                     "again after the answer — padding positions must be -100.")
-        if pad_labels and pad_labels[-1] != IGNORE_INDEX:
+        if pad_labels and is_graded(pad_labels[-1]):
             return ("you kept the row's *last* eos — with pad == eos that is a pad; keep the first one "
                     "(the example's own) and mask everything after it.")
     return None
 
 
 COLLATE_HINTS = Hints(
-    question="With pad == eos, the example's own eos and the padding after it are the same id: what does "
-             "the collator know about each example that the id cannot tell it?",
-    pointer="Section 5d: TRL's collator masks by position (where each example ends), transformers' "
-            "by pad id. Pad with pad_token_id, but decide the -100s from each example's length.",
-    answer="for each example: ids + [pad]*k, mask [1]*len + [0]*k, "
-           "labels = e.get('labels', ids) + [-100]*k; return torch tensors")
+    question="Does every row end with the token that teaches the model to stop? And with pad == eos, what "
+             "does the collator know about each example that the id cannot tell it?",
+    pointer="Section 4 lists 'never appended' among the training-time causes; section 5d: TRL's collator "
+            "masks by position (where each example ends), transformers' by pad id. TRL appends the eos while "
+            "it prepares the dataset, not in the collator.",
+    answer="for each example: ids, labels = e['input_ids'], e.get('labels', e['input_ids']); if ids[-1] != "
+           "eos: append eos to both; then ids + [pad]*k, mask [1]*len + [0]*k, labels + [-100]*k; return "
+           "torch tensors")
 
 
 def check_collate_keep_eos(fn):
-    """Checker for exercise 3: ``fn(examples, pad_token_id) -> {input_ids, attention_mask, labels}``.
+    """Checker for exercise 3: ``fn(examples, pad_token_id, eos_token_id) -> {input_ids, attention_mask,
+    labels}``.
 
-    Property checks, so every correct collator passes (right or left padding, masking by length or
-    by keeping the first eos): the masked tokens are the example's own, their labels are its
-    labels, padding positions are -100.
+    Property checks, so every correct collator passes (right or left padding, masking by length or by
+    keeping the first eos): each row holds the example's own tokens ending with exactly one eos (appended,
+    graded, where the example had none), their labels are its labels, padding positions are -100.
     """
+    validate.function("fn", fn)
     return run_check("collate_keep_eos", fn, _collate_cases(), compare=_compare_collate,
                      diagnose=_diagnose_collate, hint=COLLATE_HINTS)

@@ -76,16 +76,16 @@ _INCIDENT_MISCONCEPTIONS = {
 }
 
 
-def check_padding_diagnosis(fn, seeds=None):
+def check_padding_diagnosis(fn):
     """Checker for exercise 7.1: ``fn(artefact) -> Diagnosis(cause, evidence)`` on fresh incidents.
 
-    ``seeds`` default to four rounds through every cause (the healthy one in several layouts), offset by the
-    course seed.
+    Four rounds through every cause (the healthy one in several layouts), drawn fresh on every run (no
+    keyword fixes them: see ``checks.fresh_seeds``).
     """
     validate.function("fn", fn)  # not an answer yet: a value the checker cannot call
-    seeds = fresh_seeds(4 * len(INCIDENT_CAUSES)) if seeds is None else validate.seeds("seeds", seeds)
     return check_diagnosis(
-        "padding_incident", fn, _incident_case, seeds=seeds, evidence_ok=_evidence_ok,
+        "padding_incident", fn, _incident_case, seeds=fresh_seeds(4 * len(INCIDENT_CAUSES)),
+        evidence_ok=_evidence_ok,
         misconceptions=_INCIDENT_MISCONCEPTIONS,
         hint=Hints(question="Which tensor tells you where each example (or each prompt) begins, and what "
                             "was passed with it: a mask, reset positions, a cache?",
@@ -107,11 +107,15 @@ def check_padding_diagnosis(fn, seeds=None):
 # ------------------------------------------------------------------------------------------------
 
 def _block_cases() -> list[Case]:
+    """Packed rows without a window, then the same kind of rows for a model with a sliding window (Mistral,
+    Gemma 2/3, Qwen2 with use_sliding_window): there a 4-D mask replaces the model's own window, so the
+    window must be in it — the course's block_causal_mask and the mask transformers infers for the course
+    model (no window) both miss it."""
     rng = random.Random(306)
     rows = []
     for lengths in ([3, 4, 2], [6], [1, 1, 5, 2]):
         rows.append([p for n in lengths for p in range(n)])
-    cases = [Case((torch.tensor([r]),), _reference_mask(torch.tensor([r])),
+    cases = [Case((torch.tensor([r]),), _reference_mask(torch.tensor([r])), {"sliding_window": None},
                   label=f"one packed row, {len(r)} tokens", tag="one_row") for r in rows]
     two = []
     for _ in range(2):  # two packed rows of one width; TRL pads position_ids with 0 (a one-token "example")
@@ -119,8 +123,12 @@ def _block_cases() -> list[Case]:
         two.append([p for n in lengths for p in range(n)])
     width = max(map(len, two))
     pos = torch.tensor([r + [0] * (width - len(r)) for r in two])
-    cases.append(Case((pos,), _reference_mask(pos), label="two packed rows, padded with position 0",
-                      tag="two_rows"))
+    cases.append(Case((pos,), _reference_mask(pos), {"sliding_window": None},
+                      label="two packed rows, padded with position 0", tag="two_rows"))
+    for window, lengths in ((3, [7, 2, 5]), (2, [4, 6])):  # examples longer than the window
+        row = torch.tensor([[p for n in lengths for p in range(n)]])
+        cases.append(Case((row,), _reference_mask(row, window), {"sliding_window": window},
+                          label=f"one packed row, sliding_window={window}", tag="window"))
     return cases
 
 
@@ -148,6 +156,16 @@ def _diagnose_mask(got, case: Case):
         return None
     length = want.shape[-1]
     causal = torch.ones(length, length, dtype=torch.bool).tril()
+    window = case.kwargs.get("sliding_window")
+    if window is not None:
+        if torch.equal(got, _reference_mask(case.args[0])):
+            return ("the blocks are right, but the window is missing: transformers passes a 4-D mask through "
+                    "unchanged, so a sliding-window model would attend further back than it was trained to — "
+                    "also cut the keys sliding_window or more positions before the query.")
+        for other in (window - 1, window + 1):
+            if other > 0 and torch.equal(got, _reference_mask(case.args[0], other)):
+                return (f"the window is off by one: a query sees itself and the {window - 1} keys before it "
+                        f"(sliding_window={window} keys in all).")
     if torch.equal(got, causal.expand_as(want)):
         return ("that is the plain causal mask: every example sees the ones before it — cut it where "
                 "position_ids restart.")
@@ -163,7 +181,8 @@ def _diagnose_mask(got, case: Case):
 
 
 def check_block_mask(fn):
-    """Checker for exercise 7.2: ``fn(position_ids [B, T]) -> bool mask [B, 1, T, T]`` (True = may attend)."""
+    """Checker for exercise 7.2: ``fn(position_ids [B, T], sliding_window=None|int)`` -> a bool mask
+    ``[B, 1, T, T]`` (True = may attend), called with ``sliding_window`` always given."""
     return run_check("block_mask_from_position_ids", fn, _block_cases(), compare=_compare_mask,
                      diagnose=_diagnose_mask,
                      hint=Hints(
@@ -171,6 +190,8 @@ def check_block_mask(fn):
                                   "and come no later than i?",
                          pointer="position_ids restart at 0 where an example begins (section 3b); a "
                                  "running count of those restarts numbers each token's example, and a "
-                                 "lower-triangular matrix is the causal part (section 4's pictures).",
+                                 "lower-triangular matrix is the causal part (section 4's pictures); a "
+                                 "window keeps the keys with query - key < sliding_window.",
                          answer="example = (position_ids == 0).cumsum(-1); mask = (example[:, :, None] == "
-                                "example[:, None, :]) & causal (tril); return mask[:, None]."))
+                                "example[:, None, :]) & causal (tril); with a window also & (query - key < "
+                                "sliding_window); return mask[:, None]."))

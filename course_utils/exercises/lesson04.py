@@ -14,7 +14,6 @@ which no notebook imports; the graded renderings are drawn apart from the shown 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
 
 from transformers import AutoTokenizer
 
@@ -90,9 +89,11 @@ def check_generation_template(fn, tokenizer=None):
     turn (TRL's convention for Qwen templates, and ``data.tokenize_chat``'s).
     """
     tokenizer = _course_tokenizer() if tokenizer is None else validate.tokenizer("tokenizer", tokenizer)
-    cases = [Case((template,), _expected_render(tokenizer, template, m),
-                  label=f"a template with {name}, a {len(m)}-message conversation")
-             for name, template in _fresh_templates() for m in _hidden_conversations()]
+
+    def cases():  # built inline in the run_check call: no frame above the learner's holds the expected text
+        return [Case((template,), _expected_render(tokenizer, template, m),
+                     label=f"a template with {name}, a {len(m)}-message conversation")
+                for name, template in _fresh_templates() for m in _hidden_conversations()]
 
     def compare(got, expected):
         out, error = _render_or_error(tokenizer, got, expected["messages"])
@@ -135,7 +136,7 @@ def check_generation_template(fn, tokenizer=None):
             return f"your block misses {missing!r}: it must end after '<|im_end|>\\n'."
         return None
 
-    return run_check("generation_template", fn, cases, compare=compare, diagnose=diagnose,
+    return run_check("generation_template", fn, cases(), compare=compare, diagnose=diagnose,
                      hint=Hints("Which part of an assistant turn does the model produce at inference, and "
                                 "which part does the prompt already contain?",
                                 "Compare with the Fix B cell: add_generation_markers(base_template) wraps "
@@ -174,14 +175,15 @@ def training_example(seed: int) -> dict:
     return _rendering_case(validate.seed("seed", seed), graded=False)[0]
 
 
-def check_mask_diagnosis(fn, seeds: Sequence[int] | None = None):
+def check_mask_diagnosis(fn):
     """Checker for exercise 2: ``fn(rendering) -> Diagnosis(cause, evidence)``, ``cause`` one of
-    ``MASK_CAUSES``, ``evidence`` the number of tokens that carry loss. ``seeds`` (a non-empty list): grade
-    on those renderings instead of twelve fresh ones (three rounds through the causes)."""
+    ``MASK_CAUSES``, ``evidence`` the number of tokens that carry loss. Graded on twelve renderings
+    drawn fresh on every run, three rounds through the causes (no keyword fixes them: see
+    ``checks.fresh_seeds``)."""
     validate.function("fn", fn)  # check_diagnosis wraps fn, so run_check's own test would not see it
-    seeds = validate.seeds("seeds", fresh_seeds(3 * len(MASK_CAUSES)) if seeds is None else seeds)
     return check_diagnosis(
-        "diagnose_mask", fn, _rendering_case, seeds=seeds, misconceptions=MASK_MISCONCEPTIONS,
+        "diagnose_mask", fn, _rendering_case, seeds=fresh_seeds(3 * len(MASK_CAUSES)),
+        misconceptions=MASK_MISCONCEPTIONS,
         hint=Hints("Print the tokens whose loss_mask is 1: for a correct assistant-only example, which "
                    "tokens would you expect them to be, and which would you expect to be missing?",
                    "Section 2 shows the tokens TRL trains for a correct template, section 6 the same with "

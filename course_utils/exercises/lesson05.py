@@ -12,7 +12,7 @@ import random
 
 from .. import validate
 from ..checks import Case, Hints, check_diagnosis, fresh_seeds, run_check
-from ..data import IGNORE_INDEX, n_graded
+from ..data import IGNORE_INDEX, is_graded, n_graded
 from .answers import lesson05 as _answers
 
 # ------------------------------------------------------------------------------------------------
@@ -37,14 +37,13 @@ def _graded_case(seed: int):
     return _answers.training_log_case(seed, graded=True)
 
 
-def check_diagnose_log(fn, seeds=None) -> object:
+def check_diagnose_log(fn) -> object:
     """Checker: ``fn(log) -> Diagnosis(cause, evidence)`` on fresh logs; ``cause`` is one of ``CAUSES``,
-    ``evidence`` the first step without a graded token (``None`` for a healthy run). ``seeds``: the cases to
-    grade on (default: twelve fresh ones, four per cause)."""
+    ``evidence`` the first step without a graded token (``None`` for a healthy run). Graded on twelve logs
+    drawn fresh on every run, four per cause (no keyword fixes them: see ``checks.fresh_seeds``)."""
     validate.function("fn", fn)  # not an answer yet: a value the checker cannot call
-    seeds = fresh_seeds(4 * len(CAUSES)) if seeds is None else validate.seeds("seeds", seeds)
     return check_diagnosis(
-        "diagnose_log", fn, _graded_case, seeds=seeds,
+        "diagnose_log", fn, _graded_case, seeds=fresh_seeds(4 * len(CAUSES)),
         misconceptions={
             ("nan_weights", "empty_micro_batch"): "after the step without a graded token the losses are "
             "finite again and its gradient norm was 0: the weights survived (the running average stays NaN "
@@ -145,7 +144,7 @@ def _diagnose_examples(got, case: Case) -> str | None:
         return ("the examples longer than max_length are still there: crop them (right truncation, as TRL "
                 "does) or drop them.")
     empty = [e["labels"] for e in got if n_graded(e["labels"]) == 0]
-    if empty and all(any(x != IGNORE_INDEX for x in labels) for labels in empty):
+    if empty and all(any(is_graded(x) for x in labels) for labels in empty):
         return ("a label in column 0 is never a target: no logit comes before it (the one-token shift) — "
                 "count the labels from index 1 on.")
     if empty:
@@ -160,8 +159,9 @@ def check_prepare_examples(fn) -> object:
     """Checker: ``fn(examples, max_length) -> list`` leaves, in order, only examples of at most
     ``max_length`` tokens that keep a target after the shift; an example that fits and has a target is kept
     unchanged. Cropping the longer ones or dropping them are both correct."""
-    cases = [Case(c.args, c.args, label=c.label, tag=c.tag) for c in _examples_cases()]
-    return run_check("prepare_examples", fn, cases, compare=_compare_examples, diagnose=_diagnose_examples,
+    return run_check("prepare_examples", fn,  # the cases inline: no frame above the learner's holds them
+                     [Case(c.args, c.args, label=c.label, tag=c.tag) for c in _examples_cases()],
+                     compare=_compare_examples, diagnose=_diagnose_examples,
                      hint=Hints(question="Which examples would still reach the loss with no label to learn "
                                          "from — before any cut, and after a cut at max_length?",
                                 pointer="Section 3 counted the fully masked examples; has_targets() tells "

@@ -4,8 +4,9 @@
   lives with the reference answers. ``show_run`` prints one as a learner sees it.
 - ``check_diagnosis_run``: grades ``diagnose(run) -> Diagnosis(cause, evidence)`` on fresh runs, one of
   ``RUN_CAUSES`` each (healthy controls included), with the misconception behind each wrong cause.
-- ``check_guard``: grades ``guard(model, control)`` (what ``nan_detective.GuardCallback`` runs before
-  every optimizer step) on planted non-finite gradients and a healthy control.
+- ``check_guard``: grades ``guard(model, control, scaler)`` (what ``nan_detective.GuardCallback`` runs before
+  every optimizer step) on planted non-finite gradients, a healthy control, and an fp16 mixed-precision step
+  whose ``GradScaler`` found an inf (a skipped step, not a death: the guard must leave it alone).
 
 The reference answers are in ``course_utils.exercises.answers.lesson06``.
 """
@@ -121,12 +122,13 @@ def _evidence_ok(got, truth: Diagnosis) -> bool:
     return not isinstance(got, bool) and isinstance(got, int) and got == truth.evidence
 
 
-def check_diagnosis_run(fn, seeds: Sequence[int] | None = None):
+def check_diagnosis_run(fn):
     """Checker for exercise 1: ``fn(run) -> Diagnosis(cause, evidence)`` on fresh ``broken_run``s.
-    ``seeds``: the runs to grade on (default: fifteen fresh ones, three of each cause)."""
+    Graded on fifteen runs drawn fresh on every run, three of each cause (no keyword fixes them: see
+    ``checks.fresh_seeds``)."""
     validate.function("fn", fn)  # not an answer yet (e.g. diagnose(run) called): say so, do not grade it
-    seeds = fresh_seeds(3 * len(RUN_CAUSES)) if seeds is None else validate.seeds("seeds", seeds)
-    return check_diagnosis("diagnose_run", fn, _graded_case, seeds=seeds, evidence_ok=_evidence_ok,
+    return check_diagnosis("diagnose_run", fn, _graded_case, seeds=fresh_seeds(3 * len(RUN_CAUSES)),
+                           evidence_ok=_evidence_ok,
                            misconceptions=_MISCONCEPTIONS, hint=DIAGNOSIS_HINTS)
 
 
@@ -153,42 +155,55 @@ class _TwoLayers(torch.nn.Module):
         return self.second(torch.relu(self.first(self.frozen(x))))
 
 
-def _guard_case(bad: Sequence[tuple[str, float]], seed: int):
-    """A model after one healthy AdamW step and one more backward, with ``bad`` gradients planted."""
+def _guard_case(bad: Sequence[tuple[str, float]], seed: int, scaled: bool):
+    """A model after one healthy AdamW step and one more backward, with ``bad`` gradients planted. With
+    ``scaled``, that backward ran under a ``GradScaler`` (fp16 mixed precision), and the gradients were
+    unscaled before the guard runs — as the Trainer does before ``on_pre_optimizer_step`` when it clips."""
     torch.manual_seed(seed)
     model = _TwoLayers()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu") if scaled else None
     for _ in range(2):
         opt.zero_grad()
-        model(torch.randn(5, 3)).pow(2).mean().backward()
+        loss = model(torch.randn(5, 3)).pow(2).mean()
+        (scaler.scale(loss) if scaled else loss).backward()
         if _ == 0:
-            opt.step()
+            scaler.step(opt) if scaled else opt.step()
+            if scaled:
+                scaler.update()
     params = dict(model.named_parameters())
     for name, value in bad:
         params[name].grad.view(-1)[seed % params[name].numel()] = value
-    return model, opt
+    if scaled:
+        scaler.unscale_(opt)  # records the inf: scaler.step will skip this step
+    return model, opt, scaler
 
 
-_GUARD_CASES = (  # (tag, bad gradients, expected name)
-    ("healthy", (), None),
-    ("nan", (("first.weight", float("nan")),), "first.weight"),
-    ("inf", (("second.bias", float("inf")),), "second.bias"),
-    ("neg_inf_two", (("first.bias", float("-inf")), ("second.weight", float("nan"))), "first.bias"),
+_GUARD_CASES = (  # (tag, bad gradients, expected name, under a GradScaler)
+    ("healthy", (), None, False),
+    ("nan", (("first.weight", float("nan")),), "first.weight", False),
+    ("inf", (("second.bias", float("inf")),), "second.bias", False),
+    ("neg_inf_two", (("first.bias", float("-inf")), ("second.weight", float("nan"))), "first.bias", False),
+    ("scaler_inf", (("second.weight", float("inf")),), None, True),  # routine overflow: the scaler skips it
 )
 
 
 def _run_guard(fn, tag: str, seed: int):
-    bad, expected = next((b, e) for t, b, e in _GUARD_CASES if t == tag)
-    model, opt = _guard_case(bad, seed)
+    bad, expected, scaled = next((b, e, s) for t, b, e, s in _GUARD_CASES if t == tag)
+    model, opt, scaler = _guard_case(bad, seed, scaled)
     before = {n: (None if p.grad is None else p.grad.clone()) for n, p in model.named_parameters()}
     control = _Control()
-    found = fn(model, control)
+    found = fn(model, control, scaler)
     grads_after = {n: p.grad for n, p in model.named_parameters()}
-    opt.step()  # the Trainer calls optimizer.step() right after the callback, whatever it decided
+    if scaler is None:
+        opt.step()  # the Trainer calls optimizer.step() right after the callback, whatever it decided
+    else:
+        scaler.step(opt)  # ... under fp16 mixed precision, through the scaler, which skips an inf step
+        scaler.update()
     return {"found": found, "stopped": control.should_training_stop, "before": before,
             "grads_after": grads_after, "weights_finite": all(bool(torch.isfinite(p).all())
                                                                for p in model.parameters()),
-            "expected": expected}
+            "expected": expected, "scaled": scaled}
 
 
 def _same(a, b) -> bool:
@@ -196,6 +211,12 @@ def _same(a, b) -> bool:
 
 
 def _compare_guard(got, _expected):
+    if got["scaled"]:
+        if got["found"] is not None or got["stopped"]:
+            return ("this step ran under a GradScaler, which found the inf: it skips the step and lowers its "
+                    f"scale — a routine overflow, not a dead run — but your guard returned {got['found']!r}"
+                    + (" and stopped the run" if got["stopped"] else ""))
+        return None if got["weights_finite"] else "the weights are no longer finite after the scaler's step"
     if got["expected"] is None:
         if got["found"]:
             return f"the gradients are all finite, but your guard returned {got['found']!r}"
@@ -220,6 +241,11 @@ def _compare_guard(got, _expected):
 def _diagnose_guard(got, case: Case):
     if case.tag == "healthy":
         return None
+    if case.tag == "scaler_inf":
+        return ("with a GradScaler (fp16=True on a GPU) an inf gradient is a skipped step: scaler.step() "
+                "skips it and halves the scale, and the next steps train (section 'fp16=True — autocast and "
+                "GradScaler' measures it). When scaler is not None, return None and leave the gradients to "
+                "it; stop only in a loop without a scaler.")
     if got["found"] is None:
         grads = [g for g in got["before"].values() if g is not None]
         bad = [g for g in grads if not bool(torch.isfinite(g).all())]
@@ -238,20 +264,23 @@ def _diagnose_guard(got, case: Case):
 
 
 GUARD_HINTS = Hints(
-    question="Where is the NaN before optimizer.step(): in the weights, or in their .grad? And what does "
-             "the Trainer do right after your callback returns?",
+    question="Where is the NaN before optimizer.step(): in the weights, or in their .grad? What does "
+             "the Trainer do right after your callback returns — and what does a GradScaler do with an inf?",
     pointer="Section 5's guard (clip_grad_norm_ with error_if_nonfinite raises there): torch.isfinite "
             "catches inf and NaN; frozen 4-bit weights have .grad None; the Trainer reads "
-            "control.should_training_stop only after optimizer.step().",
-    answer="for name, p in model.named_parameters(): if p.grad is not None and not torch.isfinite(p.grad)."
-           "all(): model.zero_grad(set_to_none=True); control.should_training_stop = True; return name — "
-           "after the loop, return None.")
+            "control.should_training_stop only after optimizer.step(); a GradScaler skips a step whose "
+            "gradient is inf and lowers its scale (a skipped step, not a dead run).",
+    answer="if scaler is not None: return None (the scaler skips the step). Else: for name, p in "
+           "model.named_parameters(): if p.grad is not None and not torch.isfinite(p.grad).all(): "
+           "model.zero_grad(set_to_none=True); control.should_training_stop = True; return name — after the "
+           "loop, return None.")
 
 
 def check_guard(fn):
-    """Checker for exercise 2: ``fn(model, control) -> str | None`` — see the notebook's exercise text."""
+    """Checker for exercise 2: ``fn(model, control, scaler) -> str | None`` — see the notebook's exercise
+    text."""
     validate.function("fn", fn)
     cases = [Case((tag, 3 + i), None, label=f"gradients: {tag}", tag=tag)
-             for i, (tag, _, _) in enumerate(_GUARD_CASES)]
+             for i, (tag, *_) in enumerate(_GUARD_CASES)]
     return run_check("guard", lambda tag, seed: _run_guard(fn, tag, seed), cases, compare=_compare_guard,
                      diagnose=_diagnose_guard, hint=GUARD_HINTS)

@@ -78,13 +78,14 @@ _TRACE_MISCONCEPTIONS = {
 }
 
 
-def check_trace_diagnosis(fn, seeds=None):
+def check_trace_diagnosis(fn):
     """Checker for exercise 7.1: ``fn(trace) -> Diagnosis(cause, evidence)`` on fresh traces of each cause
-    (``seeds``: the cases to grade on; default: fifteen fresh ones, three per cause)."""
+    (fifteen, three per cause, drawn fresh on every run: no keyword fixes them, see
+    ``checks.fresh_seeds``)."""
     validate.function("fn", fn)  # not an answer yet: a value the checker cannot call
-    seeds = fresh_seeds(3 * len(TRACE_CAUSES)) if seeds is None else validate.seeds("seeds", seeds)
     return check_diagnosis(
-        "accumulation_trace", fn, _graded_case, seeds=seeds, evidence_ok=_trace_evidence_ok,
+        "accumulation_trace", fn, _graded_case, seeds=fresh_seeds(3 * len(TRACE_CAUSES)),
+        evidence_ok=_trace_evidence_ok,
         misconceptions=_TRACE_MISCONCEPTIONS,
         hint=Hints(question="What weight does ONE token of each row get in the step's gradient, once DDP has "
                             "averaged the ranks?",
@@ -143,8 +144,7 @@ def check_sequence_weighted(fn):
     """Checker for exercise 7.2: after ``fn(model, micro_batches)``, ``.grad`` must be the gradient of the
     mean over the step's sequences (those with a supervised token) of each sequence's mean token loss."""
     validate.function("fn", fn)  # not an answer yet: a value the checker cannot call
-    hidden = _hidden_setup()
-    model = hidden["model"]
+    model = _hidden_setup()["model"]
 
     def grad_of(accumulate, micro_batches):
         model.zero_grad(set_to_none=True)
@@ -155,10 +155,12 @@ def check_sequence_weighted(fn):
         model.zero_grad(set_to_none=True)
         return grad
 
-    if "expected" not in hidden:  # the reference gradients, once per kernel like the steps themselves
-        hidden["expected"] = [grad_of(_reference, mbs) for mbs in hidden["steps"]]
-    cases = [Case((mbs,), expected, label=label, tag="step")
-             for mbs, expected, label in zip(hidden["steps"], hidden["expected"], hidden["labels"])]
+    def cases():  # built inline in the run_check call: no frame above the learner's holds the expected grads
+        hidden = _hidden_setup()
+        if "expected" not in hidden:  # the reference gradients, once per kernel like the steps themselves
+            hidden["expected"] = [grad_of(_reference, mbs) for mbs in hidden["steps"]]
+        return [Case((mbs,), expected, label=label, tag="step")
+                for mbs, expected, label in zip(hidden["steps"], hidden["expected"], hidden["labels"])]
 
     def diagnose(got, case: Case):
         if not isinstance(got, torch.Tensor):
@@ -183,7 +185,7 @@ def check_sequence_weighted(fn):
                     "the whole step that have at least one supervised token.")
         return None
 
-    return run_check("accumulate_sequence_weighted", lambda mbs: grad_of(fn, mbs), cases,
+    return run_check("accumulate_sequence_weighted", lambda mbs: grad_of(fn, mbs), cases(),
                      compare=_grad_compare, diagnose=diagnose,
                      hint=Hints(question="Under per-sequence averaging, what weight does one token of a "
                                          "sequence with n supervised tokens get, in a step of S sequences?",

@@ -44,7 +44,7 @@ from transformers import AutoTokenizer
 
 from .. import validate
 from ..capstone import Setup, trl_training_template_path
-from ..checks import Case, Hints, run_check
+from ..checks import Case, Hints, fresh_seeds, run_check
 from ..data import filler_text, make_messages
 from ..doctor import DoctorInputError, Report, diagnose
 from ..model import load_course_model
@@ -191,6 +191,8 @@ def _broken_setup(seed: int, directory=None, planted=None, trainer: bool = False
     if planted is None:
         planted = random.Random(seed).sample(sorted(FAILURES), N_PLANTED)
     planted = tuple(sorted(set(planted)))
+    if directory is not None:  # the set-up's files would replace a folder's own
+        validate.new_directory("directory", directory, what="the set-up's model, data and config")
     root = Path(directory or tempfile.mkdtemp(prefix="capstone-"))
     model, tokenizer = load_course_model()
     if "base_template" in planted:
@@ -269,16 +271,19 @@ def _compare_findings(got, setup: Setup) -> str | None:
         return (f"expected a dict {{check name: row ids or None}}, got {type(got).__name__} — e.g. "
                 "{'eos-mismatch': None, 'no-assistant-turns': [3, 7, ...]}")
     checks, rows = answers.true_findings(setup, _expected_checks(answers.planted_in(setup)))
-    stated = set(got) - OPTIONAL_FINDINGS
-    missing, extra = sorted(checks - stated), sorted(stated - checks)
+    stated = {k for k in got if type(k) is str} - OPTIONAL_FINDINGS  # plain str keys: no look-alike objects
+    # Counts only, never names: a message that named the missing or the extra checks would let a dict of
+    # every check name be cut down to the truth from the checker's own words.
+    missing, extra = checks - stated, stated - checks
     if "trainer-accumulation" in missing:
         return ("the colleague trains with their own class (setup.trainer): the doctor runs lesson 01's "
                 "split test on it only when you pass trainer=setup.trainer (--trainer on the command line)")
     if missing:
-        return f"the doctor reports {missing} on this set-up: run it on the set-up's files and read every row"
+        return (f"{len(missing)} of the errors and warnings the doctor reports on this set-up are not in "
+                "your dict: run it on the set-up's files and read every row")
     if extra:
-        return (f"{extra} do(es) not fire on this set-up: state what the doctor measured here, not every "
-                "check you know")
+        return (f"{len(extra)} of your findings do not fire on this set-up: state what the doctor measured "
+                "here, not every check you know")
     for check in ROW_CHECKS:
         if check not in checks:
             continue
@@ -305,14 +310,21 @@ FINDINGS_HINTS = Hints(
            "turns'] = [i for i, r in enumerate(s.rows) if any(m['role'] == 'gpt' for m in r['messages'])].")
 
 
-def check_findings(fn, setup: Setup):
+FINDINGS_CASES = 2  # set-ups per checker run
+
+
+def check_findings(fn):
     """Checker for exercise 1: ``fn(setup) -> {check name: row ids or None}`` must name every error and
-    warning the doctor reports on ``setup`` (``another_setup``'s), its trainer class included, and, for the
-    checks about rows, all the rows they concern. Graded against what was planted, not against the doctor."""
+    warning the doctor reports, the colleague's trainer class included, and, for the checks about rows, all
+    the rows they concern — on ``FINDINGS_CASES`` set-ups of ``another_setup``'s family drawn fresh on every
+    run (``checks.fresh_seeds``), none of them the one the notebook shows. Graded against what was planted,
+    not against the doctor; a wrong answer is told how many findings are missing or extra, never which."""
     validate.function("fn", fn)
-    answers.planted_in(setup)
-    return run_check("findings", fn, [Case((setup,), setup, label="the set-up in front of you")],
-                     compare=_compare_findings, hint=FINDINGS_HINTS)
+    with tempfile.TemporaryDirectory(prefix="findings-") as root:
+        setups = (another_setup(seed, Path(root) / str(seed)) for seed in fresh_seeds(FINDINGS_CASES))
+        return run_check("findings", fn,
+                         [Case((setup,), setup, label="another colleague's set-up") for setup in setups],
+                         compare=_compare_findings, hint=FINDINGS_HINTS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -522,12 +534,18 @@ def _evaluate(got, setup: Setup) -> tuple[str | None, str | None]:
     return None, None
 
 
-def check_fix_setup(fn, cases=CHECK_CASES, control: bool = True):
+def check_fix_setup(fn):
     """Checker: ``fn(config, rows, tokenizer, report) -> (config, rows)`` — ``report`` is the doctor's on that
     set-up — must leave the doctor with no error and no warning beyond the learning rate, on set-ups the
-    notebook has not shown, and must keep every healthy setting and every row that fits. ``cases``: the
-    ``(seed, planted failures)`` of the set-ups to grade on (default: two hidden ones that, together,
-    plant every failure); ``control``: also grade a healthy set-up a blanket fix would break."""
+    notebook has not shown (two hidden ones that, together, plant every failure, and a healthy set-up a
+    blanket fix would break), and must keep every healthy setting and every row that fits."""
+    return _check_fix_setup(fn)
+
+
+def _check_fix_setup(fn, cases=CHECK_CASES, control: bool = True):
+    """``check_fix_setup`` on other set-ups (the tests' entry: ``cases``, the ``(seed, planted failures)`` of
+    each; ``control``: also the healthy one). Not the learner's: a keyword that narrows the cases would let
+    a partial fix pass."""
     validate.function("fn", fn)  # not an answer yet (e.g. fix_setup(...) called): say so, do not grade it
     cases = _fix_cases(_check_cases(cases), control)
 

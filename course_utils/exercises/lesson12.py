@@ -130,14 +130,14 @@ _VERDICT_MISCONCEPTIONS = {
 }
 
 
-def check_packing_verdict(fn, seeds=None):
+def check_packing_verdict(fn):
     """Checker for exercise 7.2: ``fn(setup) -> Diagnosis(verdict)``, the verdict one of ``VERDICTS``, on
-    fresh set-ups (by default one round through every family, attention implementation and collator of the
-    pool)."""
+    set-ups drawn fresh on every run (one round through every family, attention implementation and collator
+    of the pool; no keyword fixes them: see ``checks.fresh_seeds``)."""
     validate.function("fn", fn)
-    seeds = fresh_seeds(len(SETUPS)) if seeds is None else validate.seeds("seeds", seeds)
     return check_diagnosis(
-        "packing_verdict", fn, _setup_case, seeds=seeds, evidence_ok=lambda got, truth: True,
+        "packing_verdict", fn, _setup_case, seeds=fresh_seeds(len(SETUPS)),
+        evidence_ok=lambda got, truth: True,
         misconceptions=_VERDICT_MISCONCEPTIONS,
         hint=Hints(question="What would prove a set-up clean, whatever its name: which logits of which run "
                             "do you compare?",

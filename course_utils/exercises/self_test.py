@@ -2,24 +2,52 @@
 
 Each lesson's reference module (``answers/lessonNN.py``) draws one case with ``self_test_case(seed)``: what a
 practitioner sees (a log excerpt, a rendering with its loss mask, generations), the true cause, and the causes
-to choose from. This module shuffles them into a quiz the notebook shows *without* the truth, and grades a
-learner's answers by drawing each case again from its lesson — so the truth never sits in the notebook.
+to choose from. ``draw_quiz()`` draws a quiz *fresh on every run* (``checks.fresh_seeds``' source: the
+operating system's randomness, or ``COURSE_CHECK_SEED`` for an instructor's demo), so two learners — or one
+learner twice — never answer the same cases, and a memo of an earlier run scores nothing.
+
+A learner answers question by question (``quiz.ask(n)``, then ``quiz.answer(n, "b")``): a right answer is
+confirmed, a wrong one is told why the *chosen* cause does not fit and which section to re-read
+(``answers/self_test_bank.py``) — never which cause does. The first answer to each question counts; answering
+again after the feedback changes nothing (a replay does not score). ``check_self_test(quiz.given, quiz)``
+scores the answers given; ``reveal_score(quiz)`` compares the score with the learner's prediction once every
+question is answered. The grader draws each case again from its lesson to know its truth: the truth never
+sits in the notebook or on the quiz.
+
+A new lesson contributes by giving its ``answers/lessonNN.py`` a ``SELF_TEST_CAUSES`` dict and a
+``self_test_case(seed)``, and its tells to ``answers/self_test_bank.py``.
 """
 
 from __future__ import annotations
 
 import importlib
-import random
+import pkgutil
+import traceback
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import validate
-from ..checks import CheckResult, Hints, _report
+from ..checks import CheckResult, Hints, _report, fresh_random, register_hints
+from . import answers as _answers_package
 
-# Lessons whose reference module draws self-test cases (lesson 08 is the capstone: it combines the others).
-LESSONS = ("01", "02", "03", "04", "05", "06", "07", "09", "10")
-SEED = 20261203  # one quiz for everyone, drawn from seeds no lesson's checker uses
+PASS_SHARE = 0.8  # the check passes at 80 % right
+
+
+def _contributing() -> tuple[str, ...]:
+    """The lessons whose reference module draws self-test cases, in course order (lesson 08, the capstone,
+    combines the others and draws none)."""
+    found = []
+    for info in pkgutil.iter_modules(_answers_package.__path__):
+        if info.name.startswith("lesson") and info.name[6:].isdigit():
+            module = importlib.import_module(f"course_utils.exercises.answers.lesson{info.name[6:]}")
+            if callable(getattr(module, "self_test_case", None)):
+                found.append(info.name[6:])
+    return tuple(sorted(found))
+
+
+LESSONS = _contributing()
 
 
 @dataclass(frozen=True)
@@ -34,16 +62,8 @@ class Question:
 
     def __str__(self) -> str:
         options = "\n".join(f"   ({chr(97 + i)}) {c}" for i, c in enumerate(self.choices))
-        return f"── Question {self.number} ──\n{self.text}\n What is going on?\n{options}"
-
-
-def _quietly(make: Callable) -> Callable:
-    """``make`` with library deprecation warnings silenced: a quiz shows the artefact, not the noise."""
-    def draw(seed: int):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            return make(seed)
-    return draw
+        head = f"── Question {self.number} (lesson {self.lesson}'s family) ──"
+        return f"{head}\n{self.text}\n What is going on?\n{options}"
 
 
 def _draw_case(lesson: str) -> Callable[[int], tuple[str, str, tuple[str, ...]]] | None:
@@ -52,7 +72,14 @@ def _draw_case(lesson: str) -> Callable[[int], tuple[str, str, tuple[str, ...]]]
     except ModuleNotFoundError:
         return None
     make = getattr(module, "self_test_case", None)
-    return None if make is None else _quietly(make)
+    if make is None:
+        return None
+
+    def draw(seed: int):  # library deprecation warnings silenced: a quiz shows the artefact, not the noise
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return make(seed)
+    return draw
 
 
 def available_lessons() -> list[str]:
@@ -60,20 +87,70 @@ def available_lessons() -> list[str]:
     return [lesson for lesson in LESSONS if _draw_case(lesson) is not None]
 
 
-def draw_quiz(per_lesson: int = 2, seed: int = SEED) -> list[Question]:
-    """``per_lesson`` questions from every contributing lesson, shuffled, numbered from 1."""
+class Quiz(list):
+    """The drawn questions (a list of ``Question``, numbered from 1) and the learner's first answers."""
+
+    __hash__ = object.__hash__  # one drawn quiz is one object (a key of _DRAWN), whatever it holds
+
+    def __init__(self, questions):
+        super().__init__(questions)
+        self._first: dict[int, tuple[str, bool]] = {}  # number -> (the first valid answer, was it right)
+
+    def question(self, number: int) -> Question:
+        if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= len(self):
+            raise ValueError(f"question number {number!r} is not in this quiz — its questions are numbered "
+                             f"1 to {len(self)} — pass one of those.")
+        return self[number - 1]
+
+    def ask(self, number: int) -> None:
+        """Print question ``number``: the artefact and the causes to choose from."""
+        print(self.question(number))
+
+    def answer(self, number: int, given) -> bool | None:
+        """Record your answer to question ``number`` (the letter or the text of a choice) and print the
+        verdict: right, or why the cause you chose does not fit and where to look. The first answer counts;
+        ``None`` (not answered yet) and an answer that is not a choice are not recorded."""
+        question = self.question(number)
+        verdict, right = _verdict(question, given, self._first.get(number))
+        if right is not None and number not in self._first:
+            self._first[number] = (_as_choice(given, question), right)
+        print(verdict)
+        return right
+
+    def given(self, question: Question):
+        """The first answer recorded for ``question`` (what ``check_self_test(quiz.given, quiz)`` scores)."""
+        first = self._first.get(question.number)
+        return None if first is None else first[0]
+
+    def answered(self) -> int:
+        return len(self._first)
+
+    def score(self) -> int:
+        """How many first answers were right."""
+        return sum(right for _, right in self._first.values())
+
+
+# The quizzes draw_quiz returned, with their length: only those are graded (no hand-built one).
+_DRAWN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def draw_quiz(per_lesson: int = 2) -> Quiz:
+    """``per_lesson`` questions from every contributing lesson, drawn fresh for this run, shuffled, numbered
+    from 1. Each lesson's generator draws from millions of cases, healthy runs and look-alikes among them."""
     validate.positive_int("per_lesson", per_lesson, why="it is how many questions each lesson contributes")
-    validate.seed("seed", seed)
-    rng = random.Random(seed)
+    draws = fresh_random()
     drawn = []
     for lesson in available_lessons():
         make = _draw_case(lesson)
-        for k in range(per_lesson):
-            case_seed = seed * 100 + int(lesson) * 10 + k
+        for _ in range(per_lesson):
+            case_seed = draws.randrange(10**6, 2**31)
             text, _truth, choices = make(case_seed)
             drawn.append((lesson, text, tuple(choices), case_seed))
-    rng.shuffle(drawn)
-    return [Question(i, lesson, text, choices, s) for i, (lesson, text, choices, s) in enumerate(drawn, 1)]
+    draws.shuffle(drawn)
+    quiz = Quiz(Question(i, lesson, text, choices, seed)
+                for i, (lesson, text, choices, seed) in enumerate(drawn, 1))
+    _DRAWN[quiz] = len(quiz)
+    return quiz
 
 
 def _truth(question: Question) -> str:
@@ -81,48 +158,113 @@ def _truth(question: Question) -> str:
 
 
 def _as_choice(answer, question: Question) -> str | None:
-    """A learner may answer with the cause's text or its letter (``"b"``)."""
-    if isinstance(answer, str) and len(answer.strip()) == 1 and answer.strip().isalpha():
-        i = ord(answer.strip().lower()) - 97
+    """A learner may answer with the cause's text or its letter (``"b"``); anything else is None."""
+    if type(answer) is not str:  # a plain str only: an object equal to everything is no choice
+        return None
+    text = answer.strip()
+    if len(text) == 1 and text.isalpha():
+        i = ord(text.lower()) - 97
         return question.choices[i] if 0 <= i < len(question.choices) else None
-    return answer if answer in question.choices else None
+    return text if text in question.choices else None
+
+
+def _tell(question: Question, chosen: str) -> str:
+    """Why ``chosen`` does not fit: what you would see if it were the cause, and where to look."""
+    from .answers import self_test_bank
+
+    module = importlib.import_module(f"course_utils.exercises.answers.lesson{question.lesson}")
+    code = {phrase: name for name, phrase in module.SELF_TEST_CAUSES.items()}.get(chosen)
+    tell = self_test_bank.TELLS.get(question.lesson, {}).get(code)
+    where = self_test_bank.SECTIONS.get(question.lesson, f"lesson {question.lesson}'s Diagnose section")
+    seen = f"if it were, you would see {tell}" if tell else "it does not fit what the artefact shows"
+    return f"{seen}. Look again with {where}."
+
+
+def _verdict(question: Question, given, first) -> tuple[str, bool | None]:
+    """What the learner is told about ``given`` for ``question``, and whether it was right (None: not an
+    answer). ``first``: the answer already recorded, if any (it keeps counting)."""
+    n = question.number
+    if given is None:
+        return f"⏳ Q{n}: not answered yet — put the letter you pick in place of None.", None
+    choice = _as_choice(given, question)
+    if choice is None:
+        letters = f"(a)–({chr(96 + len(question.choices))})"
+        return (f"⚠️ Q{n}: {given!r:.60} is not one of the choices {letters} — answer with a letter or a "
+                "choice's text; nothing was recorded.", None)
+    if first is not None and first[0] != choice:
+        return (f"Q{n} was answered already ({'right' if first[1] else 'wrong'}): the first answer counts — "
+                "draw_quiz() draws a fresh quiz to try again.", first[1])
+    right = choice == _truth(question)
+    if right:
+        return f"✅ Q{n}: right.", True
+    return f"❌ Q{n}: not {choice!r} — {_tell(question, choice)}", False
 
 
 def check_self_test(answer_for: Callable, quiz: list[Question], quiet: bool = False) -> CheckResult:
-    """Grade ``answer_for(question) -> cause`` (the text or letter of one of its choices) on every question.
+    """Grade ``answer_for(question) -> cause`` (the letter or text of one of its choices) on every question of
+    ``quiz``: ``check_self_test(quiz.given, quiz)`` scores the answers given with ``quiz.answer``.
 
-    Prints each verdict, the right cause of a wrong answer and the lesson to revisit, then the score.
-    The check passes at 80 % or more.
+    Prints each verdict — for a wrong answer why the chosen cause does not fit and where to look, never the
+    right cause — then the score; the check passes at 80 % or more. On a ``Quiz`` the first answer to each
+    question counts, so a second run with answers changed after the feedback scores the same.
     """
     validate.function("answer_for", answer_for)
-    if not isinstance(quiz, list) or not quiz or not all(isinstance(q, Question) for q in quiz):
-        raise ValueError("quiz must be the list draw_quiz() returned — the grader draws each case again "
-                         "from its lesson to know its truth — pass quiz=draw_quiz().")
-    lines, right = [], 0
+    if not isinstance(quiz, Quiz) or quiz not in _DRAWN or len(quiz) != _DRAWN[quiz]:
+        raise ValueError("quiz must be a whole quiz draw_quiz() returned (a slice or a hand-picked list "
+                         "would grade on questions you chose) — the grader draws each case again from its "
+                         "lesson to know its truth — pass quiz=draw_quiz().")
+    register_hints("self_test", HINTS)
+    first = quiz._first
+    lines, right, unanswered = [], 0, 0
     for question in quiz:
         try:
             given = answer_for(question)
         except NotImplementedError:
             return _report("self_test", False, "⏳ not implemented yet: replace the "
                            "`raise NotImplementedError` with your answers, then run this cell again.", quiet)
-        except Exception as exc:  # the learner's bug: report it, do not raise
-            given = f"(your function raised {type(exc).__name__})"
-        choice, truth = _as_choice(given, question), _truth(question)
-        if choice == truth:
-            right += 1
-            lines.append(f"✅ Q{question.number}: {truth}")
-        else:
-            lines.append(f"❌ Q{question.number}: you said {given!r}; it was {truth!r} — revisit lesson "
-                         f"{question.lesson}")
+        except Exception as exc:  # the learner's bug: report it with its message (a KeyError names its key)
+            last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            lines.append(f"⚠️ Q{question.number}: your function raised {last} — nothing recorded.")
+            unanswered += 1
+            continue
+        verdict, ok = _verdict(question, given, first.get(question.number))
+        if ok is None:
+            unanswered += 1
+            if given is None:  # counted below, not listed: an untouched quiz is one line, not eighteen
+                continue
+        elif question.number not in first:
+            first[question.number] = (_as_choice(given, question), ok)
+        lines.append(verdict)
+        right += bool(ok)
     share = right / len(quiz)
-    verdict = "✅ self_test" if share >= 0.8 else "❌ self_test"
-    message = "\n".join(lines) + f"\n{verdict}: {right} of {len(quiz)} right ({share:.0%}; 80 % passes)."
-    return _report("self_test", share >= 0.8, message, quiet, HINTS)
+    passed = share >= PASS_SHARE
+    verdict = "✅ self_test" if passed else "❌ self_test"
+    missing = f"; {unanswered} not answered: quiz.answer(n, letter) records one" if unanswered else ""
+    wrong = [line for line in lines if not line.startswith("✅")]
+    message = "\n".join(wrong) + ("\n" if wrong else "") + (
+        f"{verdict}: {right} of {len(quiz)} right ({share:.0%}; 80 % passes{missing}).")
+    return _report("self_test", passed, message, quiet)
+
+
+def reveal_score(quiz: Quiz, name: str = "self-test score") -> None:
+    """Compare the score with the prediction ``name`` — once every question is answered, not before (a Run All
+    would otherwise reveal a score of 0 before the first answer)."""
+    from ..predictions import reveal
+
+    if not isinstance(quiz, Quiz):
+        raise ValueError(f"quiz is a {type(quiz).__name__} — the score is counted on the quiz draw_quiz() "
+                         "returned — pass it.")
+    if quiz.answered() < len(quiz):
+        print(f"⏳ {quiz.answered()} of {len(quiz)} questions answered: your score is compared with your "
+              "prediction once you have answered every one.")
+        return
+    score = quiz.score()
+    reveal(name, score, right=lambda guess: abs(guess - score) <= 2)
 
 
 HINTS = Hints(
     question="For a wrong answer: what would you measure to tell its two most likely causes apart?",
-    pointer="CHEATSHEET.md has the first check for each symptom; the lesson named beside the answer "
+    pointer="CHEATSHEET.md has the first check for each symptom; the section named beside the answer "
             "shows it.",
     answer="Re-read the question's artefact with the lesson's own first check (its 'Diagnose' section).",
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 from ...checks import Diagnosis
-from ...data import IGNORE_INDEX, make_messages, tokenize_chat
+from ...data import IGNORE_INDEX, is_graded, make_messages, tokenize_chat
 
 # What can be wrong with a labelled example in lesson 00: only what the tour showed (the token viewer, the
 # graded span, the model shifting labels itself). Lesson 05's all-masked row is not drawn: it comes later.
@@ -38,23 +38,23 @@ def labelled_case(tokenizer, seed: int, graded: bool = True) -> tuple[dict, Diag
     example = tokenize_chat(tokenizer, messages, train_on_eos=cause != "stop_token_not_graded")
     ids, labels = list(example["input_ids"]), list(example["labels"])
     if rng.random() < 0.5:  # a pipeline that leaves the whitespace after each answer ungraded: still correct
-        labels = [IGNORE_INDEX if lab != IGNORE_INDEX and tokenizer.decode([lab]).strip() == "" else lab
+        labels = [IGNORE_INDEX if is_graded(lab) and tokenizer.decode([lab]).strip() == "" else lab
                   for lab in labels]
     if cause == "whole_sequence":
         labels = list(ids)
     elif cause == "shifted_labels":  # "I shift the labels myself": each label is the *next* token
-        labels = [ids[i + 1] if i + 1 < len(ids) and lab != IGNORE_INDEX else IGNORE_INDEX
+        labels = [ids[i + 1] if i + 1 < len(ids) and is_graded(lab) else IGNORE_INDEX
                   for i, lab in enumerate(labels)]
     artefact = {"input_ids": ids, "labels": labels, "tokens": tokenizer.convert_ids_to_tokens(ids)}
     # the evidence counts the labels that are set, position by position, as the learner reads them in the
     # token viewer (unshifted: a whole-sequence example grades position 0 too)
-    return artefact, Diagnosis(cause, sum(label != IGNORE_INDEX for label in labels))
+    return artefact, Diagnosis(cause, sum(is_graded(label) for label in labels))
 
 
 def diagnose_labels(example: dict) -> Diagnosis:
     """Exercise 1: name what is wrong with a labelled example, and count its graded tokens."""
     ids, labels, tokens = example["input_ids"], example["labels"], example["tokens"]
-    graded = [i for i, label in enumerate(labels) if label != IGNORE_INDEX]
+    graded = [i for i, label in enumerate(labels) if is_graded(label)]
     if any(labels[i] != ids[i] for i in graded):
         return Diagnosis("shifted_labels", len(graded))
     if any(tokens[i] == "<|im_start|>" for i in graded):

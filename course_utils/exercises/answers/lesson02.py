@@ -6,8 +6,7 @@ from __future__ import annotations
 import random
 
 from ...checks import Diagnosis
-from ...data import IGNORE_INDEX
-from ...eos import end_of_turn_token
+from ...data import IGNORE_INDEX, first_special_after
 
 CAUSES = ("wrong_stop_ids", "stop_token_not_graded", "pad_equals_eos", "max_new_tokens_too_small")
 # Chat families the generator draws from: (end-of-turn token, turn opener, eos) as their templates write them.
@@ -20,13 +19,18 @@ _WORDS = ("red", "cat", "moon", "road", "big", "box", "green", "cold", "bag", "c
 def stop_ids_for_generate(tokenizer, generation_config) -> list[int]:
     """Exercise 1's reference: the ids ``generate()`` should stop on for chats — every id the checkpoint's
     ``generation_config`` already stops on (Llama 3.1 lists three), else the tokenizer's eos, plus the token
-    the chat template writes after an assistant message, each once."""
+    the chat template writes after an assistant message, each once — when that is one token: a template
+    copied onto a tokenizer without its turn tokens writes them as text, and there is nothing to add."""
     eos = generation_config.eos_token_id
     ids = [eos] if isinstance(eos, int) else list(eos or [])
     if not ids and tokenizer.eos_token_id is not None:
         ids = [tokenizer.eos_token_id]
-    end_of_turn = tokenizer.convert_tokens_to_ids(end_of_turn_token(tokenizer))
-    return ids if end_of_turn in ids else ids + [end_of_turn]
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ANSWER"},
+                {"role": "user", "content": "bye"}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    end_of_turn = first_special_after(tokenizer, text[text.index("ANSWER") + len("ANSWER"):])
+    # None: the template closes turns with text this tokenizer splits into pieces; no id can stop there
+    return ids if end_of_turn is None or end_of_turn in ids else ids + [end_of_turn]
 
 
 def _qa(rng: random.Random) -> tuple[list[str], list[str]]:
@@ -134,16 +138,27 @@ def diagnose_generations(artefact: dict) -> Diagnosis:
     return Diagnosis("stop_token_not_graded", stop)
 
 
-def collate_keep_eos(examples: list[dict], pad_token_id: int) -> dict:
-    """Exercise 3: right-pad; labels are the example's own (``input_ids`` where it has none); every
-    padding position is -100, by *position*, so the row's own eos keeps its label when pad == eos."""
+def with_eos(example: dict, eos_token_id: int) -> dict:
+    """``example`` ending with exactly one ``eos_token_id``, graded: appended (with its label) when the row
+    was tokenized without it, as TRL's dataset preparation does for non-conversational rows (``add_eos``)."""
+    ids = list(example["input_ids"])
+    labels = list(example.get("labels", ids))
+    if ids and ids[-1] == eos_token_id:
+        return {"input_ids": ids, "labels": labels}
+    return {"input_ids": ids + [eos_token_id], "labels": labels + [eos_token_id]}
+
+
+def collate_keep_eos(examples: list[dict], pad_token_id: int, eos_token_id: int) -> dict:
+    """Exercise 3: every row ends with its eos, graded (appended where the row has none); right-pad; labels
+    are the example's own (``input_ids`` where it has none); every padding position is -100, by
+    *position*, so the row's own eos keeps its label when pad == eos."""
     import torch
 
+    examples = [with_eos(e, eos_token_id) for e in examples]
     width = max(len(e["input_ids"]) for e in examples)
     out = {"input_ids": [], "attention_mask": [], "labels": []}
     for e in examples:
-        ids = list(e["input_ids"])
-        labels = list(e.get("labels", ids))
+        ids, labels = e["input_ids"], e["labels"]
         pad = width - len(ids)
         out["input_ids"].append(ids + [pad_token_id] * pad)
         out["attention_mask"].append([1] * len(ids) + [0] * pad)

@@ -126,16 +126,23 @@ def diagnose_padding_incident(artefact: dict) -> Diagnosis:
     return Diagnosis("no_leak", None)
 
 
-def block_mask_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
-    """Exercise 7.2: [B, 1, T, T] booleans, causal inside each example and nothing across.
+def block_mask_from_position_ids(position_ids: torch.Tensor,
+                                 sliding_window: int | None = None) -> torch.Tensor:
+    """Exercise 7.2: [B, 1, T, T] booleans, causal inside each example and nothing across; with a
+    ``sliding_window`` W, a query also sees only the keys fewer than W positions back (itself included).
 
     An example starts wherever ``position_ids`` is 0, so a running count of those zeros names each
-    token's example.
+    token's example. transformers passes a 4-D mask through unchanged, the model's own window too, so a
+    sliding-window model needs the window in the mask.
     """
     example = (position_ids == 0).cumsum(-1)
     same = example[:, :, None] == example[:, None, :]
     length = position_ids.shape[-1]
     causal = torch.ones(length, length, dtype=torch.bool, device=position_ids.device).tril()
+    if sliding_window is not None:  # keys i - W + 1 .. i: what transformers' sliding mask allows
+        ones = torch.ones(length, length, dtype=torch.bool, device=position_ids.device)
+        too_far = ones.tril(-sliding_window)
+        causal &= ~too_far
     return (same & causal)[:, None]
 
 

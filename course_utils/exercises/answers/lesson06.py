@@ -134,9 +134,13 @@ def self_test_case(seed: int) -> tuple[str, str, tuple[str, ...]]:
     return "\n".join(lines), SELF_TEST_CAUSES[truth.cause], tuple(SELF_TEST_CAUSES.values())
 
 
-def guard(model, control):
+def guard(model, control, scaler=None):
     """Exercise 2: name the first parameter whose gradient is not finite, drop every gradient so the
-    optimizer step that follows changes nothing, and ask the Trainer to stop."""
+    optimizer step that follows changes nothing, and ask the Trainer to stop. Under a ``GradScaler`` (fp16
+    mixed precision) an inf gradient is routine: the scaler skips that step and lowers its scale, so the
+    guard leaves it alone (a guard that stopped there would end a healthy run at step 1)."""
+    if scaler is not None:
+        return None
     for name, param in model.named_parameters():
         if param.grad is not None and not bool(torch.isfinite(param.grad).all()):
             model.zero_grad(set_to_none=True)

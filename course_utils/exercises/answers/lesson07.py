@@ -8,6 +8,7 @@ import random
 import torch.nn.functional as F
 
 from ...checks import Diagnosis
+from ...data import graded, is_graded
 
 TRACE_CAUSES = (
     "per_micro_batch_mean",     # each micro-batch's mean ÷ K with unequal token counts (this lesson)
@@ -111,7 +112,7 @@ def _row_losses(model, batch):
     logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits
     labels = batch["labels"][:, 1:]
     nll = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), labels, ignore_index=-100, reduction="none")
-    return nll.sum(dim=1), (labels != -100).sum(dim=1)
+    return nll.sum(dim=1), is_graded(labels).sum(dim=1)
 
 
 def accumulate_sequence_weighted(model, micro_batches, _scale=None):
@@ -119,7 +120,7 @@ def accumulate_sequence_weighted(model, micro_batches, _scale=None):
 
     Sequences without a supervised token have no mean and are left out (and not counted).
     """
-    n_sequences = sum(int(((b["labels"][:, 1:] != -100).sum(dim=1) > 0).sum()) for b in micro_batches)
+    n_sequences = sum(int((graded(b["labels"]).sum(dim=1) > 0).sum()) for b in micro_batches)
     for batch in micro_batches:
         summed, n = _row_losses(model, batch)
         keep = n > 0

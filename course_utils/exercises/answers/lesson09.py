@@ -8,6 +8,7 @@ import functools
 import random
 
 from ...checks import Diagnosis
+from ...data import is_graded
 
 
 def turn_rows(conversation: list[dict]) -> list[dict]:
@@ -154,6 +155,12 @@ def rendering_case(seed: int, graded: bool = True) -> tuple[dict, Diagnosis]:
     return copy.deepcopy(artefact), truth
 
 
+def uncached_rendering_case(seed: int, graded: bool = True) -> tuple[dict, Diagnosis]:
+    """``rendering_case`` without its cache, for the checker: a cached ``(artefact, truth)`` pair stays alive
+    where ``gc`` can list it, and a learner's function could match its artefact against it (issue 43)."""
+    return _rendering_case.__wrapped__(seed, graded)
+
+
 @functools.lru_cache(maxsize=256)
 def _rendering_case(seed: int, graded: bool) -> tuple[dict, Diagnosis]:
     """A prepared row as a practitioner inspects it — the data row (``messages``), the template's family,
@@ -193,7 +200,7 @@ def _rendering_case(seed: int, graded: bool) -> tuple[dict, Diagnosis]:
     for chat, row in zip(chats, rows):
         texts = [t.replace("\\n", "\n") for t in token_strings(tokenizer, row["input_ids"])]
         shown.append(
-            {"messages": chat, "tokens": [(t, label != -100) for t, label in zip(texts, row["labels"])]}
+            {"messages": chat, "tokens": [(t, is_graded(label)) for t, label in zip(texts, row["labels"])]}
         )
     artefact = {
         "template": template,

@@ -1,4 +1,4 @@
-"""The doctor's check of a practitioner's own trainer class (private helpers of ``course_utils.doctor``):
+"""The doctor's check of a practitioner's own trainer class :
 lesson 01's split test, run on that class.
 
 A ``compute_loss`` written by hand often takes the mean over its own micro-batch and ignores
@@ -17,13 +17,18 @@ import functools
 import importlib
 import warnings
 
+from .report import Finding
+
+# A room of the doctor, not an API: its names serve the package; users import ``course_utils.doctor``
+__all__ = []
+
 SPLITS = (1, 4)  # one batch of 8 rows, and 4 micro-batches of 2: the same rows in the same step
 ROWS = 8
 ROUND_OFF_FACTOR = 100.0  # a class is wrong when its split gap is this many times stock SFTTrainer's
 ROUND_OFF_FLOOR = 1e-4  # the smallest relative gap judged (float32 sums differ by ~1e-7 here)
 
 
-def _import_trainer(spec):
+def import_trainer(spec):
     """The class ``spec`` names (``"package.module:ClassName"``) or ``spec`` itself when it is a class;
     ``ValueError`` with what/why/fix when it cannot be imported or is not a ``trl.SFTTrainer``."""
     from trl import SFTTrainer
@@ -48,9 +53,9 @@ def _import_trainer(spec):
 def _first_grad_norm(trainer_cls, split: int) -> float:
     """The gradient norm ``trainer_cls`` logs for its first step on the course model: ``ROWS`` rows as
     ``split`` micro-batches (the same rows in every split: the same seeded sampler)."""
-    from .data import make_chat_dataset
-    from .model import load_course_model
-    from .training import logged, make_sft_trainer
+    from ..data import make_chat_dataset
+    from ..model import load_course_model
+    from ..training import logged, make_sft_trainer
 
     model, tokenizer = load_course_model()
     # mixed lengths: micro-batches with different graded-token counts are what tells the two losses apart
@@ -75,3 +80,29 @@ def _split_gaps(trainer_cls) -> tuple[float, float]:
         return abs(many - one) / max(abs(one), 1e-30)
 
     return gap(trainer_cls), gap(SFTTrainer)
+
+
+def trainer_findings(trainer_cls, args, num_processes: int) -> list[Finding]:
+    """Your trainer class under lesson 01's split test (``_split_gaps``): the same rows as one batch and
+    as micro-batches must give the same gradient, as they do with stock ``SFTTrainer``."""
+    if trainer_cls is None:
+        return []
+    mine, stock = _split_gaps(trainer_cls)
+    limit = max(stock * ROUND_OFF_FACTOR, ROUND_OFF_FLOOR)
+    name, (one, many) = trainer_cls.__name__, SPLITS
+    test = (f"split test (lesson 01) on the course model: {ROWS} rows as {one} batch and as {many} "
+            f"micro-batches give first-step gradient norms {mine:.2%} apart (stock SFTTrainer: {stock:.1e})")
+    if mine <= limit:
+        return [Finding("info", "trainer-accumulation",
+                        f"{name} weights the tokens of a step as SFTTrainer does", test, "nothing to fix",
+                        "01")]
+    accumulates = args.gradient_accumulation_steps > 1 or num_processes > 1
+    return [Finding("error" if accumulates else "warning", "trainer-accumulation",
+                    f"{name}'s gradient depends on how a batch is split into micro-batches",
+                    f"{test}; gradient_accumulation_steps={args.gradient_accumulation_steps} on "
+                    f"{num_processes} process(es): "
+                    + ("the run's gradient is not the batch's" if accumulates else
+                       "harmless until you accumulate or add processes"),
+                    "in compute_loss, sum the token losses and divide by num_items_in_batch (the step's "
+                    "graded tokens) when the Trainer passes it — or return super().compute_loss(model, "
+                    "inputs, return_outputs, num_items_in_batch)", "01")]

@@ -7,7 +7,7 @@ template writes an empty ``<think>\\n\\n</think>`` into the graded span of data 
 Qwen2.5's writes a JSON-string ``arguments`` as an escaped string beside a dict one. None of it raises.
 
 Each check here measures the rows as TRL's ``SFTTrainer`` trains them: the doctor hands over its
-``_prepare`` output (TRL's own ``_prepare_dataset``: the template TRL swaps in, ``tools`` and
+``trl_view.prepare`` output (TRL's own ``_prepare_dataset``: the template TRL swaps in, ``tools`` and
 ``chat_template_kwargs`` per row, the labels), and ``_renderings`` renders each row again with the same
 template to learn *where* each part of it lies (character spans → token positions, checked against TRL's
 token ids). A part of a message counts as trained when a token of it carries a label.
@@ -27,10 +27,18 @@ from __future__ import annotations
 
 import bisect
 import copy
+import functools
 import json
 import re
 import types
 from dataclasses import dataclass, field
+
+from ..data import is_graded
+from .report import Finding, could_not_check, guarded
+from .trl_view import family_training_template
+
+# A room of the doctor, not an API: its names serve the package; users import ``course_utils.doctor``
+__all__ = []
 
 LESSON = "09"
 # Where the templates TRL ships read a message's reasoning: Qwen3 (and vLLM) `reasoning_content`, gpt-oss
@@ -156,7 +164,7 @@ class _Rendering:
 
     def graded(self, positions) -> int:
         """How many of the token ``positions`` carry a label (TRL's labels are unshifted)."""
-        return sum(self.labels[i] != -100 for i in positions)
+        return sum(is_graded(self.labels[i]) for i in positions)
 
 
 def _renderings(dataset, prepared, tokenizer, chat_template, stop_ids) -> list[_Rendering] | None:
@@ -270,7 +278,7 @@ def _stop_after(rendering: _Rendering, position: int, stop_ids: set) -> tuple[in
     and whether it carries a label; ``(None, None)`` when none follows."""
     for i in range(bisect.bisect_left(rendering.starts, position), len(rendering.ids)):
         if rendering.ids[i] in stop_ids:
-            return rendering.ids[i], rendering.labels[i] != -100
+            return rendering.ids[i], is_graded(rendering.labels[i])
     return None, None
 
 
@@ -278,13 +286,12 @@ def _stop_after(rendering: _Rendering, position: int, stop_ids: set) -> tuple[in
 # The checks: each takes the renderings and the context the doctor passes (``_context``)
 # ---------------------------------------------------------------------------------------------
 
-def _context(tokenizer, chat_template, masked: bool, training, finding):
+def _context(tokenizer, chat_template, masked: bool, training):
     """What the checks share: TRL's tokenizer, the template TRL trains with (``None``: the tokenizer's),
     whether the set-up masks non-assistant tokens (``assistant_only_loss`` or completion-only loss),
-    ``training()`` → ``(name, text)`` of TRL's training template of the template's family or ``None``, and
-    the doctor's ``Finding`` class."""
+    ``training()`` → ``(name, text)`` of TRL's training template of the template's family or ``None``."""
     return types.SimpleNamespace(tokenizer=tokenizer, chat_template=chat_template, masked=masked,
-                                 training=training, Finding=finding, probing=None)
+                                 training=training, probing=None)
 
 
 def _probe(ctx, name: str) -> str:
@@ -347,7 +354,7 @@ def _prefix_findings(renders, ctx) -> list:
                    and _reasoning_of(m))
 
     training = _training_fix(ctx, bad, keeps)
-    return [ctx.Finding(
+    return [Finding(
         "warning", "prefix-not-preserved",
         f"the chat template rewrites {rewritten} of {checked} earlier reasoning turns once the conversation "
         "goes on (not prefix-preserving)",
@@ -385,7 +392,7 @@ def _reasoning_lost_findings(renders, ctx) -> list:
            "train with a template that renders it")
     if outside:
         fix += "; reasoning rendered outside the loss: put it inside {% generation %}…{% endgeneration %}"
-    return [ctx.Finding(
+    return [Finding(
         "error", "reasoning-lost",
         f"{len(dropped) + len(outside)} of {len(turns)} reasoning turns ({lost_tokens:,} of "
         f"{total_tokens:,} reasoning tokens) never reach the loss",
@@ -406,7 +413,7 @@ def _empty_think_findings(renders, ctx) -> list:
         return []
     turns = [m for r in renders for m in r.messages[r.first_trained:] if m.get("role") == "assistant"]
     bare = sum(not _reasoning_of(m) for m in turns)
-    return [ctx.Finding(
+    return [Finding(
         "warning", "empty-think-graded",
         f"{graded} empty <think></think> blocks carry loss, in {len(set(rows))} of {len(renders)} rows",
         f"{bare} of {len(turns)} assistant turns have no reasoning in the data, and the chat template writes "
@@ -430,7 +437,7 @@ def _tool_output_findings(renders, ctx) -> list:
     fix = ("put tool messages in the prompt (prompt/completion rows) or outside {% generation %}"
            if ctx.masked else "set assistant_only_loss=True (TRL swaps in the family's training template, "
            "which grades only the assistant's turns)")
-    return [ctx.Finding(
+    return [Finding(
         "error" if ctx.masked else "warning", "tool-output-graded",
         f"{len(graded)} of {len(replies)} tool replies carry loss "
         f"({sum(s.graded for _, s in graded):,} tokens)",
@@ -452,7 +459,7 @@ def _tool_arguments_findings(renders, ctx) -> list:
     if not mixed and not escaped:
         return []
     if not mixed:
-        return [ctx.Finding(
+        return [Finding(
             "error", "tool-arguments-escaped",
             f"the chat template writes {len(escaped)} of {len(strings)} tool-call arguments as escaped "
             "strings",
@@ -462,7 +469,7 @@ def _tool_arguments_findings(renders, ctx) -> list:
             "form",
             LESSON)]
     alike = not escaped
-    return [ctx.Finding(
+    return [Finding(
         "info" if alike else "error", "tool-arguments-mixed",
         f"tool-call arguments are dicts in {len(calls) - len(strings)} calls and JSON strings in "
         f"{len(strings)}" + ("" if alike else f": {len(escaped)} of the strings are trained as escaped "
@@ -493,7 +500,7 @@ def _tool_calls_dropped_findings(renders, ctx) -> list:
     if outside:
         fixes.append("put the tool-call branch of the template inside {% generation %}…{% endgeneration %} "
                      "(TRL's qwen2_5_training.jinja does)")
-    return [ctx.Finding(
+    return [Finding(
         "error", "tool-calls-dropped",
         f"{len(dropped) + len(outside)} of {len(calls)} tool calls never reach the loss",
         f"{len(dropped)} are not in TRL's rendering (the template drops tool_calls), {len(outside)} are "
@@ -514,7 +521,7 @@ def _tool_stop_findings(renders, ctx) -> list:
     if not untrained:
         return []
     token = ctx.tokenizer.convert_ids_to_tokens(untrained[0][1].stop_id)
-    return [ctx.Finding(
+    return [Finding(
         "error", "tool-stop-untrained",
         f"the stop token {token!r} after a tool call carries no loss in {len(untrained)} of {len(turns)} "
         "tool-call turns",
@@ -537,11 +544,28 @@ CHECKS = {
 }
 
 
+def reasoning_and_tool_findings(dataset, prepared, tokenizer, chat_template, masked, stop_ids) -> list:
+    """The checks of this module (``CHECKS``), each through ``guarded``, on the rows as
+    TRL renders and labels them (``prepared``: untruncated, unpacked)."""
+    if dataset is None or prepared is None:
+        return []
+    try:
+        renders = _renderings(dataset, prepared, tokenizer, chat_template, stop_ids)
+    except Exception as exc:  # noqa: BLE001 — a check that cannot run is a finding, not a traceback
+        return could_not_check("reasoning-and-tools", exc)
+    if not renders:
+        return []
+    template = chat_template or tokenizer.chat_template
+    training = functools.cache(lambda: family_training_template(template))  # computed once, when asked
+    ctx = _context(tokenizer, chat_template, masked, training)
+    return [f for check, run in CHECKS.items() for f in guarded(check, run, renders, ctx)]
+
+
 # ---------------------------------------------------------------------------------------------
 # A template error: the row it fails on, never a traceback
 # ---------------------------------------------------------------------------------------------
 
-def _template_error_findings(dataset, tokenizer, chat_template, exc, finding) -> list:
+def template_error_findings(dataset, tokenizer, chat_template, exc) -> list:
     """The first row the chat template raises on (rendered as TRL renders it), the message and a fix; TRL's
     preparation stops at that row with the same jinja2 error. ``[]`` when no row raises on its own."""
     row_id, error = None, exc
@@ -560,11 +584,11 @@ def _template_error_findings(dataset, tokenizer, chat_template, exc, finding) ->
            in message or "tool" in message else "make the row fit the template, or use a template that "
            "renders every role and field your rows hold")
     if any(_calls_of(m) for row in dataset for m in _conversation(row)[0]):
-        ctx = _context(tokenizer, chat_template, False, lambda: None, finding)
+        ctx = _context(tokenizer, chat_template, False, lambda: None)
         fix += (f"; trl supports_tool_calling={_probe(ctx, 'supports_tool_calling')} for this template: "
                 "where it is False the calls are dropped once the row renders — use a template that renders "
                 "tool_calls")
-    return [finding("error", "template-error",
+    return [Finding("error", "template-error",
                     f"the chat template raises on row {row_id}: SFTTrainer stops there",
                     f"{type(error).__name__}: {message} (raised while TRL renders the row)",
                     fix + "; render the row with tokenizer.apply_chat_template(row['messages'], tools=...) "

@@ -1,0 +1,404 @@
+"""The doctor's inputs: the rows (a JSONL file, a list, a ``datasets.Dataset``), the SFTConfig and LoRA
+fields, the model, and the arguments of ``diagnose`` — each read and checked before anything is measured.
+Bad input raises ``DoctorInputError`` (exit status 2) with what was wrong, why, and how to fix it: the
+doctor never reports on a set-up it had to guess at.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from pathlib import Path
+
+from .. import validate
+from ..model import model_source, offline_error
+
+# What this file offers users (re-exported by ``course_utils.doctor``); its other names serve the package
+__all__ = ["DoctorInputError", "read_config", "read_jsonl", "read_peft_config"]
+
+PEFT_KEYS = ("use_peft", "lora_r", "peft_config", "lora_alpha")  # TRL ModelConfig fields a config may carry
+
+
+class DoctorInputError(ValueError):
+    """Bad input to the doctor (exit status 2): the message says what, why and how to fix it."""
+
+
+def read_jsonl(path) -> list[dict]:
+    """The rows of a JSONL file; a malformed line raises ``DoctorInputError`` naming its number."""
+    return _read_jsonl(path, sample=None, seed=0)[0]
+
+
+def _read_jsonl(path, sample: int | None, seed: int) -> tuple[list[dict], int]:
+    """``(rows, how many the file holds)``: every row, or a seeded uniform sample of ``sample`` of them
+    (reservoir sampling while the file streams by: memory holds the sample, never the file). Every line is
+    parsed and checked, sampled or not: a malformed line is bad input wherever it is."""
+    import random
+
+    path = _existing_file("data file", path, "the doctor reads the rows you would train on",
+                          "pass the path of a .jsonl file, one JSON object per line")
+    rng, kept, first_form, total = random.Random(seed), [], None, 0
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DoctorInputError(
+                    f"{path}: line {number} is not valid JSON ({exc.msg} at column {exc.colno}) — each line "
+                    "must be one JSON object — fix or remove that line.") from None
+            first_form = _check_form(row, f"{path}: line {number}", first_form)
+            slot = total if sample is None or total < sample else rng.randrange(total + 1)
+            if sample is None or slot < sample:
+                entry = (row, number, total)
+                if slot < len(kept):
+                    kept[slot] = entry
+                else:
+                    kept.append(entry)
+            total += 1
+    if not kept:
+        raise DoctorInputError(f"{path} has no rows — there is nothing to check or train on — pass a "
+                               "non-empty JSONL file.")
+    kept.sort(key=lambda entry: entry[1])  # file order: TRL's order, and row ids a reader can find
+    # _doctor_index: the row's position among the file's rows, where datasets' JSON loader puts it
+    return [{**row, "_doctor_row": number - 1, "_doctor_index": index} for row, number, index in kept], \
+        total
+
+
+def _check_form(row, where: str, first):
+    """``_check_row``, and the row in the first row's form ``first`` (returned: the form so far)."""
+    _check_row(row, where)
+    form = row_form([row])
+    if first is not None and form != first[0]:
+        raise DoctorInputError(f"{where} is a {form!r} row but {first[1]} is a {first[0]!r} row — TRL "
+                               "tokenizes a dataset in one form, and the doctor would measure the other "
+                               "rows as the first one — convert the rows to one form.")
+    return first or (form, where)
+
+
+def _existing_file(what: str, path, why: str, fix: str) -> Path:
+    if not isinstance(path, (str, Path)) or not str(path).strip():
+        raise DoctorInputError(f"the {what} must be a path, got {path!r} — {why} — {fix}.")
+    path = Path(path)
+    if path.is_dir():
+        raise DoctorInputError(f"{what} {str(path)!r} is a directory, not a file — {why} — {fix}.")
+    if not path.is_file():
+        raise DoctorInputError(f"{what} {str(path)!r} does not exist — {why} — {fix}.")
+    return path
+
+
+def _check_rows(rows: list, where) -> None:
+    """Every row in one of TRL's forms, and all rows in the same one (TRL reads one form per dataset)."""
+    first = None
+    for i, row in enumerate(rows):
+        first = _check_form(row, where(i), first)
+
+
+TOKENIZED_COLUMNS = ("labels", "completion_mask", "assistant_masks")  # what TRL reads beside input_ids
+
+
+def _check_row(row, where: str) -> None:
+    if not isinstance(row, dict):
+        raise DoctorInputError(f"{where} is a JSON {type(row).__name__}, not an object — TRL's dataset "
+                               "formats are objects — write {\"messages\": [...]} or "
+                               "{\"prompt\": ..., \"completion\": ...}.")
+    if "input_ids" in row:  # TRL trains such rows as they are (its "already processed" path)
+        _check_tokenized_row(row, where)
+    elif "messages" in row:
+        _check_messages(row["messages"], f"{where}: 'messages'")
+    elif not ("prompt" in row and "completion" in row) and "text" not in row:
+        raise DoctorInputError(f"{where} has keys {sorted(row)} — TRL reads 'messages', "
+                               "'prompt'+'completion' or 'text' — rename the columns to one of these forms.")
+    else:
+        for column in ("prompt", "completion"):
+            if isinstance(row.get(column), list):  # conversational prompt/completion: messages too
+                _check_messages(row[column], f"{where}: '{column}'")
+
+
+def _check_messages(messages, where: str) -> None:
+    """A list of ``{'role', 'content'}`` objects, and each tool call naming its function."""
+    ok = isinstance(messages, list) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and m["role"].strip() and "content" in m
+        for m in messages)
+    if not ok:
+        raise DoctorInputError(f"{where} must be a list of {{'role', 'content'}} objects with a role name — "
+                               "the chat template renders such a list — fix that row.")
+    for i, message in enumerate(messages):
+        calls = message.get("tool_calls")
+        if calls is None:
+            continue
+        if not isinstance(calls, list):
+            raise DoctorInputError(f"{where}, message {i}: 'tool_calls' is a {type(calls).__name__}, not a "
+                                   "list — templates iterate over the calls — write [{\"type\": "
+                                   "\"function\", \"function\": {\"name\": ..., \"arguments\": {...}}}].")
+        for j, call in enumerate(calls):
+            function = call.get("function", call) if isinstance(call, dict) else None
+            name = function.get("name") if isinstance(function, dict) else None
+            if not (isinstance(name, str) and name.strip()):
+                raise DoctorInputError(f"{where}, message {i}: tool call {j} has function name {name!r} — a "
+                                       "call names the function to run, and without one the model is trained "
+                                       "to call nothing — give each call its function's name.")
+
+
+def _check_tokenized_row(row: dict, where: str) -> None:
+    """A pre-tokenised row (the output of your own tokenization or collator): ``input_ids``, and
+    ``labels`` / ``completion_mask`` / ``assistant_masks`` of the same length when present."""
+    ids = row["input_ids"]
+    if not (isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                   for t in ids)):
+        raise DoctorInputError(f"{where}: 'input_ids' must be a non-empty list of token ids (whole numbers "
+                               ">= 0) — TRL feeds them to the model as they are — fix that row.")
+    for column in TOKENIZED_COLUMNS:
+        if column not in row:
+            continue
+        values, allowed = row[column], "ids or -100" if column == "labels" else "0 or 1"
+        labels = column == "labels"
+        ok = isinstance(values, list) and len(values) == len(ids) and all(
+            isinstance(v, int) and not isinstance(v, bool) and (v >= -100 if labels else v in (0, 1))
+            for v in values)
+        if not ok:
+            raise DoctorInputError(f"{where}: '{column}' must be a list of {len(ids)} values ({allowed}), "
+                                   "one per input id — TRL pairs them position by position — fix that row.")
+
+
+def read_config(config=None) -> dict:
+    """A dict of SFTConfig fields from a dict, a JSON file path, or ``None`` (all defaults)."""
+    if config is None:
+        return {}
+    return _json_object(config, "config", "SFTConfig", "--config", "TRL's defaults",
+                        '{"max_length": 512, "learning_rate": 2e-5}')
+
+
+def _json_object(value, name: str, fields_of: str, flag: str, without: str, example: str) -> dict:
+    """``value`` as a dict of ``fields_of``'s fields: a dict as it is, or a JSON file holding one object."""
+    if isinstance(value, (str, Path)):
+        path = _existing_file(f"{name} file", value, f"it holds your {fields_of} fields",
+                              f"pass the path of a JSON file, or leave {flag} out for {without}")
+        try:
+            value = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise DoctorInputError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}) — the {name} is "
+                                   f"one JSON object of {fields_of} fields — fix the file.") from None
+    if not isinstance(value, dict):
+        raise DoctorInputError(f"the {name} is a {type(value).__name__}, not a JSON object — it maps "
+                               f"{fields_of} field names to values — write e.g. {example}.")
+    return dict(value)
+
+
+def validate_config(config: dict) -> None:
+    """Every key a field TRL knows, every SFTConfig value of its field's type (and choices), and the
+    lengths, batch sizes and learning rate the doctor measures with in range. SFTConfig itself takes
+    ``max_length=-5`` or ``packing="yes"`` without a word; training would not."""
+    from trl import ModelConfig, ScriptArguments, SFTConfig
+
+    fields = SFTConfig.__dataclass_fields__
+    # `trl sft --config` reads one file for the script, the model and the SFTConfig: their keys are known
+    known = {*fields, *ModelConfig.__dataclass_fields__, *ScriptArguments.__dataclass_fields__, *PEFT_KEYS}
+    for key in config:
+        if key not in known:
+            hint = _did_you_mean(key, fields)
+            raise DoctorInputError(f"config key {key!r} is not an SFTConfig field{hint} — "
+                                   "SFTConfig(**config) raises TypeError on it, and the doctor would measure "
+                                   "with the default instead — fix the spelling against SFTConfig's fields, "
+                                   "or drop the key.")
+    for key, value in config.items():
+        if key in fields:
+            _check_config_value(key, value, fields[key])
+
+
+def _did_you_mean(key, names) -> str:
+    """`` (did you mean 'x'?)`` with the closest of ``names``, or nothing when none is close."""
+    close = difflib.get_close_matches(str(key), sorted(names), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+_TYPES = {"<class 'bool'>": (bool,), "<class 'int'>": (int,), "<class 'float'>": (int, float),
+          "<class 'str'>": (str,), "bool | None": (bool, type(None)), "int | None": (int, type(None)),
+          "float | None": (int, float, type(None)), "str | None": (str, type(None))}
+_AT_LEAST_1 = ("per_device_train_batch_size", "gradient_accumulation_steps")
+
+
+def _check_config_value(key: str, value, field) -> None:
+    if key == "max_length":  # one check for it, the argument's and the config's
+        validate_max_length(value, "config max_length")
+        return
+    kinds = _TYPES.get(str(field.type))
+    is_bool = isinstance(value, bool)
+    if kinds is not None and (not isinstance(value, kinds) or (is_bool and bool not in kinds)):
+        names = " or ".join("null" if k is type(None) else "true/false" if k is bool else k.__name__
+                            for k in kinds)
+        raise DoctorInputError(f"config {key}={value!r} has type {type(value).__name__}, but SFTConfig's "
+                               f"{key} is {names} — SFTConfig stores it unchecked and training reads it as "
+                               f"that type — write it as {names} in the JSON.")
+    choices = field.metadata.get("choices")
+    if choices and value not in choices:
+        hint = _did_you_mean(value, choices)
+        raise DoctorInputError(f"config {key}={value!r} is not one of {choices}{hint} — TRL knows only these "
+                               f"— pass one of them.")
+    if key in _AT_LEAST_1 and value is not None and value < 1:
+        raise DoctorInputError(f"config {key}={value!r} is below 1 — it is a count of tokens or rows, and "
+                               f"nothing trains with {value!r} — pass a positive number (or leave it out for "
+                               "TRL's default).")
+    if key == "learning_rate" and not (math.isfinite(value) and value > 0):
+        raise DoctorInputError(f"config learning_rate={value!r} is not a positive number — a rate <= 0 "
+                               "trains nothing or backwards — pass e.g. 2e-5.")
+
+
+def validate_max_length(max_length, name: str = "max_length") -> int | None:
+    """The one check of a ``max_length``, the argument's (``--max-length``) and the config's."""
+    if max_length is None:
+        return None
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        raise DoctorInputError(f"{name}={max_length!r} must be a whole number of tokens >= 1 — it is the "
+                               "length TRL truncates every row to, and no row fits in it — pass e.g. "
+                               "--max-length 512 (max_length=512), or leave it out for the config's (TRL's "
+                               "default: 1024).")
+    return max_length
+
+
+def _load_tokenizer(model):
+    from transformers import AutoTokenizer
+
+    try:
+        source = model_source(model)
+    except (ValueError, FileNotFoundError) as exc:
+        raise DoctorInputError(str(exc)) from None
+    try:
+        return source, AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        offline = offline_error(source)
+        if offline is not None:
+            raise DoctorInputError(str(offline)) from None
+        raise DoctorInputError(f"could not load a tokenizer from {str(source)!r} ({type(exc).__name__}: "
+                               f"{str(exc)[:200]}) — the doctor needs the tokenizer you train with — pass a "
+                               "directory saved with save_pretrained() or a hub id.") from None
+
+
+def row_form(rows) -> str:
+    first = rows[0]
+    if "input_ids" in first:  # TRL's test too: a dataset with input_ids is "already processed"
+        return "tokenized"
+    if "messages" in first:
+        return "messages"
+    if "prompt" in first:
+        return "prompt_completion" if isinstance(first["prompt"], list) else "prompt_completion_text"
+    return "text"
+
+
+def read_rows(data, sample: int | None = None, seed: int = 0) -> tuple[list[dict], int]:
+    """``(rows, how many the data holds)``: all rows, or a seeded sample of ``sample``; each row carries its
+    index in the data as ``_doctor_row`` (the row ids the findings quote)."""
+    import random
+
+    if isinstance(data, (str, Path)):
+        return _read_jsonl(data, sample, seed)
+    if not (isinstance(data, (list, tuple)) or hasattr(data, "column_names")):  # a datasets.Dataset
+        raise DoctorInputError(f"data must be a JSONL path or a list of rows, got {type(data).__name__} — "
+                               "the doctor checks each row as TRL would read it — pass e.g. 'train.jsonl' "
+                               "or [{'messages': [...]}, ...].")
+    total = len(data)
+    if not total:
+        raise DoctorInputError("the data has no rows — there is nothing to check — pass a JSONL path or a "
+                               "non-empty list of rows.")
+    picked = range(total) if sample is None or total <= sample else sorted(
+        random.Random(seed).sample(range(total), sample))
+    rows = [data[i] for i in picked]  # a Dataset reads only these rows
+    _check_rows(rows, lambda i: f"row {picked[i]}")
+    return [{**dict(r), "_doctor_row": i} for i, r in zip(picked, rows)], total
+
+
+def validate_model(model) -> None:
+    """A model directory or hub id, or a loaded ``(model, tokenizer)`` pair that fits together."""
+    if isinstance(model, tuple) and len(model) == 2:
+        try:
+            validate.model_and_tokenizer(*model)
+        except (TypeError, ValueError) as exc:
+            raise DoctorInputError(str(exc)) from None
+    elif not isinstance(model, (str, Path)) or not str(model).strip():
+        raise DoctorInputError(f"model must be a model directory, a hub id or a (model, tokenizer) pair, "
+                               f"got {model!r:.60} — the doctor checks the tokenizer (and weights) you train "
+                               "with, and will not guess a default — pass e.g. --model ./my-model or "
+                               "diagnose((model, tokenizer), ...).")
+
+
+def model_source_and_tokenizer(model):
+    if isinstance(model, tuple):  # (model, tokenizer) already loaded
+        return None, model[0], model[1]
+    source, tokenizer = _load_tokenizer(model)
+    return source, None, tokenizer
+
+
+def validate_options(*, forward, num_processes, max_load_gb, sample, seed) -> None:
+    """``diagnose``'s options, each of its type and in its range (``DoctorInputError`` otherwise)."""
+    try:
+        validate.flag("forward", forward, why="it switches the forward pass of the fp16 check",
+                      fix="pass forward=False to skip loading weights")
+        validate.positive_int("num_processes", num_processes, why="it is how many processes share each "
+                              "optimizer step", fix="pass e.g. 8 for torchrun --nproc-per-node 8 (1 for a "
+                              "single GPU or CPU)")
+        validate.number("max_load_gb", max_load_gb, minimum=0, why="the fp16 check loads no checkpoint "
+                        "larger", fix="pass e.g. 16 (0: never load weights)")
+        if sample is not None:
+            validate.positive_int("sample", sample, why="the doctor checks that many rows", fix="pass e.g. "
+                                  "2000 (--sample 2000), or None (--all) for every row")
+        validate.seed("seed", seed)
+    except (TypeError, ValueError) as exc:  # the CLI's exit 2: one line, what — why — fix
+        raise DoctorInputError(str(exc)) from None
+
+
+def read_peft_config(peft_config=None):
+    """The ``peft.LoraConfig`` a practitioner passes to ``SFTTrainer(peft_config=...)``: from a LoraConfig, a
+    dict of its fields or a JSON file of them; ``None`` (full fine-tuning) stays None. The doctor measures
+    the fp16 range and judges the learning rate with it."""
+    from peft import LoraConfig, PeftConfig
+
+    if peft_config is None or isinstance(peft_config, PeftConfig):
+        return peft_config
+    peft_config = _json_object(peft_config, "peft config", "LoraConfig", "--peft-config", "full fine-tuning",
+                               '{"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}')
+    fields = LoraConfig.__dataclass_fields__
+    for key in peft_config:
+        if key not in fields:
+            hint = _did_you_mean(key, fields)
+            raise DoctorInputError(f"peft config key {key!r} is not a LoraConfig field{hint} — "
+                                   "LoraConfig(**it) raises TypeError — fix the spelling against "
+                                   "LoraConfig's fields.")
+    for key, kinds in (("r", (int,)), ("lora_alpha", (int, float)), ("lora_dropout", (int, float))):
+        value = peft_config.get(key, 1 if key != "lora_dropout" else 0)
+        if isinstance(value, bool) or not isinstance(value, kinds) or value < 0 or (key == "r" and value < 1):
+            raise DoctorInputError(f"peft config {key}={value!r} is not a {'whole ' if key == 'r' else ''}"
+                                   f"number{' >= 1' if key == 'r' else ' >= 0'} — LoraConfig stores it "
+                                   "unchecked and peft fails when it builds the adapters — write e.g. "
+                                   "{\"r\": 16, \"lora_alpha\": 32, \"lora_dropout\": 0.05}.")
+    try:
+        return _peft_config_from(peft_config)
+    except (TypeError, ValueError) as exc:
+        raise DoctorInputError(f"LoraConfig rejects these fields: {str(exc)[:200]} — SFTTrainer would "
+                               "fail the same way — fix the field it names.") from None
+
+
+def lora_setup(config: dict, peft_config):
+    """The LoRA set-up training would use: the user's ``LoraConfig`` (``SFTTrainer(peft_config=...)``), or
+    the one ``trl sft`` builds from ModelConfig fields (``use_peft``, ``lora_*``: TRL's defaults r=16,
+    alpha=32, dropout 0.05 — built by TRL's own ``get_peft_config``), or None (full fine-tuning)."""
+    if peft_config is not None:
+        return peft_config
+    if not (config.get("use_peft") or config.get("lora_r")):
+        return None
+    from ..lora_coverage import lora_config_as_trl_builds
+
+    try:  # TRL's own path (ModelConfig, then get_peft_config): its lora_dropout=0.05, target_parameters
+        return lora_config_as_trl_builds({**config, "use_peft": True})
+    except (TypeError, ValueError) as exc:
+        raise DoctorInputError(f"trl sft cannot build a LoraConfig from these lora_* fields: "
+                               f"{str(exc)[:200]} "
+                               "— training would fail the same way — fix the field it names.") from None
+
+
+def _peft_config_from(fields: dict):
+    """A ``peft.LoraConfig`` from a dict of its fields (what a practitioner passes to
+    ``SFTTrainer(peft_config=...)``); ``task_type`` defaults to causal LM."""
+    from peft import LoraConfig
+
+    return LoraConfig(**{"task_type": "CAUSAL_LM", **fields})

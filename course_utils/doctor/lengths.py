@@ -1,0 +1,162 @@
+"""The doctor's checks of lengths (lessons 03 and 05): rows whose graded tokens ``max_length`` cuts, answers
+that lose their stop token, rows that packing splits apart, and packing without example boundaries —
+with the odds that a micro-batch or an optimizer step has no graded token at all.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .. import validate
+from ..data import is_graded
+from . import trl_view
+from .report import Finding, share_of
+
+# What this file offers users (re-exported by ``course_utils.doctor``); its other names serve the package
+__all__ = ["empty_batch_probability"]
+
+ERROR_SHARE = 0.01  # fully truncated rows: an error from 1 % of the data, a warning below
+
+
+def _graded_positions(labels) -> list[int]:
+    """Positions of one of TRL's prepared label lists that are not -100. Unshifted on purpose, unlike
+    ``data.graded``: the report quotes these positions (the first one is the prompt's length in tokens),
+    and column 0 is never a target in a chat row anyway."""
+    return [i for i, t in enumerate(labels) if is_graded(t)]
+
+
+def empty_batch_probability(n_rows: int, n_empty: int, batch_size: int) -> float:
+    """P(a micro-batch of ``batch_size`` rows drawn without replacement has no graded row)."""
+    validate.positive_int("n_rows", n_rows, why="it counts the rows a micro-batch is drawn from")
+    validate.integer("n_empty", n_empty, minimum=0, why="it counts the rows without a graded token")
+    validate.positive_int("batch_size", batch_size, why="it counts the rows of a micro-batch")
+    if n_empty > n_rows:
+        raise ValueError(f"n_empty={n_empty} is more than n_rows={n_rows} — the rows without a graded token "
+                         "are some of the rows — pass n_empty <= n_rows.")
+    if batch_size > n_rows:
+        return float(n_empty == n_rows)
+    return math.prod((n_empty - i) / (n_rows - i) for i in range(batch_size))
+
+
+def truncation_findings(prepared, tokenizer, args, chat_template, completion_only_loss,
+                         num_processes: int = 1) -> list[Finding]:
+    """Rows whose every graded token is cut at max_length, what TRL does with them, and the odds that a
+    micro-batch (a hand-written loop's NaN) or a whole optimizer step (SFTTrainer's 0.0) has none."""
+    if prepared is None or args.max_length is None:
+        return []
+    if args.packing and args.packing_strategy in ("wrapped", "bfd_split"):
+        return _packed_apart_findings(prepared, args)  # these strategies cut no token
+    max_length, batch = args.max_length, args.per_device_train_batch_size
+    graded = {r: _graded_positions(lab) for r, lab in zip(prepared["_doctor_row"], prepared["labels"])}
+    first = {r: pos[0] for r, pos in graded.items() if pos}
+    findings = _answer_cut_findings(graded, args)
+    prompts = sorted(first.values())
+    median_prompt = prompts[len(prompts) // 2] if prompts else 0
+    if prompts and median_prompt >= max_length:
+        findings.append(Finding(
+            "error", "max-length-below-prompts",
+            f"max_length={max_length} is below most prompts (median {median_prompt} tokens)",
+            f"{sum(p >= max_length for p in prompts)} of {len(prompts)} prompts are at least max_length "
+            f"tokens long; the longest answer starts at token {prompts[-1]}",
+            f"raise max_length above {median_prompt} (the longest needs {prompts[-1] + 1}), or shorten the "
+            "prompts", "05"))
+    tokenized = prepared.remove_columns([c for c in prepared.column_names if c not in
+                                         ("input_ids", "labels", "_doctor_row")])
+    cut = trl_view.prepare(tokenizer, tokenized, args, chat_template, completion_only_loss, packing=False)
+    dropped = sorted(set(first) - set(cut["_doctor_row"]))
+    if not dropped:
+        return findings
+    n = len(first)
+    share = len(dropped) / n
+    # what one optimizer step draws: SFTTrainer's loss divides by the graded tokens of all its micro-batches
+    # on all processes (num_items_in_batch), so only a step without any graded token logs 0.0
+    step_rows = batch * args.gradient_accumulation_steps * num_processes
+    step_words = (f"{args.gradient_accumulation_steps} micro-batches of {batch} rows on {num_processes} "
+                  f"process{'es' if num_processes > 1 else ''}")
+    if args.packing:
+        packed = trl_view.prepare(tokenizer, tokenized, args, chat_template, completion_only_loss)
+        empty_rows = sum(not _graded_positions(lab) for lab in packed["labels"])
+        p_step = empty_batch_probability(len(packed), empty_rows, step_rows)
+        path = (f"packing={args.packing_strategy}: TRL keeps them, and {empty_rows} of {len(packed)} packed "
+                "rows have no graded token; SFTTrainer divides by the graded tokens of the whole optimizer "
+                f"step ({step_words}: num_items_in_batch), so such a row adds nothing and the logged loss is "
+                f"the mean of the rest; a step with no graded token at all (p={p_step:.3g}) logs 0.0 and "
+                "updates nothing")
+    else:
+        p_micro = empty_batch_probability(n, len(dropped), batch)
+        path = (f"SFTTrainer drops them ('Dropping fully masked examples'): it trains on {n - len(dropped)} "
+                f"rows, not the ones you think; a loop without that filter meets a micro-batch of {batch} "
+                f"with no graded token with p={p_micro:.3g} (~{p_micro * n / batch:.2g} per epoch), and a "
+                "per-micro-batch mean over it logs NaN (0/0; its gradients are zero with F.cross_entropy's "
+                "ignore_index, NaN for a per-token loss at every position then masked): guard it with "
+                "sum / count.clamp(min=1), not a skip, when it runs on several processes")
+    severity = "error" if share >= ERROR_SHARE else "warning"
+    findings.append(Finding(
+        severity, "fully-truncated",
+        f"{share_of(len(dropped), n)} lose every graded token at max_length={max_length}",
+        f"row ids {dropped[:8]}; {path}",
+        # the first number is the one that also keeps every answer's end (a smaller one leaves answers
+        # without their stop token: answer-truncated); lesson 08 reads it. No truncation_mode='keep_end':
+        # TRL 1.16 deprecates it, ignores it under packing, and it cuts the BOS and the system prompt
+        f"max_length >= {max(pos[-1] for pos in graded.values() if pos) + 1} keeps every answer whole "
+        f"(>= {max(first.values()) + 1} keeps a graded token in every row); or drop or shorten the long "
+        "prompts", "05"))
+    return findings
+
+
+def _answer_cut_findings(graded: dict, args) -> list[Finding]:
+    """Rows that keep part of their answer but lose its end — and with it the end-of-turn / eos token —
+    at max_length (``keep_start``): the model is taught answers that do not stop (lesson 02)."""
+    if args.truncation_mode != "keep_start":
+        return []
+    cut = sorted(r for r, pos in graded.items() if pos and pos[0] < args.max_length <= pos[-1])
+    if not cut:
+        return []
+    return [Finding("warning", "answer-truncated",
+                    f"{share_of(len(cut), len(graded))} lose the end of their answer at "
+                    f"max_length={args.max_length}",
+                    f"row ids {cut[:8]}: their last graded token (the end of turn) lies past max_length, so "
+                    "these rows teach the answer without its stop token",
+                    f"max_length >= {max(graded[r][-1] for r in cut) + 1} keeps every answer's end; or "
+                    "shorten the long rows", "05")]
+
+
+def _packed_apart_findings(prepared, args) -> list[Finding]:
+    """``wrapped`` and ``bfd_split`` packing keep every token (TRL truncates nothing), but a row longer than
+    ``max_length`` is split across packed rows: the part of its answer past the cut trains without the
+    start of its prompt."""
+    max_length = args.max_length
+    long_rows = [(r, _graded_positions(lab)) for r, lab in zip(prepared["_doctor_row"], prepared["labels"])
+                 if len(lab) > max_length]
+    apart = [r for r, pos in long_rows if pos and pos[-1] >= max_length]
+    if not apart:
+        return []
+    beside = " (and, wrapped, beside other examples)" if args.packing_strategy == "wrapped" else ""
+    return [Finding("warning", "answers-packed-apart",
+                    f"{share_of(len(apart), len(prepared))} are longer than max_length={max_length}: "
+                    f"packing_strategy={args.packing_strategy!r} splits them, answer apart from prompt",
+                    f"row ids {apart[:8]}; no token is lost (TRL does not truncate under this packing), but "
+                    f"graded tokens past the cut are trained without the start of their prompt{beside}",
+                    f"max_length >= {max(len(lab) for lab in prepared['labels'])} keeps every row whole; or "
+                    "shorten the long rows", "05")]
+
+
+def packing_findings(prepared, tokenizer, args, chat_template, completion_only_loss) -> list[Finding]:
+    """Packing without per-example boundaries lets attention cross examples (lesson 03)."""
+    if not args.packing or prepared is None or args.max_length is None:
+        return []
+    padding_free = args.padding_free or args.packing_strategy in ("bfd", "bfd_split")
+    if args.packing_strategy != "wrapped" or padding_free:
+        return []
+    extra = [c for c in prepared.column_names if c not in ("input_ids", "labels")]
+    tokenized = prepared.remove_columns(extra)
+    packed = trl_view.prepare(tokenizer, tokenized, args, chat_template, completion_only_loss)
+    return [Finding("warning", "packing-no-boundaries",
+                    "packing_strategy='wrapped' without padding_free: examples attend to each other",
+                    f"TRL packs {len(prepared)} rows into {len(packed)} rows of {args.max_length} tokens "
+                    f"(~{len(prepared) / max(len(packed), 1):.1f} examples per row) with an all-ones "
+                    "attention mask and no position_ids reset",
+                    # not padding_free=True with 'wrapped': TRL warns against that combination
+                    "use packing_strategy='bfd' (padding-free, per-example boundaries kept; it truncates "
+                    "rows longer than max_length), or 'bfd_split' (splits them instead)",
+                    "03")]

@@ -1,0 +1,275 @@
+"""What TRL will build from a set-up, computed with TRL's own code and without a model: the
+``SFTConfig``, the tokenizer as ``SFTTrainer.__init__`` leaves it, the dataset as ``trl sft`` loads it, the
+rows ``SFTTrainer._prepare_dataset`` would train (only through ``course_utils.internals``), the stop token a
+chat row teaches, and the training template TRL ships for a template's family.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import os
+import re
+import tempfile
+import types
+from pathlib import Path
+
+from .. import internals
+from ..data import end_of_turn_id, first_special_after
+from .inputs import DoctorInputError
+from .report import Finding
+
+# A room of the doctor, not an API: its names serve the package; users import ``course_utils.doctor``
+__all__ = []
+
+# A template is of a shipped family when it uses the same turn markers (Jaccard >= 0.5) and is this similar
+# (difflib ratio, not quick_ratio: quick_ratio only compares character counts and put Llama next to Qwen3)
+FAMILY_SIMILARITY = 0.6
+
+
+def sft_args(config: dict, max_length=None):
+    """``(SFTConfig, user's precision flags)`` for a checked config dict (``validate_config``).
+
+    The SFTConfig is built for CPU with precision off (``bf16`` on a CPU-only machine raises): the
+    doctor only reads its fields; the user's ``bf16``/``fp16`` are returned separately.
+    """
+    from trl import SFTConfig
+
+    fields = set(SFTConfig.__dataclass_fields__)
+    known = {k: v for k, v in config.items() if k in fields}
+    if max_length is not None:
+        known["max_length"] = max_length
+    precision = {"fp16": bool(known.pop("fp16", False)), "bf16": known.pop("bf16", None)}
+    for key in ("output_dir", "report_to", "use_cpu", "push_to_hub"):
+        known.pop(key, None)
+    if "gradient_checkpointing" not in known:  # the doctor never trains; avoid the deprecation warning
+        known.setdefault("activation_checkpointing", False)
+    try:
+        args = SFTConfig(output_dir=tempfile.gettempdir(), report_to="none", use_cpu=True, bf16=False,
+                         fp16=False, **known)
+    except (TypeError, ValueError) as exc:
+        raise DoctorInputError(f"SFTConfig rejects this config: {str(exc)[:300]} — TRL would fail the same "
+                               "way before training — fix the field it names.") from None
+    return args, precision
+
+
+def trl_dataset(data, rows: list[dict]):
+    """``(dataset, findings)``: the rows the doctor checks, read as TRL trains them — a ``datasets.Dataset``
+    with a ``_doctor_row`` column.
+
+    A JSONL file goes through ``datasets.load_dataset("json", data_files=...)``, as TRL's ``trl sft`` and
+    its docs read one: the whole file (the loader fixes each field's type from the file's first 10 MiB
+    and fails on a later row that does not fit, and so would TRL), then the sampled rows are selected. A
+    list of rows is read the same way, as the JSONL file its (sampled) rows would be; a ``Dataset`` is
+    trained as it is.
+    Not ``Dataset.from_list``: it fills every message's missing keys with None (``tool_calls: None`` on
+    each user turn, which templates then render) and raises on tool-call arguments that are dicts in some
+    rows and strings in others, which the JSON loader keeps as JSON. A file the loader rejects is an error
+    finding, and ``dataset`` is None: TRL would stop there.
+    """
+    from datasets import load_dataset
+
+    ids = [r["_doctor_row"] for r in rows]
+    if hasattr(data, "column_names"):  # a Dataset: TRL trains it as it is
+        chosen = data.select(ids).flatten_indices(keep_in_memory=True)
+        return chosen.remove_columns([c for c in ["_doctor_row"] if c in chosen.column_names]).add_column(
+            "_doctor_row", ids), []
+    with tempfile.TemporaryDirectory() as cache:  # the loader's Arrow cache: never the user's HF cache
+        if isinstance(data, (str, Path)):
+            source, picked = str(data), [r["_doctor_index"] for r in rows]
+        else:
+            source, picked = os.path.join(cache, "rows.jsonl"), None
+            with open(source, "w", encoding="utf-8") as handle:
+                handle.writelines(json.dumps({k: v for k, v in r.items() if k != "_doctor_index"}) + "\n"
+                                  for r in rows)
+        try:
+            full = load_dataset("json", data_files=source, split="train", cache_dir=os.path.join(cache, "hf"))
+        except Exception as exc:  # noqa: BLE001 — whatever the loader raises, TRL would not start
+            return None, _unloadable_findings(exc)
+        # in memory: the cache directory goes away with this block
+        dataset = (full if picked is None else full.select(picked)).flatten_indices(keep_in_memory=True)
+    return (dataset if picked is None else dataset.add_column("_doctor_row", ids)), []
+
+
+def _unloadable_findings(exc: Exception) -> list[Finding]:
+    cause = exc  # datasets wraps the loader's error ("An error occurred while generating the dataset")
+    while (cause.__cause__ or cause.__context__) is not None:
+        cause = cause.__cause__ or cause.__context__
+    message = " ".join(str(cause).split())[:300]
+    return [Finding("error", "data-unloadable", "datasets.load_dataset('json') fails on this data: TRL "
+                    "never starts training", f"{type(cause).__name__}: {message}",
+                    "the loader fixes each field's type from the file's first 10 MiB and cannot cast a later "
+                    "row that adds keys or changes a type (e.g. tool-call rows after 10 MiB of plain chats): "
+                    "shuffle the file so its start holds every kind of row, or give each field one type in "
+                    "every row (tool-call arguments as objects everywhere, or JSON strings everywhere)",
+                    "09")]
+
+
+def prepare(tokenizer, dataset, args, chat_template, completion_only_loss, **overrides):
+    """The rows TRL's ``SFTTrainer`` would train (tokenize, label, truncate, drop, pack), without a model
+    (``internals.prepare_sft_dataset``); ``overrides`` replace SFTConfig fields (e.g. ``max_length``)."""
+    args = _replace(args, shuffle_dataset=False, **overrides)  # the config's dataset_num_proc: TRL's own
+    return internals.prepare_sft_dataset(dataset, tokenizer, args, chat_template=chat_template,
+                                         completion_only_loss=completion_only_loss)
+
+
+def _replace(args, **changes):
+    clone = types.SimpleNamespace(**{k: getattr(args, k) for k in args.__dataclass_fields__})
+    for key, value in changes.items():
+        setattr(clone, key, value)
+    return clone
+
+
+def apply_chat_template_path(tokenizer, args):
+    """The tokenizer training would use: SFTTrainer reads a ``.jinja`` ``chat_template_path`` into it.
+
+    Other values make TRL clone a template from another checkpoint (``clone_chat_template``), which
+    needs the model; the doctor then checks the tokenizer as it is and says so.
+    """
+    path = args.chat_template_path
+    if path is None:
+        return tokenizer, []
+    if not (Path(path).is_file() and str(path).endswith((".jinja", ".j2"))):
+        return tokenizer, [Finding("info", "chat-template-path", f"chat_template_path={path!r} not applied",
+                                   "not a local .jinja file: TRL would clone it with clone_chat_template",
+                                   "run the doctor on the cloned tokenizer (save it first)", "04")]
+    tokenizer = copy.deepcopy(tokenizer)  # a copy: the caller's tokenizer keeps its template and tokens
+    tokenizer.chat_template = Path(path).read_text(encoding="utf-8")
+    return tokenizer, []
+
+
+def trl_tokenizer(tokenizer, args):
+    """The tokenizer as ``SFTTrainer.__init__`` leaves it before preparing the rows (TRL 1.16,
+    sft_trainer.py): ``eos_token`` from the config replaces the tokenizer's; the pad is the config's
+    ``pad_token``, else the tokenizer's, else its eos. A copy: the caller's tokenizer is untouched (a
+    shallow copy would share its special-token map). A token not in the vocabulary is an error finding:
+    TRL raises ValueError there."""
+    eos = args.eos_token
+    pad = args.pad_token or tokenizer.pad_token or (eos if eos is not None else tokenizer.eos_token)
+    vocab = tokenizer.get_vocab()
+    findings = [Finding("error", "special-token-unknown",
+                        f"{field}={token!r} is not in the tokenizer's vocabulary",
+                        f"SFTTrainer raises ValueError: the specified `{field}` ('{token}') is not found",
+                        f"pick a token of the tokenizer for {field}, or add it "
+                        "(tokenizer.add_special_tokens) and resize the model's embeddings", "02")
+                for field, token in (("eos_token", eos), ("pad_token", pad)) if token is not None
+                and token not in vocab]
+    if findings or (eos in (None, tokenizer.eos_token) and pad == tokenizer.pad_token):
+        return tokenizer, findings
+    tokenizer = copy.deepcopy(tokenizer)
+    if eos is not None:
+        tokenizer.eos_token = eos
+    if pad is not None:
+        tokenizer.pad_token = pad
+    return tokenizer, findings
+
+
+def generation_eos_ids(source, model_obj) -> list[int]:
+    from transformers import GenerationConfig
+
+    if model_obj is not None:  # a loaded model: its generation_config is what generate() will use
+        eos = model_obj.generation_config.eos_token_id
+    else:
+        try:
+            eos = GenerationConfig.from_pretrained(source).eos_token_id
+        except (OSError, ValueError):
+            eos = None
+    return [] if eos is None else [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
+
+
+def end_of_turn_or_none(tokenizer) -> int | None:
+    """The stop token a chat row teaches: the first special token after the *final* assistant message of a
+    training row (no generation prompt after it) — ``<|im_end|>`` for ChatML, ``<|return|>`` for gpt-oss,
+    whose earlier turns end with ``<|end|>`` (a token generation must *not* stop on). ``None`` when the
+    tokenizer has no template or the template ends that turn with plain text (no stop id to check)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return None
+    probe = "Fine, thank you."
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "How are you?"},
+                                              {"role": "assistant", "content": probe}], tokenize=False)
+        after = text[text.rindex(probe) + len(probe):]
+    except Exception:  # noqa: BLE001 — a template that rejects the probe: the lessons' rule below
+        after = ""
+    token = first_special_after(tokenizer, after)
+    if token is not None:
+        return token
+    try:
+        return end_of_turn_id(tokenizer)  # a template that closes a turn only when another one starts
+    except Exception:  # noqa: BLE001 — no template, or one that ends turns with text
+        return None
+
+
+# turn markers in a template's text: <|eot_id|>, <｜User｜>, [INST], <start_of_turn>, <|im_end|>
+_MARKER = re.compile(r"<\|[^|'\"\s]+\|>|<｜[^｜]+｜>|\[/?INST\]|<(?:start|end)_of_turn>")
+
+
+def template_family(template: str) -> tuple[str | None, float]:
+    """The TRL original template (``trl/chat_templates/<name>.jinja``) that ``template`` is a copy or an
+    edit of, and how similar they are; ``(None, best ratio)`` when none shares its turn markers (e.g.
+    ``<|start_header_id|>``, ``[INST]``) and at least ``FAMILY_SIMILARITY`` of its text."""
+    from trl import chat_template_utils as ctu
+
+    originals = {a[: -len("_chat_template")]: getattr(ctu, a) for a in dir(ctu)
+                 if a.endswith("_chat_template") and not a.endswith("_training_chat_template")
+                 and isinstance(getattr(ctu, a), str)}
+    for name, text in originals.items():
+        if text.strip() == template.strip():
+            return name, 1.0
+    mine = set(_MARKER.findall(template))
+    candidates = []
+    for name, text in originals.items():
+        theirs = set(_MARKER.findall(text))
+        if not mine or len(mine & theirs) / len(mine | theirs) < 0.5:  # another family's turn markers
+            continue
+        bound = difflib.SequenceMatcher(None, template, text, autojunk=False).quick_ratio()
+        candidates.append((bound, name, text))
+    # the similarity is quadratic in the templates' length (~1.7 s for two 10 k-character ones);
+    # quick_ratio() is an upper bound of it, so the most promising go first and any that cannot beat the
+    # best are skipped
+    best = (None, 0.0)
+    for bound, name, text in sorted(candidates, key=lambda c: -c[0]):
+        if bound <= best[1]:
+            break
+        best = max(best, (name, _similarity(template, text)), key=lambda x: x[1])
+    return best if best[1] >= FAMILY_SIMILARITY else (None, best[1])
+
+
+def _similarity(a: str, b: str) -> float:
+    """difflib's ratio (2 x matched characters / both lengths), with the common prefix and suffix matched
+    first: an edited template shares most of its text with the original at both ends, and only the middle
+    that differs goes through the quadratic matcher (gpt-oss's 13 k-character template: seconds -> ms)."""
+    start = len(os.path.commonprefix([a, b]))
+    end = len(os.path.commonprefix([a[start:][::-1], b[start:][::-1]]))
+    middle_a, middle_b = a[start:len(a) - end], b[start:len(b) - end]
+    blocks = difflib.SequenceMatcher(None, middle_a, middle_b, autojunk=False).get_matching_blocks()
+    matched = start + end + sum(block.size for block in blocks)
+    return 2 * matched / max(len(a) + len(b), 1)
+
+
+def training_template_name(family: str) -> str | None:
+    """The training template of ``family`` TRL ships: its own (``qwen2_5``), else its base name's
+    (``llama3_1`` → ``llama3``), else None. Never another family's."""
+    from trl import chat_template_utils as ctu
+
+    parts = re.sub(r"_v\d+$", "", family).split("_")
+    for end in range(len(parts), 0, -1):
+        name = "_".join(parts[:end])
+        if isinstance(getattr(ctu, f"{name}_training_chat_template", None), str):
+            return name
+    return None
+
+
+def family_training_template(template: str) -> tuple[str, str] | None:
+    """``(name, text)`` of TRL's training template of ``template``'s own family, or None. A training template
+    TRL swapped in is its own answer (no similarity to compute: gpt-oss's takes seconds)."""
+    from trl import chat_template_utils as ctu
+
+    for attribute in dir(ctu):
+        if attribute.endswith("_training_chat_template") and getattr(ctu, attribute) == template:
+            return attribute[: -len("_training_chat_template")], template
+    family, _ = template_family(template)
+    name = training_template_name(family) if family else None
+    return None if name is None else (name, getattr(ctu, f"{name}_training_chat_template"))

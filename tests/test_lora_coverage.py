@@ -1,0 +1,140 @@
+"""course_utils.lora_coverage (lesson 13): the per-group table on tiny configs, with the installed peft as the
+judge; the TRL-built LoraConfig; the saved adapter's layout; bad input rejected with what/why/fix."""
+
+import warnings
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+
+from course_utils import lora_coverage as lc
+
+
+def test_every_family_builds_and_groups_its_weights():
+    for family in lc.FAMILIES:
+        groups = lc.module_groups(lc.tiny_model(family, meta=True))
+        assert {"attention"} <= set(groups.values()) <= set(lc.GROUPS), family
+    hybrid = set(lc.module_groups(lc.tiny_model("qwen3_5_moe_text", meta=True)).values())
+    assert hybrid == set(lc.GROUPS) - {"dense_mlp"}
+
+
+def test_tutorial_list_leaves_fused_experts_frozen_unless_peft_remaps():
+    for family in ("gpt_oss", "granitemoe", "qwen2_moe", "qwen3_moe", "mixtral"):
+        result = lc.adapter_coverage(lc.tiny_config(family), LoraConfig(target_modules=lc.TUTORIAL_TARGETS))
+        reached = result["table"]["routed_experts"]["adapted"] > 0
+        assert reached == ("target_parameters" in result["rewritten"]), (family, result)
+
+
+def test_target_parameters_reach_the_experts_and_dropout_is_refused():
+    config = lc.tiny_config("gpt_oss")
+    fixed = lc.adapter_coverage(
+        config,
+        LoraConfig(lora_dropout=0.0, target_modules=["q_proj"], target_parameters=lc.EXPERT_PARAMETERS),
+    )
+    assert fixed["table"]["routed_experts"]["adapted"] == fixed["table"]["routed_experts"]["tensors"]
+    refused = lc.adapter_coverage(
+        config,
+        LoraConfig(lora_dropout=0.05, target_modules=["q_proj"], target_parameters=lc.EXPERT_PARAMETERS),
+    )
+    assert "dropout" in refused["error"] and refused["table"] == {}
+
+
+def test_hybrids_mixers_and_all_linear_on_mamba():
+    qwen35 = lc.tiny_config("qwen3_5_text")
+    listed = lc.adapter_coverage(qwen35, LoraConfig(target_modules=lc.TUTORIAL_TARGETS))
+    assert listed["frozen"] == ["linear_mixer"]
+    assert lc.adapter_coverage(qwen35, LoraConfig(target_modules="all-linear"))["frozen"] == []
+    assert (
+        "incompatible"
+        in lc.adapter_coverage(lc.tiny_config("nemotron_h"), LoraConfig(target_modules="all-linear"))["error"]
+    )
+
+
+def test_meta_table_equals_the_real_model_and_every_adapter_gets_a_gradient():
+    lora = LoraConfig(
+        lora_dropout=0.0, target_modules=lc.TUTORIAL_TARGETS, target_parameters=lc.EXPERT_PARAMETERS
+    )
+    planned = lc.adapter_coverage(lc.tiny_config("qwen2_moe"), lora)["table"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = get_peft_model(lc.tiny_model("qwen2_moe"), lora)
+    assert lc.lora_coverage(model) == planned
+    grads = lc.gradient_by_group(model, torch.randint(3, 200, (2, 10)))
+    assert all(r["with_grad"] == r["adapted"] > 0 for r in grads.values())
+    assert sum(r["lora_params"] for r in planned.values()) == model.get_nb_trainable_parameters()[0]
+
+
+def test_weight_change_by_group_sees_only_adapted_groups():
+    base = lc.tiny_model("qwen2_moe")
+    before = lc.weights_by_group(base)
+    model = get_peft_model(base, LoraConfig(lora_dropout=0.0, target_modules=["q_proj"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.fill_(0.1)
+    change = lc.weight_change_by_group(before, model)
+    assert change["attention"] > 0 and change["routed_experts"] == 0.0 == change["shared_experts"]
+
+
+def test_lora_config_as_trl_builds_is_trls():
+    from trl import ModelConfig, get_peft_config
+
+    assert lc.lora_config_as_trl_builds({"use_peft": False}) is None
+    built = lc.lora_config_as_trl_builds(
+        {
+            "use_peft": True,
+            "lora_target_modules": ["q_proj"],
+            "lora_target_parameters": lc.EXPERT_PARAMETERS,
+            "learning_rate": 1e-4,
+        }
+    )
+    assert (
+        built.lora_dropout == 0.05 and built.target_modules == {"q_proj"} or built.target_modules == "q_proj"
+    )
+    assert sorted(built.target_parameters) == sorted(lc.EXPERT_PARAMETERS)
+    same = get_peft_config(
+        ModelConfig(
+            use_peft=True, lora_target_modules=["q_proj"], lora_target_parameters=lc.EXPERT_PARAMETERS
+        )
+    )
+    assert built.to_dict() == same.to_dict()
+
+
+def test_saved_adapter_layout_and_drop(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = get_peft_model(
+            lc.tiny_model("qwen3_moe"),
+            LoraConfig(lora_dropout=0.0, target_modules=["q_proj"], target_parameters=lc.EXPERT_PARAMETERS),
+        )
+    model.save_pretrained(tmp_path / "a")
+    layout = lc.adapter_layout(tmp_path / "a")
+    assert sorted(layout["target_parameters"]) == sorted(lc.EXPERT_PARAMETERS)
+    assert any(".experts.base_layer.lora_A" in k for k in layout["tensors"])
+    dropped = lc.drop_tensors(tmp_path / "a", tmp_path / "b", "experts")
+    assert dropped and not any("experts" in k for k in lc.adapter_layout(tmp_path / "b")["tensors"])
+
+
+@pytest.mark.parametrize(
+    "call, phrase",
+    [
+        (lambda: lc.tiny_config("llama4"), "no tiny config"),
+        (lambda: lc.module_groups("model"), "needs a transformers model"),
+        (lambda: lc.lora_coverage(lc.tiny_model("qwen2_moe", meta=True)), "needs a PeftModel"),
+        (lambda: lc.adapter_coverage(lc.tiny_config("qwen2_moe"), {"r": 8}), "must be a peft.LoraConfig"),
+        (lambda: lc.adapter_coverage("qwen2_moe", LoraConfig()), "model_or_config must be"),
+        (lambda: lc.lora_config_as_trl_builds(["q_proj"]), "fields must be a dict"),
+        (lambda: lc.adapter_layout("/nonexistent"), "is not a saved peft adapter"),
+        (lambda: lc.frozen_groups([]), "must be a coverage table"),
+        (lambda: lc.weight_change_by_group({}, None), "before must be"),
+    ],
+)
+def test_bad_input_says_what_why_and_how(call, phrase):
+    with pytest.raises((TypeError, ValueError), match=phrase):
+        call()
+
+
+def test_gradient_by_group_rejects_float_input():
+    model = get_peft_model(lc.tiny_model("qwen2_moe"), LoraConfig(target_modules=["q_proj"]))
+    with pytest.raises(ValueError, match="2-D integer tensor"):
+        lc.gradient_by_group(model, torch.zeros(2, 3))
