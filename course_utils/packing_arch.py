@@ -372,9 +372,13 @@ def packing_frame(model_type: str, attn_implementation: str, collator: str):
     """``(text, figure)``: the probe on a tiny ``model_type`` model, B's |Δlogit| token by token."""
     from .viz import figure
 
+    validate.choice("model_type", model_type, tuple(ARCHITECTURES), why="the families tiny_model can build")
+    validate.choice("attn_implementation", attn_implementation, ATTENTION,
+                    why="the CPU attention implementations")
+    validate.choice("collator", collator, tuple(COLLATORS), why="the lesson's three ways to batch samples")
     try:
         model = tiny_model(model_type, attn_implementation)
-    except ValueError as error:
+    except ValueError as error:  # a valid family without this implementation (gpt-oss, MPT: no SDPA)
         return f"{model_type} · {attn_implementation}: cannot be built — {str(error)[:120]}"
     features = two_samples(model.config.vocab_size)
     batch = pack(features, collator)

@@ -121,3 +121,23 @@ def test_in_qwen2_5_vl_refuses_a_model_it_cannot_copy():
 def test_position_rows_on_a_padded_batch_is_refused(qwen3):
     with pytest.raises(ValueError, match="for packed batches"):
         P.packing_leak(qwen3, "padded", position_rows=4)
+
+
+def test_the_display_helpers_refuse_bad_input_and_show_what_they_measure(qwen3):
+    feats = P.two_samples(256, (6, 4))
+    call = {k: v for k, v in P.pack(feats, "flattening").items()}
+    drift = P.drift_by_token(qwen3, call, feats[1]["input_ids"])
+    assert drift.shape == (4,) and float(drift.max()) < 1e-5, "B's tokens, each against B alone"
+    table = {("qwen3", "sdpa", "flattening"): 1e-6, ("bamba", "sdpa", "trl"): "ValueError: x"}
+    text = P.leak_table_text(table)
+    assert "ok" in text and "raises" in text
+    frame = P.packing_frame("gpt_oss", "sdpa", "flattening")
+    assert isinstance(frame, str) and "cannot be built" in frame, "no SDPA path: said, not raised"
+    for bad_call, phrase in ((lambda: P.drift_by_token(qwen3, [1, 2], [1]), "call must be"),
+                             (lambda: P.drift_by_token(qwen3, call, list(range(5, 20))), "last sample"),
+                             (lambda: P.plot_drift_by_token({}, 1e-3), "non-empty dict"),
+                             (lambda: P.leak_table_text({"qwen3": 1.0}), "must map"),
+                             (lambda: P.packing_frame("qwen9", "sdpa", "trl"), "is not one of")):
+        with pytest.raises((ValueError, TypeError), match=phrase) as error:
+            bad_call()
+        assert " — " in str(error.value)

@@ -9,7 +9,7 @@ import random
 import torch
 
 from ...checks import Diagnosis
-from ...packing_arch import _pack, _probe, tiny_model, tiny_vl_model, with_position_rows
+from ...packing_arch import pack, packing_leak, tiny_model, tiny_vl_model, with_position_rows
 
 VERDICTS = ("clean", "leaks", "raises")
 
@@ -77,10 +77,11 @@ def setup_case(seed: int, graded: bool = True) -> tuple[dict, Diagnosis]:
     family, attn, collator, rows = SETUPS[seed % len(SETUPS)]
     model = _model(family, attn, rng.randrange(10_000))
     a, b = _samples(rng, model.config.get_text_config().vocab_size)
-    batch = _pack([{"input_ids": a}, {"input_ids": b}], collator)
+    features = [{"input_ids": a}, {"input_ids": b}]
+    batch = pack(features, collator)
     if rows is not None:
         batch = with_position_rows(batch, rows)
-    truth = _probe(model, batch, [len(a), len(b)], collator).verdict
+    truth = packing_leak(model, collator, features=features, position_rows=rows).verdict  # measured
     artefact = {"model": model, "features": [{"input_ids": a}, {"input_ids": b}], "batch": batch}
     return artefact, Diagnosis(truth)
 
