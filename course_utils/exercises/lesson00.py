@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .. import validate
 from ..checks import Case, Hints, check_diagnosis, fresh_seeds, run_check
-from ..data import end_of_turn_id, is_graded, tokenize_chat
+from ..data import IGNORE_INDEX, end_of_turn_id, is_graded, tokenize_chat
 from .answers import lesson00 as _answers
 
 # ------------------------------------------------------------------------------------------------
