@@ -9,8 +9,8 @@ model type (``peft/utils/transformers_weight_conversion.py``): it rewrites ``tar
 ``target_parameters``. Which models it rescues depends on the installed peft version, so this module
 measures it instead of stating it.
 
-- ``tiny_model(model_type)`` / ``tiny_config(model_type)``: a tiny random model of a family, offline, in
-  milliseconds (``FAMILIES`` lists the families the lesson measures).
+- ``tiny_moe_or_hybrid(model_type)`` / ``tiny_config(model_type)``: a tiny random model of a family,
+  offline, in milliseconds (``FAMILIES`` lists the families the lesson measures).
 - ``module_groups(model)``: each weight tensor's group — attention, linear mixer (Gated DeltaNet,
   Mamba), router, routed experts, shared experts, dense MLP.
 - ``lora_coverage(peft_model)``: the per-group table of a LoRA model — tensors with weights, tensors
@@ -126,7 +126,7 @@ def tiny_config(model_type: str, **overrides):
     return AutoConfig.for_model(model_type, **{**_SMALL, **FAMILIES[model_type], **overrides})
 
 
-def tiny_model(model_type: str, *, seed: int = 0, meta: bool = False, tokenizer=None, **overrides):
+def tiny_moe_or_hybrid(model_type: str, *, seed: int = 0, meta: bool = False, tokenizer=None, **overrides):
     """A tiny random ``AutoModelForCausalLM`` of ``model_type`` (``meta=True``: no memory, no weights).
     ``tokenizer``: size the vocabulary and set pad/eos ids for it (to train on the course's chats)."""
     from transformers import AutoModelForCausalLM

@@ -438,10 +438,11 @@ def _stops(model, tokenizer, prompts: list[str], eos_ids: list[int] | None, max_
            header: str | None) -> list[bool]:
     """Per prompt: did greedy generation end on a stop id before opening a new user turn? ``eos_ids=None``:
     the model's own ``generation_config`` (what a user gets)."""
-    from .generation import _generate
+    from .generation import generate_greedy
 
     extra = {} if eos_ids is None else {"eos_token_id": eos_ids}
-    records = _generate(model, tokenizer, prompts, max_new_tokens, (header,) if header else (), extra)
+    records = generate_greedy(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                              turn_markers=(header,) if header else (), **extra)
     return [r["stopped"] for r in records]
 
 
@@ -474,8 +475,9 @@ def _dtype_of(model) -> torch.dtype:
     return next(p.dtype for p in model.parameters() if p.is_floating_point())
 
 
-def _precision(model) -> str:
-    """What decides the default tolerance: ``"4-bit"`` / ``"8-bit"`` or the floating dtype's name."""
+def precision_of(model) -> str:
+    """How ``model``'s weights are stored — ``"4-bit"`` / ``"8-bit"`` or the floating dtype's name: what
+    decides the ship check's default tolerances (``PRECISION_TOLERANCE``)."""
     kinds = {type(m).__name__ for m in model.modules()}
     if "Linear4bit" in kinds:
         return "4-bit"
@@ -598,7 +600,7 @@ def _served_prompt_finding(trained_model, trained_tok, saved, saved_tok, convers
 
 
 def _precision_finding(trained_model, saved, batches, kl_tolerance, agreement_tolerance) -> ShipFinding:
-    served, trained = _precision(saved), _precision(trained_model)
+    served, trained = precision_of(saved), precision_of(trained_model)
     loose = PRECISION_TOLERANCE["float32"]
     kl_default = max(PRECISION_TOLERANCE.get(served, loose)[0], PRECISION_TOLERANCE.get(trained, loose)[0])
     agree_default = min(PRECISION_TOLERANCE.get(served, loose)[1], PRECISION_TOLERANCE.get(trained, loose)[1])
@@ -640,7 +642,7 @@ def _token_rows_finding(trained_model, trained_tok, saved, saved_tok, info, base
 
 
 def _dtype_finding(trained_model, saved, info) -> ShipFinding:
-    trained, served = _precision(trained_model), _precision(saved)
+    trained, served = precision_of(trained_model), precision_of(saved)
     stated = info["dtype"] or "not stated: an adapter takes its base"
     same = trained == served
     quant = f", {info['quantization']} quantization_config" if info["quantization"] else ""

@@ -12,9 +12,9 @@ from course_utils import lora_coverage as lc
 
 def test_every_family_builds_and_groups_its_weights():
     for family in lc.FAMILIES:
-        groups = lc.module_groups(lc.tiny_model(family, meta=True))
+        groups = lc.module_groups(lc.tiny_moe_or_hybrid(family, meta=True))
         assert {"attention"} <= set(groups.values()) <= set(lc.GROUPS), family
-    hybrid = set(lc.module_groups(lc.tiny_model("qwen3_5_moe_text", meta=True)).values())
+    hybrid = set(lc.module_groups(lc.tiny_moe_or_hybrid("qwen3_5_moe_text", meta=True)).values())
     assert hybrid == set(lc.GROUPS) - {"dense_mlp"}
 
 
@@ -57,7 +57,7 @@ def test_meta_table_equals_the_real_model_and_every_adapter_gets_a_gradient():
     planned = lc.adapter_coverage(lc.tiny_config("qwen2_moe"), lora)["table"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = get_peft_model(lc.tiny_model("qwen2_moe"), lora)
+        model = get_peft_model(lc.tiny_moe_or_hybrid("qwen2_moe"), lora)
     assert lc.lora_coverage(model) == planned
     grads = lc.gradient_by_group(model, torch.randint(3, 200, (2, 10)))
     assert all(r["with_grad"] == r["adapted"] > 0 for r in grads.values())
@@ -65,7 +65,7 @@ def test_meta_table_equals_the_real_model_and_every_adapter_gets_a_gradient():
 
 
 def test_weight_change_by_group_sees_only_adapted_groups():
-    base = lc.tiny_model("qwen2_moe")
+    base = lc.tiny_moe_or_hybrid("qwen2_moe")
     before = lc.weights_by_group(base)
     model = get_peft_model(base, LoraConfig(lora_dropout=0.0, target_modules=["q_proj"]))
     with torch.no_grad():
@@ -104,7 +104,7 @@ def test_saved_adapter_layout_and_drop(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = get_peft_model(
-            lc.tiny_model("qwen3_moe"),
+            lc.tiny_moe_or_hybrid("qwen3_moe"),
             LoraConfig(lora_dropout=0.0, target_modules=["q_proj"], target_parameters=lc.EXPERT_PARAMETERS),
         )
     model.save_pretrained(tmp_path / "a")
@@ -120,7 +120,7 @@ def test_saved_adapter_layout_and_drop(tmp_path):
     [
         (lambda: lc.tiny_config("llama4"), "no tiny config"),
         (lambda: lc.module_groups("model"), "needs a transformers model"),
-        (lambda: lc.lora_coverage(lc.tiny_model("qwen2_moe", meta=True)), "needs a PeftModel"),
+        (lambda: lc.lora_coverage(lc.tiny_moe_or_hybrid("qwen2_moe", meta=True)), "needs a PeftModel"),
         (lambda: lc.adapter_coverage(lc.tiny_config("qwen2_moe"), {"r": 8}), "must be a peft.LoraConfig"),
         (lambda: lc.adapter_coverage("qwen2_moe", LoraConfig()), "model_or_config must be"),
         (lambda: lc.lora_config_as_trl_builds(["q_proj"]), "fields must be a dict"),
@@ -135,7 +135,7 @@ def test_bad_input_says_what_why_and_how(call, phrase):
 
 
 def test_gradient_by_group_rejects_float_input():
-    model = get_peft_model(lc.tiny_model("qwen2_moe"), LoraConfig(target_modules=["q_proj"]))
+    model = get_peft_model(lc.tiny_moe_or_hybrid("qwen2_moe"), LoraConfig(target_modules=["q_proj"]))
     with pytest.raises(ValueError, match="2-D integer tensor"):
         lc.gradient_by_group(model, torch.zeros(2, 3))
 
@@ -171,7 +171,7 @@ def test_coverage_problems_name_each_trap():
 
 
 def test_adapter_coverage_leaves_the_callers_model_alone():
-    model = lc.tiny_model("qwen2_moe")
+    model = lc.tiny_moe_or_hybrid("qwen2_moe")
     table = lc.adapter_coverage(model, LoraConfig(target_modules=["q_proj"]))["table"]
     assert table["attention"]["adapted"] == 2 and not hasattr(model, "peft_config")
     assert next(model.parameters()).device.type == "cpu"

@@ -24,7 +24,7 @@ from .. import validate
 from ..checks import Case, Hints, check_diagnosis, fresh_seeds, run_check
 from ..data import end_of_turn_token, make_batches, make_messages
 from ..model import course_seed, load_course_model
-from ..shipping import PRECISION_TOLERANCE, _drift, _logits, _precision, load_saved, saved_files
+from ..shipping import PRECISION_TOLERANCE, _drift, _logits, load_saved, precision_of, saved_files
 from .answers import lesson10 as _answers
 
 # ------------------------------------------------------------------------------------------------
@@ -97,11 +97,11 @@ def _compare_saved(_got, expected: dict) -> str | None:
                 "loader take the template from when the directory has none?")
     drift = _drift(expected["logits"], _logits(served, expected["batches"]), expected["batches"])
     # what a user feels decides, as in the ship check: a correct bf16 save passes
-    kl_tolerance, agreement = PRECISION_TOLERANCE.get(_precision(served), PRECISION_TOLERANCE["float32"])
+    kl_tolerance, agreement = PRECISION_TOLERANCE.get(precision_of(served), PRECISION_TOLERANCE["float32"])
     if drift["kl"] > kl_tolerance or drift["agreement"] < agreement:
         return (f"the served next-token distribution differs from the trained model's (KL "
                 f"{drift['kl']:.3g} nats/token, greedy agreement {drift['agreement']:.2f}; loaded in "
-                f"{_precision(served)}): the trained embedding and head rows (modules_to_save) or the LoRA "
+                f"{precision_of(served)}): the trained embedding and head rows (modules_to_save) or the LoRA "
                 "update were not saved")
     return None
 
