@@ -52,7 +52,7 @@ import sys
 # before transformers reads its settings.
 _EXPORTS = {
     "IGNORE_INDEX": "data", "make_batches": "data", "make_chat_dataset": "data", "make_messages": "data",
-    "tokenize_chat": "data", "graded": "data", "n_graded": "data",
+    "tokenize_chat": "data", "graded": "data", "is_graded": "data", "n_graded": "data",
     "COURSE_MODEL_DIR": "model", "course_model_name": "model", "course_seed": "model",
     "load_course_model": "model", "token_id": "model", "add_reasoning_tokens": "model",
     "report_outcome": "outcomes",

@@ -583,6 +583,12 @@ def plot_stop_rates(rates: dict[str, float], broken: list[str], *, margin: float
     as a dashed line (lesson 02's verify step); returns whether every other setup reaches it."""
     import matplotlib.pyplot as plt
 
+    if not isinstance(rates, dict) or not rates:
+        raise TypeError(f"rates must be a non-empty dict {{setup: stop rate}}, got {type(rates).__name__} — "
+                        "one bar per setup — pass the rates the lesson measured.")
+    for key in validate.strings("broken", broken):
+        validate.key("broken item", key, rates, where="rates")
+    validate.number("margin", margin, minimum=0, why="the threshold sits this far above the best broken rate")
     threshold = max(rates[k] for k in broken) + margin
     fig, ax = plt.subplots(figsize=(10, 4))
     ax.barh(list(rates), list(rates.values()), color=["#d62828" if k in broken else "#2a9d8f" for k in rates])
@@ -626,6 +632,14 @@ def train_mask_arms(load_model, conversations, criterion: StopCriterion, *, lr: 
     from .data import make_batches
     from .training import set_seed
 
+    validate.function("load_model", load_model)
+    validate.non_empty("conversations", conversations, what="conversations (lists of messages)")
+    if not isinstance(criterion, StopCriterion):
+        raise TypeError(f"criterion must be a StopCriterion, got {type(criterion).__name__} — it decides "
+                        "when the graded arm stops training — pass StopCriterion(...).")
+    validate.number("lr", lr, positive=True, why="a learning rate of 0 or less trains nothing or backwards")
+    validate.positive_int("cap", cap, why="it bounds the steps of the graded arm")
+    validate.positive_int("batch_size", batch_size, why="it is the rows per step")
     arms, steps = [], cap
     for train_on_eos in (True, False):
         set_seed()
@@ -641,5 +655,7 @@ def eos_labels_kept(batch: dict, eos_id: int) -> tuple[int, int]:
     """``(kept, total)``: of the real eos tokens in ``batch`` (attended, not padding), how many carry a label.
 
     Lesson 02's pad == eos measurement: a collator that masks labels by pad id keeps none of them."""
+    validate.batch("batch", batch, need=("input_ids", "attention_mask", "labels"))
+    validate.integer("eos_id", eos_id, minimum=0, why="it is the eos token's id")
     real_eos = (batch["input_ids"] == eos_id) & (batch["attention_mask"] == 1)
     return int(is_graded(batch["labels"][real_eos]).sum()), int(real_eos.sum())

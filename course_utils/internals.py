@@ -64,6 +64,8 @@ def sft_chat_template(tokenizer, assistant_only_loss: bool = True) -> str | None
     The one copy of that decision (``prepare_sft_dataset``'s callers pass its result)."""
     from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 
+    validate.tokenizer("tokenizer", tokenizer)
+    validate.flag("assistant_only_loss", assistant_only_loss, why="it is SFTConfig's switch")
     if not assistant_only_loss or has_generation_markers(tokenizer.chat_template):
         return None
     return get_training_chat_template(tokenizer)
@@ -72,6 +74,11 @@ def sft_chat_template(tokenizer, assistant_only_loss: bool = True) -> str | None
 def sft_completion_only(args, prompt_completion: bool) -> bool:
     """``completion_only_loss`` as ``SFTTrainer`` applies it: unset (``None``) grades only the completion of
     prompt-completion rows (``prompt_completion``) and every token of the others."""
+    if not hasattr(args, "completion_only_loss"):
+        raise TypeError(f"args must be an SFTConfig, got {type(args).__name__} — its completion_only_loss is "
+                        "read — pass SFTConfig(...).")
+    validate.flag("prompt_completion", prompt_completion, why="it says whether the rows are "
+                  "prompt/completion")
     return prompt_completion if args.completion_only_loss is None else bool(args.completion_only_loss)
 
 

@@ -85,6 +85,8 @@ def mean_ignore_index(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
 def per_token_ignore_index(flat_logits: torch.Tensor, flat_labels: torch.Tensor) -> torch.Tensor:
     """Per-token losses ``F.cross_entropy(reduction="none", ignore_index=-100)``: 0 at ignored positions,
     and its backward writes 0 there whatever gradient arrives (that is what keeps NaN out)."""
+    validate.tensor("flat_logits", flat_logits)
+    validate.tensor("flat_labels", flat_labels, integer_dtype=True)
     return F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="none")
 
 
@@ -92,6 +94,8 @@ def per_token_all_positions(flat_logits: torch.Tensor, flat_labels: torch.Tensor
     """Per-token losses at *every* position: ignored labels are replaced by a stand-in id
     (``clamp(min=0)`` only makes -100 a legal index for ``gather``) and left for a mask to remove.
     Its backward passes whatever arrives at an ignored position on to the logits."""
+    validate.tensor("flat_logits", flat_logits)
+    validate.tensor("flat_labels", flat_labels, integer_dtype=True)
     return -flat_logits.log_softmax(-1).gather(-1, flat_labels.clamp(min=0)[:, None])[:, 0]
 
 

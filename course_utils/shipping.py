@@ -716,7 +716,8 @@ def ship_report(trained_model, trained_tokenizer, saved_dir, *, base=None, conve
 
 def verdicts(findings) -> str:
     """One line for a ship report: ``"FAILS: stops (look at: files)"`` or ``"no failure"``."""
-    if not isinstance(findings, (list, tuple)) or not all(isinstance(f, ShipFinding) for f in findings):
+    if not isinstance(findings, (list, tuple)) or not findings or not all(isinstance(f, ShipFinding)
+                                                                          for f in findings):
         raise TypeError(f"findings must be ship_report()'s list of ShipFinding, got "
                         f"{type(findings).__name__} — the line summarises their verdicts — pass "
                         "ship_report(...)'s result.")

@@ -89,6 +89,8 @@ def required_params(fn) -> list[str]:
 
 def good_values() -> dict:
     """A valid value for the argument names the package shares (``name -> value``)."""
+    from trl import SFTTrainer  # noqa: F401 — imported once here (~10 s on a busy CPU), not inside a timed call
+
     from course_utils import load_course_model
     from course_utils.data import collate_right, make_chat_dataset, make_messages, tokenize_chat
 
@@ -153,7 +155,8 @@ def classify(fn, kwargs) -> tuple[str, str]:
     except Exception as exc:  # noqa: BLE001 - classifying, not handling
         message = str(exc)
         ours = "course_utils" in inspect.trace()[-1].filename
-        clear = isinstance(exc, (ValueError, TypeError, FileNotFoundError)) and WHAT_WHY_FIX.match(message)
+        clear = (isinstance(exc, (ValueError, TypeError, FileNotFoundError, TimeoutError))
+                 and WHAT_WHY_FIX.match(message))
         if ours and clear:
             return "what/why/fix", message[:120]
         return "raw error", f"{type(exc).__name__}: {message[:100]}"

@@ -218,7 +218,7 @@ def test_the_command_line_loads_a_qlora_reference(art, capsys):
                  str(art.fixed_base), "--trained-quantization", "nf4", "--saved",
                  str(art.cases["QLoRA shipped by lesson 10 (bf16 base, merge, eos copied)"].directory)])
     out = capsys.readouterr().out
-    assert code == 0 and "trained 4-bit" in out, out
+    assert code == 0 and "trained in 4-bit, served in bfloat16" in out, out
 
 
 def test_python_m_course_utils_ship_runs(tmp_path):

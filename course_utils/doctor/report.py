@@ -48,6 +48,8 @@ class Finding:
         if self.severity not in SEVERITIES:
             raise ValueError(f"severity={self.severity!r} is not one of {SEVERITIES} — the report sorts "
                              "and gates on these — use one of them.")
+        validate.non_empty_string("check", self.check, why="it names the check in the report and its JSON")
+        validate.non_empty_string("what", self.what, why="it is the finding's one-line summary")
 
 
 class Report(list):
