@@ -157,3 +157,62 @@ def saved_adapter_case(seed: int, *, graded: bool):
     }
     truth = {group: row["adapted"] for group, row in lora_coverage(peft_model).items()}
     return artefact, truth
+
+
+# ------------------------------------------------------------------------------------------------
+# The self-test (lesson 11): what a LoRA set-up reports before training, the cause to name
+# ------------------------------------------------------------------------------------------------
+
+SELF_TEST_CAUSES = {
+    "fused_experts_unreached": "the routed experts are fused 3-D parameters that target_modules cannot reach",
+    "mixer_unreached": "the linear-attention / Mamba mixers have Linear names the target list does not hold",
+    "dropout_with_target_parameters": "TRL's default lora_dropout=0.05 with adapters on fused parameters",
+    "healthy": "nothing: every group the config aims at is adapted",
+}
+# (family, LoraConfig fields): each cause's set-ups; the cause is checked against the measured table
+_SELF_TEST_SETUPS = {
+    "fused_experts_unreached": (("qwen2_moe", dict(target_modules=TUTORIAL_TARGETS)),
+                                ("gpt_oss", dict(target_modules="all-linear")),
+                                ("granitemoe", dict(target_modules=TUTORIAL_TARGETS))),
+    "mixer_unreached": (("qwen3_5_text", dict(target_modules=TUTORIAL_TARGETS)),),
+    "dropout_with_target_parameters": (("qwen3_moe", dict(target_modules=TUTORIAL_TARGETS,
+                                                          lora_dropout=0.05)),
+                                       ("qwen2_moe", dict(target_modules=TUTORIAL_TARGETS, lora_dropout=0.05,
+                                                          target_parameters=EXPERT_PARAMETERS))),
+    "healthy": (("qwen2_moe", dict(target_modules=TUTORIAL_TARGETS, target_parameters=EXPERT_PARAMETERS)),
+                ("qwen3_5_text", dict(target_modules="all-linear")),
+                ("qwen3_moe", dict(target_modules=TUTORIAL_TARGETS))),
+}
+
+
+def self_test_case(seed: int) -> tuple[str, str, tuple[str, ...]]:
+    """One self-test question: the per-group LoRA table (or the error) a practitioner gets for a config on a
+    model, its true cause as a plain phrase, and the phrases to choose from. Measured with peft on a
+    meta-device model; the listed cause is checked against the measurement."""
+    from peft import LoraConfig
+
+    from ...lora_coverage import format_table
+
+    causes = tuple(SELF_TEST_CAUSES)
+    cause = causes[seed % len(causes)]
+    setups = _SELF_TEST_SETUPS[cause]
+    family, fields = setups[(seed // len(causes)) % len(setups)]
+    config = LoraConfig(**{"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, **fields})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = adapter_coverage(tiny_config(family), config)
+    frozen = set(result["frozen"]) - {"router"}
+    measured = ("dropout_with_target_parameters" if result["error"] and "dropout" in result["error"] else
+                "fused_experts_unreached" if "routed_experts" in frozen else
+                "mixer_unreached" if "linear_mixer" in frozen else "healthy")
+    if measured != cause:
+        raise RuntimeError(f"self-test set-up {family}/{fields} measured {measured!r}, listed as {cause!r}")
+    shown = dict(fields)
+    lines = [f"model_type={family!r}; LoraConfig({', '.join(f'{k}={v!r}' for k, v in shown.items())})"]
+    if result["error"]:
+        lines.append(f"SFTTrainer(...) raised: ValueError: {result['error'][:160]}")
+    else:
+        total = sum(row["lora_params"] for row in result["table"].values())
+        lines += [f"the loss falls; print_trainable_parameters(): {total:,} trainable LoRA parameters",
+                  "per group:", format_table(result["table"])]
+    return "\n".join(lines), SELF_TEST_CAUSES[cause], tuple(SELF_TEST_CAUSES.values())

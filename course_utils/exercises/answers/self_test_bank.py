@@ -17,6 +17,9 @@ SECTIONS = {
     "07": "lesson 07 §3 (diagnose: the weight of one token in each row)",
     "09": "lesson 09 §3 (diagnose: what the data holds against what is rendered and graded)",
     "10": "lesson 10 §3 (diagnose: what the user's generate() stops on and which template it renders)",
+    "12": "lesson 12 §3 (diagnose: the positions the mask builder receives) and §5 (the same probe, other "
+          "architectures)",
+    "13": "lesson 13 §3 (diagnose: trainable LoRA parameters per group) and §5 (fix)",
 }
 
 TELLS = {
@@ -99,5 +102,21 @@ TELLS = {
         "token_rows_not_shipped": "the run would have trained embed_tokens/lm_head and the adapter would not "
                                   "save them",
         "dtype_changed": "the saved dtype would differ from the trained dtype",
+    },
+    "12": {
+        "mask_without_positions": "B's logits would move when packed, and the causal-mask builder would "
+                                  "receive no position_ids (None)",
+        "mixer_ignores_boundaries": "B's logits would move although the mask builder receives positions that "
+                                    "restart at 0: something outside attention mixes the samples",
+        "kernel_refuses_metadata": "the packed forward would raise, naming a kernel it needs to keep packed "
+                                   "sequences apart",
+        "healthy": "B packed would match B alone to round-off (max |Δlogit| ~1e-6)",
+    },
+    "13": {
+        "fused_experts_unreached": "the routed_experts row would show 0 adapted while the targets name the "
+                                   "MLP projections",
+        "mixer_unreached": "the linear_mixer row would show 0 adapted while attention is adapted",
+        "dropout_with_target_parameters": "SFTTrainer would raise about lora_dropout before any table exists",
+        "healthy": "every group the targets aim at would show adapters (the router may stay frozen)",
     },
 }
