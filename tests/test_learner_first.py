@@ -117,7 +117,7 @@ def test_instructors_states_the_honest_figures():
     assert learner_time.table(paths) in doc, "run: python -m tools.learner_time --write"
     cores = [learner_time.estimate(p)[0] for p in paths]
     assert f"{sum(c.total for c in cores):.0f} minutes for all" in doc, "the prose quotes the table's total"
-    assert f"({sum(c.half_homework for c in cores):.0f} in all)" in doc
+    assert f"({sum(c.half_homework for c in cores):.0f} in all" in doc, "the prose quotes the homework total"
     for name in learner_time.over_budget(paths):
         assert f"`{name}`" in doc
 

@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Mapping
 
 from .. import validate
-from ..checks import Case, Hints, run_check
+from ..checks import Case, Hints, fresh_seeds, run_check
 from ..lora_coverage import GROUPS, adapter_coverage
 from ..model import course_seed
 from .answers import lesson13 as _answers
@@ -173,14 +173,15 @@ READ_HINTS = Hints(
 )
 
 
-def check_read_adapter(fn, seeds=None):
-    """Checker for exercise 2: ``fn(artefact) -> {group: adapted tensors}`` on fresh saved adapters."""
+def _read_cases() -> list[Case]:
+    """Eight saved adapters drawn fresh on every run (``checks.fresh_seeds``), each with its truth."""
+    drawn = (_answers.saved_adapter_case(seed, graded=True) for seed in fresh_seeds(8))
+    return [Case((artefact,), truth, label="a fresh adapter") for artefact, truth in drawn]
+
+
+def check_read_adapter(fn):
+    """Checker for exercise 2: ``fn(artefact) -> {group: adapted tensors}`` on eight saved adapters drawn
+    fresh on every run (no keyword fixes them: see ``checks.fresh_seeds``)."""
     validate.function("fn", fn)
-    if seeds is None:
-        seeds = [100 * (course_seed() + 1) + i for i in range(8)]
-    seeds = validate.seeds("seeds", seeds)
-    cases = []
-    for seed in seeds:
-        artefact, truth = _answers.saved_adapter_case(seed, graded=True)
-        cases.append(Case((artefact,), truth, label=f"a fresh adapter, seed {seed}"))
-    return run_check("read_adapter", fn, cases, compare=_compare_read, hint=READ_HINTS)
+    # the cases built inline: no frame above the learner's function holds a truth
+    return run_check("read_adapter", fn, _read_cases(), compare=_compare_read, hint=READ_HINTS)
