@@ -138,14 +138,16 @@ def self_test_case(seed: int) -> tuple[str, str, tuple[str, ...]]:
     setups = _SELF_TEST_SETUPS[cause]
     family, attn, collator = setups[(seed // len(causes)) % len(setups)]
     model = _model(family, attn, seed)
-    result = packing_leak(model, collator)
+    rng = random.Random(f"self-test-{seed}")  # two samples of their own lengths: no two draws alike
+    a, b = _samples(rng, model.config.get_text_config().vocab_size)
+    result = packing_leak(model, collator, features=[{"input_ids": a}, {"input_ids": b}])
     expected = {"healthy": "clean", "kernel_refuses_metadata": "raises"}.get(cause, "leaks")
     if result.verdict != expected:  # the set-up table is checked against the measurement on every draw
         raise RuntimeError(f"self-test set-up {family}/{attn}/{collator} measured {result.verdict!r}, "
                            f"listed as {cause!r}: move it in _SELF_TEST_SETUPS")
     lines = [f"model_type={family!r}, attn_implementation={attn!r}, batches built by the "
              f"{_COLLATOR_NAMES[collator]} collator.",
-             "Sample B (29 tokens) after sample A (37 tokens), against B alone, no cache:"]
+             f"Sample B ({len(b)} tokens) after sample A ({len(a)} tokens), against B alone, no cache:"]
     if result.raised:
         lines.append(f"the packed forward raised: {result.raised[:160]}")
     else:

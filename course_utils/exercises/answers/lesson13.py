@@ -197,7 +197,10 @@ def self_test_case(seed: int) -> tuple[str, str, tuple[str, ...]]:
     cause = causes[seed % len(causes)]
     setups = _SELF_TEST_SETUPS[cause]
     family, fields = setups[(seed // len(causes)) % len(setups)]
-    config = LoraConfig(**{"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, **fields})
+    draw = random.Random(f"self-test-{seed}")  # its own rank and alpha: no two draws alike
+    rank = draw.randint(1, 256)
+    fields = {"r": rank, "lora_alpha": rank * draw.choice((1, 2, 4, 8)), **fields}
+    config = LoraConfig(**{"lora_dropout": 0.0, **fields})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = adapter_coverage(tiny_config(family), config)
