@@ -54,11 +54,22 @@ topic, called from ``run._run_checks`` through ``guarded``.
 
 # transformers, trl and datasets are imported where they are used: `from trl import SFTConfig, SFTTrainer`
 # costs ~10 s on a 2-core CPU (measured), and bad input, --help and `import course_utils.doctor` answer
-# without it (~1.5 s: torch, through data)
-from .inputs import DoctorInputError, read_config, read_jsonl, read_peft_config
-from .lengths import empty_batch_probability
+# without it. torch too: ``diagnose`` and ``empty_batch_probability`` load on first use (PEP 562), so the
+# data checks, the run autopsy and the catalogue (``python -m course_utils.doctor --data F`` / ``--run D``)
+# start without torch (issue 49: a cold start of ~1 s instead of ~6 s)
+from .inputs import SAMPLE_ROWS, DoctorInputError, read_config, read_jsonl, read_peft_config
 from .report import EXIT_CODES, LESSONS, SEVERITIES, Finding, Report
-from .run import SAMPLE_ROWS, diagnose
+
+_LAZY = {"diagnose": "run", "empty_batch_probability": "lengths"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["EXIT_CODES", "LESSONS", "SAMPLE_ROWS", "SEVERITIES", "DoctorInputError", "Finding", "Report",
            "diagnose", "empty_batch_probability", "read_config", "read_jsonl", "read_peft_config"]
