@@ -19,7 +19,7 @@ import sys
 
 from .. import validate
 from .catalogue import CHECKS, closest, table
-from .formats import FORMATS, render
+from .formats import FORMATS, formatted
 from .inputs import SAMPLE_ROWS, DoctorInputError
 from .report import SAMPLED, SEVERITIES, Finding, Report
 
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
         print(f"doctor: bad input: {exc}", file=sys.stderr)
         return 2
     report = Report(f for f in report if f.check not in options.ignore)
-    print(render(report, fmt, artifact))
+    print(formatted(report, fmt, artifact))
     return report.exit_code
 
 

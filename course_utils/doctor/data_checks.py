@@ -249,7 +249,7 @@ def duplicate_findings(rows, turns) -> list[Finding]:
         findings.append(Finding(
             "warning", "contradicting-answers",
             f"{len(clashes)} prompt(s) are answered differently in {share_of(len(ids), n)}",
-            f"rows with the same prompt and different answers: {example}; the model learns the average of "
+            f"groups of row ids with the same prompt and different answers: {example}; the model learns the average of "
             "the answers", "keep one answer per prompt, or make the prompts say what decides the answer", "08"))
     return findings
 
@@ -304,8 +304,9 @@ def _length_cap_findings(answered, tokenizer) -> list[Finding]:
     lengths = {i: len(tokenizer(answer, add_special_tokens=False)["input_ids"]) for i, _, answer, _ in answered}
     longest = max(lengths.values())
     capped = [i for i, length in lengths.items() if length == longest]
-    n = len(lengths)
-    if (longest < CAP_MIN_TOKENS or len(capped) < max(3, CAP_MIN_SHARE * n) or len(capped) == n
+    distinct = len({_normal(answer) for i, _, answer, _ in answered if lengths[i] == longest})
+    n = len(lengths)  # copies of one answer share its length: only distinct answers cut at one length count
+    if (longest < CAP_MIN_TOKENS or distinct < max(3, CAP_MIN_SHARE * n) or len(capped) == n
             or len(set(lengths.values())) < CAP_MIN_LENGTHS):
         return []
     return [Finding(

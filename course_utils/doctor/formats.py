@@ -19,12 +19,12 @@ SARIF_LEVELS = {"error": "error", "could-not-check": "warning", "warning": "warn
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 
 
-def render(report: Report, fmt: str = "text", artifact: str | None = None) -> str:
+def formatted(report: Report, fmt: str = "text", artifact: str | None = None) -> str:
     """``report`` in ``fmt`` (one of ``FORMATS``); ``artifact``: the file the findings are about (SARIF)."""
     if fmt == "json":
         return report.to_json()
     if fmt == "markdown":
-        return markdown(report)
+        return markdown_table(report)
     if fmt == "sarif":
         return sarif(report, artifact)
     return str(report)
@@ -34,7 +34,7 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(report: Report) -> str:
+def markdown_table(report: Report) -> str:
     counts = {s: sum(f.severity == s for f in report) for s in ("error", "could-not-check", "warning", "info")}
     head = (f"**SFT doctor:** {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info"
             + (f", {counts['could-not-check']} check(s) could not run" if counts["could-not-check"] else "")
