@@ -21,7 +21,7 @@ LESSONS = {"tour": "00", "accumulation": "01", "eos": "02", "padding": "03", "te
 # The doctor is a package (lesson 08's tool): its files import each other, and no other lesson's module
 DOCTOR = {"doctor", "doctor.__main__", "doctor.report", "doctor.inputs", "doctor.trl_view", "doctor.checks",
           "doctor.lengths", "doctor.precision", "doctor.trainer", "doctor.reasoning", "doctor.run",
-          "doctor.data_checks", "doctor.autopsy", "doctor.catalogue", "doctor.formats"}  # the last four: issue 49
+          "doctor.data_checks", "doctor.autopsy", "doctor.catalogue", "doctor.formats"}  # last four: issue 49
 # Lesson modules that may import each other: a lesson's two modules, or the capstone and its tools
 PAIRS = ({"token_weighting", "ddp_grad"}, {"capstone", "doctor"}, {"capstone", "watch"}, {"ship", "shipping"},
          {"doctor", "run_rules"}, {"watch", "run_rules"})  # run_rules: the watch's and the autopsy's one copy

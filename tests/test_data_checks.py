@@ -47,7 +47,8 @@ PLANTED = {  # label -> (rows, the check that must report, its severity)
     "chatml text": ([{"text": f"<|im_start|>user\nQ{i}<|im_end|>\n<|im_start|>assistant\nA{i}<|im_end|>\n"}
                      for i in range(20)], "rendered-markers", "warning"),
     "llama3 in content": ([{"messages": [user(f"<|start_header_id|>user<|end_header_id|>\n\nQ{i}<|eot_id|>"),
-                                         assistant(f"A{i}")]} for i in range(20)], "rendered-markers", "warning"),
+                                         assistant(f"A{i}")]} for i in range(20)],
+                          "rendered-markers", "warning"),
     "[INST] prompt": ([{"prompt": f"[INST] Q{i} [/INST]", "completion": f" A{i}"} for i in range(20)],
                       "rendered-markers", "warning"),
     "exact duplicates": (chats(30) + chats(30)[:6], "duplicate-rows", "warning"),
@@ -61,14 +62,17 @@ PLANTED = {  # label -> (rows, the check that must report, its severity)
     "looping answers": (chats(30) + [{"messages": [user(f"Story {i}"), assistant(f"{i} {LOOP}")]}
                                      for i in range(2)], "response-looping", "warning"),
     "echoed prompts": (chats(30) + [{"messages": [user(f"Repeat after me number {i}"),
-                                                  assistant(f"Repeat after me number {i}")]} for i in range(4)],
+                                                  assistant(f"Repeat after me number "
+                                                            f"{i}")]} for i in range(4)],
                        "response-copies-prompt", "error"),
     "partial reasoning": ([{"messages": [user(f"Q{i}"), assistant(f"<think>{i}+{i}</think>{2 * i}" if i % 4
                                                                   else f"{2 * i}")]} for i in range(20)],
                           "reasoning-partial", "warning"),
     "partial reasoning field": ([{"messages": [user(f"Q{i}"), assistant(f"{2 * i}", **(
-        {"reasoning_content": f"{i}+{i}"} if i % 2 else {}))]} for i in range(20)], "reasoning-partial", "warning"),
-    "sharegpt roles": ([{"messages": [{"role": "human", "content": f"Q{i}"}, {"role": "gpt", "content": f"A{i}"}]}
+        {"reasoning_content": f"{i}+{i}"} if i % 2 else {}))]} for i in range(20)],
+        "reasoning-partial", "warning"),
+    "sharegpt "
+    "roles": ([{"messages": [{"role": "human", "content": f"Q{i}"}, {"role": "gpt", "content": f"A{i}"}]}
                         for i in range(10)], "sharegpt-roles", "error"),
     "dict content": ([{"messages": [user(f"Call {i}"), assistant({"name": "f", "arguments": {"x": i}})]}
                       for i in range(10)], "content-not-string", "error"),
@@ -76,7 +80,8 @@ PLANTED = {  # label -> (rows, the check that must report, its severity)
                        "content-not-string", "warning"),
     "response key": ([{"messages": [user(f"Q{i}")], "response": f"A{i}"} for i in range(10)], "unread-keys",
                      "warning"),
-    "output beside prompt": ([{"prompt": f"Q{i}", "completion": f" A{i}", "output": f"B{i}"} for i in range(10)],
+    "output beside "
+    "prompt": ([{"prompt": f"Q{i}", "completion": f" A{i}", "output": f"B{i}"} for i in range(10)],
                              "unread-keys", "warning"),
 }
 HEALTHY = {  # label -> rows: none of the data checks reports
@@ -87,13 +92,15 @@ HEALTHY = {  # label -> rows: none of the data checks reports
                       for i in range(20)],
     "tool calls with empty content": [{"messages": [
         user(f"Weather in city {i}?"),
-        assistant("", tool_calls=[{"type": "function", "function": {"name": "weather", "arguments": {"c": i}}}]),
+        assistant("", tool_calls=[{"type": "function",
+                                   "function": {"name": "weather", "arguments": {"c": i}}}]),
         {"role": "tool", "content": f"{i} C"}, assistant(f"It is {i} C.")]} for i in range(20)],
     "multimodal parts": [{"messages": [{"role": "user", "content": [{"type": "text", "text": f"Q{i}"}]},
                                        assistant(f"A{i}")]} for i in range(20)],
     "same question, multi-turn": [{"messages": [user("Hi"), assistant("Hello!"), user(f"What is {i}?"),
                                                 assistant(f"It is {i}.")]} for i in range(20)],
-    "tool-call tags in content": [{"messages": [user(f"Q{i}"), assistant(f"<tool_call>{{\"x\": {i}}}</tool_call>")]}
+    "tool-call tags in "
+    "content": [{"messages": [user(f"Q{i}"), assistant(f"<tool_call>{{\"x\": {i}}}</tool_call>")]}
                                   for i in range(20)],
 }
 

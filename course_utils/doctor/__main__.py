@@ -5,8 +5,8 @@
     python -m course_utils.doctor --run OUTPUT_DIR [--config C.json]               a finished run's autopsy
     python -m course_utils.doctor --list-checks                                    the catalogue
 
-``--ignore ID`` (repeatable) mutes a check; ``--format text|markdown|json|sarif`` (``--json``: json). Only what
-the request needs is imported: the data checks, the autopsy and the catalogue start without torch.
+``--ignore ID`` (repeatable) mutes a check; ``--format text|markdown|json|sarif`` (``--json``: json). Only
+what the request needs is imported: the data checks, the autopsy and the catalogue start without torch.
 
 Exit status: 0 clean, 1 an error finding, 2 bad input (a one-line reason, never a traceback), 3 a check
 could not run (``report.EXIT_CODES``).
@@ -27,7 +27,8 @@ from .report import SAMPLED, SEVERITIES, Finding, Report
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m course_utils.doctor",
-        description="Check an SFT set-up, its data, or a finished run for the failures of the SFT Failure Lab.")
+        description="Check an SFT set-up, its data, or a finished run for the failures of the SFT Failure "
+                    "Lab.")
     parser.add_argument("--model", help="local model directory or hub id (offline: cache only); without it, "
                         "--data runs the data checks alone")
     parser.add_argument("--data", help="JSONL file: 'messages', 'prompt'/'completion' or 'text' rows")
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
             if fmt == "sarif":
                 raise DoctorInputError("--list-checks prints the catalogue as text, markdown or json — SARIF "
                                        "describes findings, not a list of checks — pick one of those.")
-            print(table(fmt))
+            print(table(fmt).rstrip("\n"))
             return 0
         _check_ignored(options.ignore)
         report, artifact = _report(options)
@@ -128,7 +129,8 @@ def data_only(data, sample: int | None = SAMPLE_ROWS, seed: int = 0) -> Report:
     finally:
         SAMPLED.reset(token)
     skipped = sorted(c.id for c in CHECKS.values() if c.needs == "set-up")
-    findings.append(Finding("info", "data-only", f"only the data checks ran on {len(rows):,} of {total:,} rows "
+    findings.append(Finding("info", "data-only", f"only the data checks ran on {len(rows):,} of {total:,} "
+                                                 f"rows "
                             "(no --model)", f"{len(skipped)} set-up checks need the model's tokenizer and "
                             "template (e.g. response-length-cap, truncation, stop-token-untrained)",
                             "add --model PATH_OR_ID (and --config) for the whole set-up", "08"))

@@ -45,9 +45,11 @@ def autopsy(output_dir, config: dict | None = None) -> Report:
         "info", "run-checkpoints", f"read {state_path} ({logged} logged training steps, "
         f"{sum('eval_loss' in e for e in log)} evaluations); the run ended at step {ended}"
         + (f" of {planned}" if planned else ""),
-        f"checkpoints found: {checkpoints or 'none'}; max_grad_norm={max_grad_norm} ({source}); the rules are "
+        f"checkpoints found: {checkpoints or 'none'}; max_grad_norm={max_grad_norm} ({source}); the rules "
+        f"are "
         "SFTWatch's (course_utils.run_rules)",
-        "log every step (logging_steps=1) for per-step verdicts; a run stopped before max_steps stopped early "
+        "log every step (logging_steps=1) for per-step verdicts; a run stopped before max_steps stopped "
+        "early "
         "(SFTWatch, a crash, or a time limit)", "08"))
     severities = ("error", "could-not-check", "warning", "info")
     return Report(sorted(findings, key=lambda f: severities.index(f.severity)))
@@ -66,7 +68,8 @@ def find_state(output_dir) -> tuple[Path, list[str]]:
                                    "pass the output directory or its trainer_state.json.")
         return path, []
     if not path.is_dir():
-        raise DoctorInputError(f"run directory {str(path)!r} does not exist — the autopsy reads the Trainer's "
+        raise DoctorInputError(f"run directory {str(path)!r} does not exist — the autopsy reads the "
+                               f"Trainer's "
                                "output_dir — pass the directory you trained into.")
     numbered = sorted((int(m.group(1)), p) for p in path.iterdir()
                       if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)) and (p / STATE).is_file())

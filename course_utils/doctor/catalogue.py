@@ -33,10 +33,13 @@ def _c(id, needs, lesson, why, fix):
 
 _ALL = (
     # --- the data alone (doctor.data_checks): no model, no torch ------------------------------------------
-    _c("rendered-markers", "data", "04", "text already rendered with a chat template is rendered (and BOS'd) again, "
-       "or taught in another family's format", "give TRL the raw messages and let it apply the model's template"),
+    _c("rendered-markers", "data", "04", "text already rendered with a chat template is rendered (and BOS'd) "
+                                         "again, "
+       "or taught in another family's format", "give TRL the raw messages and let it apply the model's "
+                                               "template"),
     _c("duplicate-rows", "data", "08", "the same row several times weighs it several times and inflates eval "
-       "scores when it leaks across splits", "deduplicate (exact, then after normalising case and whitespace)"),
+       "scores when it leaks across splits", "deduplicate (exact, then after normalising case and "
+                                             "whitespace)"),
     _c("contradicting-answers", "data", "08", "one prompt with different answers teaches their average",
        "keep one answer per prompt, or make the prompts differ by what decides the answer"),
     _c("response-length-cap", "set-up", "02", "many answers of exactly the longest length were cut by a "
@@ -47,8 +50,10 @@ _ALL = (
        "drop or regenerate the looping answers"),
     _c("response-copies-prompt", "data", "04", "an answer that repeats the prompt teaches echoing",
        "drop or fix the rows whose answer is the prompt"),
-    _c("reasoning-partial", "data", "09", "reasoning in only some answers of a reasoning set: the model learns "
-       "to think sometimes, at random", "add the reasoning to every answer, or remove it; a deliberate hybrid: "
+    _c("reasoning-partial", "data", "09", "reasoning in only some answers of a reasoning set: the model "
+                                          "learns "
+       "to think sometimes, at random", "add the reasoning to every answer, or remove it; a deliberate "
+                                        "hybrid: "
        "--ignore reasoning-partial"),
     _c("sharegpt-roles", "data", "04", "roles human/gpt/bot are not user/assistant: templates render nothing "
        "of those turns (Qwen2.5: only its default system prompt), and the run trains on that",
@@ -120,7 +125,8 @@ _ALL = (
        "inf, then NaN", "bf16 or fp32, or a lower learning rate"),
     _c("load-dtype", "set-up", "06", "the dtype the checkpoint is trained in (fp16 weights under fp16=True: "
        "the GradScaler refuses them)", "load in float32 or bfloat16"),
-    _c("trainer-accumulation", "set-up", "01", "your compute_loss under gradient accumulation (the split test)",
+    _c("trainer-accumulation", "set-up", "01", "your compute_loss under gradient accumulation (the split "
+                                               "test)",
        "divide by num_items_in_batch, not per micro-batch"),
     # --- reasoning and tool calls (lesson 09) -------------------------------------------------------------
     _c("reasoning-and-tools", "set-up", "09", "the reasoning and tool checks could not run (could-not-check)",
@@ -133,7 +139,8 @@ _ALL = (
        "assistant_only_loss with the family's training template, or add reasoning"),
     _c("tool-output-graded", "set-up", "09", "tool replies carry loss: the model learns to write them",
        "assistant_only_loss=True"),
-    _c("tool-arguments-mixed", "set-up", "09", "tool-call arguments are dicts in some rows and strings in others",
+    _c("tool-arguments-mixed", "set-up", "09", "tool-call arguments are dicts in some rows and strings in "
+                                               "others",
        "write every call's arguments as an object"),
     _c("tool-arguments-escaped", "set-up", "09", "the template writes string arguments as escaped strings",
        "write the arguments as objects"),
@@ -141,12 +148,13 @@ _ALL = (
        "a template that renders tool calls inside {% generation %}"),
     _c("tool-stop-untrained", "set-up", "09", "the stop token after a tool call carries no loss",
        "grade it in the tool-call branch too"),
-    # --- a finished run (--run OUTPUT_DIR; run_rules, the same rules as SFTWatch) -----------------------------
+    # --- a finished run (--run OUTPUT_DIR; run_rules, the same rules as SFTWatch) ---------------------------
     _c("run-nonfinite", "run", "06", "a NaN / inf loss or gradient norm: the weights after it are garbage",
        "find the first overflowing module (SFTWatch), bf16/fp32, a lower learning rate"),
     _c("run-zero-loss", "run", "05", "a logged loss of exactly 0.0: a step with no graded token (or NaN "
        "turned into 0)", "drop or shorten the rows whose answer truncation removed"),
-    _c("run-clipping", "run", "01", "the gradient clipped on most steps: the learning rate no longer sets the "
+    _c("run-clipping", "run", "01", "the gradient clipped on most steps: the learning rate no longer sets "
+                                    "the "
        "step", "check the loss scale (a sum instead of a mean), then the learning rate"),
     _c("run-grad-spike", "run", "06", "a gradient norm 10x the median before it", "inspect that step's rows "
        "and the precision"),
@@ -155,7 +163,8 @@ _ALL = (
        "rate, trainable parameters and labels"),
     _c("run-lr-zero", "run", "01", "a learning rate of 0 on most steps: no weight changes",
        "check learning_rate and the scheduler"),
-    _c("run-eval-rising", "run", "08", "eval loss rising while train loss falls: memorising the training rows",
+    _c("run-eval-rising", "run", "08", "eval loss rising while train loss falls: memorising the training "
+                                       "rows",
        "keep the best checkpoint, fewer epochs, more (deduplicated) data"),
     _c("run-checkpoints", "run", "08", "which trainer_state.json the autopsy read, and where the run ended",
        "nothing: information"),
@@ -187,7 +196,8 @@ def table(fmt: str = "text") -> str:
         lines = ["# The SFT doctor's checks", "",
                  "Generated by `python -m course_utils.doctor --list-checks --format markdown > "
                  "docs/doctor_checks.md` from `course_utils/doctor/catalogue.py` (a test keeps it current). "
-                 "`--ignore ID` mutes a check. *needs*: `data` runs on the rows alone (`--data`, no model, no "
+                 "`--ignore ID` mutes a check. *needs*: `data` runs on the rows alone (`--data`, no model, "
+                 "no "
                  "torch), `set-up` needs `--model`, `run` reads `--run OUTPUT_DIR`.", "",
                  "| id | needs | lesson | why | fix |", "|---|---|---|---|---|"]
         lines += [f"| `{c.id}` | {c.needs} | {c.lesson} | {c.why} | {c.fix} |" for c in _ALL]

@@ -85,8 +85,8 @@ def _strings(row, form) -> list[str]:
     out = []
     for key in ("prompt", "completion"):
         value = row.get(key)
-        out += [value] if isinstance(value, str) else [m.get("content") for m in value or []
-                                                       if isinstance(m, dict) and isinstance(m.get("content"), str)]
+        out += [value] if isinstance(value, str) else [
+            m["content"] for m in value or [] if isinstance(m, dict) and isinstance(m.get("content"), str)]
     return out
 
 
@@ -109,7 +109,9 @@ def _turns(row, form):
 
 def _content(message) -> str:
     content = message.get("content")
-    return content if isinstance(content, str) else "" if content is None else json.dumps(content, default=str)
+    if content is None:
+        return ""
+    return content if isinstance(content, str) else json.dumps(content, default=str)
 
 
 def _text(messages) -> str:
@@ -182,7 +184,8 @@ def schema_findings(rows, form) -> list[Finding]:
     if sharegpt:
         findings.append(Finding(
             "error", "sharegpt-roles", f"{share_of(len(sharegpt), n)} use ShareGPT roles (human / gpt / bot)",
-            f"{_rows(sharegpt)}: templates render only the roles they know — on Qwen2.5's, a row of human/gpt "
+            f"{_rows(sharegpt)}: templates render only the roles they know — on Qwen2.5's, a row of "
+            f"human/gpt "
             "turns renders nothing but the default system prompt (TRL 1.16, measured), and trains on that",
             "map the roles: human -> user, gpt / bot -> assistant", "04"))
     if structured or numbers:
@@ -190,7 +193,8 @@ def schema_findings(rows, form) -> list[Finding]:
             "error" if structured else "warning", "content-not-string",
             f"{share_of(len(structured) + len(numbers), n)} have message content that is not a string",
             f"{_rows(structured + numbers)}: a dict or list becomes Python text under the template (Llama 3: "
-            "{'name': ...}, single quotes), so the model learns Python syntax instead of JSON; numbers become "
+            "{'name': ...}, single quotes), so the model learns Python syntax instead of JSON; numbers "
+            "become "
             "str() and mix types in the column datasets' loader builds",
             "write every content as a string: json.dumps(structure), str(number)", "04"))
     for key, ids in unread.items():
@@ -239,7 +243,8 @@ def duplicate_findings(rows, turns) -> list[Finding]:
             "warning", "duplicate-rows",
             f"{share_of(extra_exact + extra_near, n)} repeat another row ({extra_exact} exact copies, "
             f"{extra_near} that differ only in case, spacing or punctuation)",
-            f"largest groups (row ids): {groups}; a repeated row weighs that many times in the loss, and a copy "
+            f"largest groups (row ids): {groups}; a repeated row weighs that many times in the loss, and a "
+            f"copy "
             "across the train/eval split inflates the eval score",
             "deduplicate: keep one row of each group (on a sample: --all counts every row)", "08"))
     clashes = [key for key, answers in by_prompt.items() if len(answers) > 1]
@@ -249,8 +254,10 @@ def duplicate_findings(rows, turns) -> list[Finding]:
         findings.append(Finding(
             "warning", "contradicting-answers",
             f"{len(clashes)} prompt(s) are answered differently in {share_of(len(ids), n)}",
-            f"groups of row ids with the same prompt and different answers: {example}; the model learns the average of "
-            "the answers", "keep one answer per prompt, or make the prompts say what decides the answer", "08"))
+            f"groups of row ids with the same prompt and different answers: {example}; the model learns the "
+            f"average of "
+            "the answers", "keep one answer per prompt, or make the prompts say what decides the "
+                           "answer", "08"))
     return findings
 
 
@@ -259,7 +266,8 @@ def response_findings(rows, turns, tokenizer=None) -> list[Finding]:
     answered = [(row["_doctor_row"], prompt, answer, message) for row, (prompt, answer, message)
                 in zip(rows, turns) if answer is not None]
     empty = [i for i, _, answer, message in answered
-             if not answer.strip() and not (message or {}).get("tool_calls") and not _reasoning(message, answer)]
+             if not answer.strip() and not (message or {}).get("tool_calls")
+             and not _reasoning(message, answer)]
     looping = [i for i, _, answer, _ in answered if _loops(answer)]
     copies = [i for i, prompt, answer, _ in answered if _copies(prompt, answer)]
     n, findings = len(answered), []
@@ -270,14 +278,16 @@ def response_findings(rows, turns, tokenizer=None) -> list[Finding]:
             "drop those rows or write their answers", "02"))
     if looping:
         findings.append(Finding(
-            _severity(len(looping), n), "response-looping", f"{share_of(len(looping), n)} have an answer that "
+            _severity(len(looping), n), "response-looping", f"{share_of(len(looping), n)} have an answer "
+                                                            f"that "
             "repeats itself", f"{_rows(looping)}: fewer than {LOOP_DISTINCT:.0%} of the answer's 4-word "
             "sequences are distinct (a generation loop in synthetic data); the model learns to loop",
             "drop or regenerate those answers", "02"))
     if copies:
         findings.append(Finding(
             _severity(len(copies), n), "response-copies-prompt", f"{share_of(len(copies), n)} answer with "
-            "the prompt itself", f"{_rows(copies)}: the answer repeats the last user turn (or starts with the "
+            "the prompt itself", f"{_rows(copies)}: the answer repeats the last user turn (or starts with "
+                                 f"the "
             "whole prompt); the model learns to echo", "drop or fix those rows", "04"))
     if tokenizer is not None and n:
         findings += _length_cap_findings(answered, tokenizer)
@@ -301,7 +311,8 @@ def _copies(prompt, answer: str) -> bool:
 
 
 def _length_cap_findings(answered, tokenizer) -> list[Finding]:
-    lengths = {i: len(tokenizer(answer, add_special_tokens=False)["input_ids"]) for i, _, answer, _ in answered}
+    lengths = {i: len(tokenizer(answer, add_special_tokens=False)["input_ids"])
+               for i, _, answer, _ in answered}
     longest = max(lengths.values())
     capped = [i for i, length in lengths.items() if length == longest]
     distinct = len({_normal(answer) for i, _, answer, _ in answered if lengths[i] == longest})
@@ -333,7 +344,8 @@ def reasoning_findings(rows, turns) -> list[Finding]:
     return [Finding(
         "warning", "reasoning-partial",
         f"reasoning is in {share_of(len(with_reasoning), len(answered))}, not in the others",
-        f"without reasoning: {_rows(without)} (<think>…</think> in the answer or a {'/'.join(REASONING_KEYS)} "
+        f"without reasoning: {_rows(without)} (<think>…</think> in the answer or a "
+        f"{'/'.join(REASONING_KEYS)} "
         "field); the model learns to reason sometimes, at random, and the template may write an empty "
         "<think></think> into the others",
         "give every answer its reasoning, or none; a deliberate hybrid (thinking on and off): say so with "

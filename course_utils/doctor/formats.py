@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from .catalogue import CHECKS
-from .report import LESSONS, Report
+from .report import LESSONS, SEVERITIES, Report
 
 FORMATS = ("text", "markdown", "json", "sarif")
 SARIF_LEVELS = {"error": "error", "could-not-check": "warning", "warning": "warning", "info": "note"}
@@ -35,8 +35,9 @@ def _cell(text: str) -> str:
 
 
 def markdown_table(report: Report) -> str:
-    counts = {s: sum(f.severity == s for f in report) for s in ("error", "could-not-check", "warning", "info")}
-    head = (f"**SFT doctor:** {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info"
+    counts = {s: sum(f.severity == s for f in report) for s in SEVERITIES}
+    head = (f"**SFT doctor:** {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} "
+            f"info"
             + (f", {counts['could-not-check']} check(s) could not run" if counts["could-not-check"] else "")
             + f" — exit status {report.exit_code}")
     if not report:
