@@ -114,6 +114,14 @@ def test_each_planted_data_failure_is_found_by_its_own_check(label):
     assert "row ids" in found[check].evidence or "groups" in found[check].evidence, found[check].evidence
 
 
+def test_a_few_copies_are_info_and_a_lone_gpt_role_is_left_to_no_assistant_turns():
+    """Lesson 08's capstone chats repeat 0.4-2.5 % of their rows by chance and rename 'assistant' to 'gpt' in
+    some (no-assistant-turns finds that): neither is a data-check warning or error there."""
+    rows = chats(60) + chats(60)[:2] + [{"messages": [user("Q"), {"role": "gpt", "content": "A"}]}]
+    found = checks(rows)
+    assert found["duplicate-rows"].severity == "info" and "sharegpt-roles" not in found, found
+
+
 @pytest.mark.parametrize("label", HEALTHY)
 def test_healthy_data_reports_nothing(label):
     assert not checks(HEALTHY[label]), label
