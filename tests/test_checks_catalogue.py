@@ -46,9 +46,9 @@ def test_each_entry_has_a_why_a_fix_and_a_lesson():
 
 def test_the_catalogue_page_is_current():
     page = (ROOT / "docs" / "doctor_checks.md").read_text(encoding="utf-8")
-    assert page == table("markdown").rstrip("\n") + "\n", ("docs/doctor_checks.md is stale: regenerate it with "
-                                       "python -m course_utils.doctor --list-checks --format markdown "
-                                       "> docs/doctor_checks.md")
+    assert page == table("markdown").rstrip("\n") + "\n", (
+        "docs/doctor_checks.md is stale: regenerate it with "
+        "python -m course_utils.doctor --list-checks --format markdown > docs/doctor_checks.md")
 
 
 def test_list_checks_in_each_format(capsys):
@@ -70,7 +70,7 @@ def test_bad_ignore_and_nothing_to_check_are_bad_input(argv, says, capsys):
     assert says in err and "Traceback" not in err, err
 
 
-REPORT = Report([Finding("error", "sharegpt-roles", "3 rows use | pipes", "row ids [1]", "map the roles", "04"),
+REPORT = Report([Finding("error", "sharegpt-roles", "3 rows use | pipes", "row ids [1]", "map roles", "04"),
                  Finding("warning", "duplicate-rows", "2 copies", "groups [[1, 2]]", "deduplicate", "08"),
                  Finding("info", "data-only", "only data", "no model", "add --model", "08")])
 

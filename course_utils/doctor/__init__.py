@@ -47,6 +47,10 @@ its rooms, not an API of their own:
   (03, 05); ``precision`` fp16 range, load dtype, learning rate (06); ``trainer`` your trainer under the split
   test (01); ``reasoning`` reasoning and tool-call data (09)
 - ``run``       ``diagnose``: every check in order, each through ``guarded``; ``__main__`` the command.
+- ``data_checks`` the rows alone, no torch: rendered markers, duplicates, damaged answers, schema traps
+- ``autopsy``   a finished run's ``trainer_state.json`` judged by ``course_utils.run_rules`` (SFTWatch's)
+- ``catalogue`` every check's id, why, fix and lesson (``--list-checks``, docs/doctor_checks.md); ``formats``
+  the report as text, markdown, json or SARIF
 
 A new check is a function of what ``run`` hands it that returns a list of ``Finding``s, in the file of its
 topic, called from ``run._run_checks`` through ``guarded``.
