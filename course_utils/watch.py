@@ -77,7 +77,7 @@ import os
 
 import torch
 
-from . import validate
+from . import run_rules, validate
 from .data import graded
 
 
@@ -95,8 +95,6 @@ def _trainer_callback_class():
 
 
 TrainerCallback = _trainer_callback_class()
-
-CLIP_TOLERANCE = 1e-4  # relative: clip_grad_norm_ leaves the norm at max_norm * (1 - ~1e-6/norm)
 
 
 def _first_tensor(output):
@@ -179,6 +177,7 @@ class SFTWatch(TrainerCallback):
         self.micro_batches: list[int] = []   # graded tokens per training micro-batch
         self.skipped_steps: list[dict] = []  # steps the fp16 GradScaler skipped: step, scale, where
         self.nonfinite: dict | None = None   # the first non-finite value that mattered: kind, where, step
+        self.evals: list[dict] = []          # logged eval losses: step, eval_loss
         self.stopped_because: str | None = None
         self._handles: list = []
         self._step = 0
@@ -325,8 +324,7 @@ class SFTWatch(TrainerCallback):
         bad_loss = any(kind == "loss" for kind, _, _ in bad)
         harmful = bool(bad_weights or bad_loss or (bad_grads and not scaling))
         skipped = bool(bad_grads) and not harmful  # routine under fp16: a smaller scale, and on
-        clipped = (not skipped and self._max_grad_norm is not None and self._max_grad_norm > 0
-                   and math.isfinite(norm) and norm >= self._max_grad_norm * (1 - CLIP_TOLERANCE))
+        clipped = not skipped and run_rules.was_clipped(norm, self._max_grad_norm)
         self.steps.append({"step": step, "post_clip_norm": norm, "clipped": clipped, "skipped": skipped,
                            "graded_tokens": sum(graded_tokens),
                            "empty_micro_batches": sum(g == 0 for g in graded_tokens),
@@ -385,9 +383,12 @@ class SFTWatch(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
-        if self.steps and "train_runtime" not in logs:
+        if self.steps and "train_runtime" not in logs and "loss" in logs:
             self.steps[-1]["pre_clip_norm"] = logs.get("grad_norm")
             self.steps[-1]["loss"] = logs.get("loss")
+            self.steps[-1]["learning_rate"] = logs.get("learning_rate")
+        if "eval_loss" in logs:
+            self.evals.append({"step": state.global_step, "eval_loss": logs["eval_loss"]})
         loss = logs.get("loss")
         if isinstance(loss, float) and not math.isfinite(loss):
             self._record_nonfinite("logged loss", f"log at step {state.global_step}", state.global_step,
@@ -427,6 +428,15 @@ class SFTWatch(TrainerCallback):
         """Training micro-batches that had no graded token (each logs 0.0 in SFTTrainer)."""
         return sum(g == 0 for g in self.micro_batches)
 
+    def verdicts(self) -> list:
+        """``run_rules.judge`` on this run: the logged loss, gradient norm, learning rate and eval loss of
+        each step, with the clip flags the watch measured — the verdicts the doctor's autopsy
+        (``--run OUTPUT_DIR``) gives the same run from its ``trainer_state.json`` afterwards."""
+        log = [{"step": s["step"], "loss": s["loss"], "grad_norm": s.get("pre_clip_norm"),
+                "learning_rate": s.get("learning_rate")} for s in self.steps if s["loss"] is not None]
+        applied = [s["clipped"] for s in self.steps if not s["skipped"]]
+        return run_rules.judge(log + self.evals, self._max_grad_norm, clipped=applied)
+
     def summary(self) -> dict:
         return {"steps": len(self.steps), "micro_batches": len(self.micro_batches),
                 "clip_rate": self.clip_rate, "empty_micro_batches": self.empty_micro_batches,
@@ -439,7 +449,7 @@ class SFTWatch(TrainerCallback):
         if self.steps and not math.isnan(self.clip_rate):
             lines.append(f"  clip rate {self.clip_rate:.0%} (max_grad_norm={self._max_grad_norm})"
                          + ("  <- clipping on most steps: check the loss scale (lesson 01)"
-                            if self.clip_rate > 0.5 else ""))
+                            if self.clip_rate > run_rules.MOSTLY else ""))
         empty = self.empty_micro_batches
         hint = " <- each trains nothing (a step made only of them logs 0.0); check truncation (lesson 05)" \
             if empty else ""
@@ -449,7 +459,7 @@ class SFTWatch(TrainerCallback):
             lines.append(f"  steps the fp16 GradScaler skipped (overflow, then a smaller scale; routine): "
                          f"{len(self.skipped_steps)}" + (f", the last at step {last['step']}" if last else "")
                          + (" <- most steps skipped: the run hardly trains" if
-                            len(self.skipped_steps) > len(self.steps) / 2 else ""))
+                            len(self.skipped_steps) > run_rules.MOSTLY * len(self.steps) else ""))
         if self.nonfinite:
             n = self.nonfinite
             lines.append(f"  first non-finite {n['kind']} at step {n['step']} "
@@ -458,6 +468,8 @@ class SFTWatch(TrainerCallback):
             lines.append("  no non-finite loss, activation or gradient")
         if self.stopped_because:
             lines.append(f"  stopped the run: {self.stopped_because}")
+        lines += [f"  {v.severity} {v.id}: {v.what} (lesson {v.lesson})" for v in self.verdicts()
+                  if v.id not in ("run-clipping", "run-nonfinite")]  # those two are told above
         return "\n".join(lines)
 
     def __repr__(self) -> str:

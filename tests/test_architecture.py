@@ -16,17 +16,19 @@ CORE = {"model", "data", "losses", "training", "quiet", "validate", "internals",
         "generation", "predictions"}
 LESSONS = {"tour": "00", "accumulation": "01", "eos": "02", "padding": "03", "templates": "04",
            "truncation": "05", "nan_detective": "06", "token_weighting": "07", "ddp_grad": "07",
-           "capstone": "08", "doctor": "08", "watch": "08",
+           "capstone": "08", "doctor": "08", "watch": "08", "run_rules": "08",
            "reasoning": "09", "shipping": "10", "ship": "10", "packing_arch": "12", "lora_coverage": "13"}
 # The doctor is a package (lesson 08's tool): its files import each other, and no other lesson's module
 DOCTOR = {"doctor", "doctor.__main__", "doctor.report", "doctor.inputs", "doctor.trl_view", "doctor.checks",
           "doctor.lengths", "doctor.precision", "doctor.trainer", "doctor.reasoning", "doctor.run",
-          "doctor.architecture"}
-# Lesson modules that may import each other: a lesson's two modules, or the capstone and its tools
+          "doctor.architecture", "doctor.data_checks", "doctor.autopsy", "doctor.catalogue", "doctor.formats"}
+# Lesson modules that may import each other: a lesson's two modules, or the capstone and its tools.
 # The doctor (lesson 08's tool) measures with the lesson's own function where a check needs one (one copy
-# of each idea): lesson 07's token count, lesson 12's packing probe, lesson 13's LoRA coverage.
+# of each idea): lesson 07's token count, lesson 12's packing probe, lesson 13's LoRA coverage; run_rules is
+# the watch's and the autopsy's one copy of each rule.
 PAIRS = ({"token_weighting", "ddp_grad"}, {"capstone", "doctor"}, {"capstone", "watch"}, {"ship", "shipping"},
-         {"doctor", "token_weighting"}, {"doctor", "packing_arch"}, {"doctor", "lora_coverage"})
+         {"doctor", "token_weighting"}, {"doctor", "packing_arch"}, {"doctor", "lora_coverage"},
+         {"doctor", "run_rules"}, {"watch", "run_rules"})
 MAX_DOCTOR_LINES = 600  # issue 42: no room of the doctor too big to live in
 
 

@@ -2,13 +2,19 @@
 
     python -m tools.doctor_benchmark                 # 1k, 10k, 100k rows; sampled and --all
     python -m tools.doctor_benchmark --rows 1000 10000 --all-up-to 10000
+    python -m tools.doctor_benchmark --start      # issue 49: cold start on 50 rows; --all on 4,000 vs TRL
+    python -m tools.doctor_benchmark --start --peer "trainproof check {data}"   # and a peer tool, cold
 
 Writes JSONL files of chats of realistic length (a system prompt, a user turn with context and an
 answer: ~300-700 tokens each on the course tokenizer), then runs ``python -m course_utils.doctor`` on each
 in a fresh process, once with the default sample (2,000 rows) and once with ``--all`` (every row; only
 up to ``--all-up-to`` rows), and prints wall time, rows checked per second and the process's peak
-resident memory. A benchmark, not a test: the figures depend on the machine (the README quotes them with
-the machine they came from).
+resident memory. ``--start`` (issue 49) times instead, in one run: the cold command on a 50-row case (the
+data checks alone, ``--data``, and the whole set-up, ``--model --data``), each ``--peer`` command on the
+same file (``{data}``: its path), and ``--all`` on 4,000 rows against TRL's own preparation of the same rows
+(a fresh process that builds the ``SFTTrainer`` — import, model, tokenizer, ``_prepare_dataset`` — and
+stops before the first step, what ``trl sft`` spends before training). A benchmark, not a test: the
+figures depend on the machine (the README quotes them with the machine they came from).
 """
 
 from __future__ import annotations
@@ -63,12 +69,77 @@ def run_doctor(data: Path, config: Path, every_row: bool) -> dict:
     return {"seconds": seconds, "peak_mb": peak_kb / 1024, "exit": done.returncode}
 
 
+# TRL's own preparation of the rows, as `trl sft` does it before its first step, in a fresh process
+TRL_PREPARES = """
+import json, sys
+from datasets import load_dataset
+from trl import SFTConfig, SFTTrainer
+from course_utils import load_course_model, use_course_defaults
+use_course_defaults()
+model, tokenizer = load_course_model()
+config = {**json.load(open(sys.argv[2])), "output_dir": sys.argv[3], "report_to": "none", "use_cpu": True,
+          "bf16": False}
+rows = load_dataset("json", data_files=sys.argv[1])["train"]
+SFTTrainer(model, args=SFTConfig(**config), train_dataset=rows, processing_class=tokenizer)
+"""
+
+
+def timed(command: list[str], repeat: int = 1) -> float:
+    """The fastest of ``repeat`` wall times of ``command`` in a fresh process (exit 0 or 1 expected)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
+        best = min(best, time.perf_counter() - start)
+        if done.returncode not in (0, 1):
+            raise SystemExit(f"{command[:4]}... exited {done.returncode}: {done.stderr[-800:]}")
+    return best
+
+
+def start_benchmark(tmp: Path, config: Path, peers: list[str], repeat: int) -> None:
+    """Issue 49's figures, in one run on one machine: cold starts on 50 rows, --all on 4,000 vs TRL."""
+    import shlex
+
+    small, large = tmp / "rows_50.jsonl", tmp / "rows_4000.jsonl"
+    write_rows(small, 50)
+    write_rows(large, 4000)
+    doctor = [sys.executable, "-m", "course_utils.doctor"]
+    rows = [("doctor --data (data checks, no model)", timed([*doctor, "--data", str(small)], repeat)),
+            ("doctor --model --data (whole set-up)",
+             timed([*doctor, "--model", "tiny-qwen", "--data", str(small), "--config", str(config)], repeat))]
+    rows += [(f"peer: {peer}", timed(shlex.split(peer.format(data=small)), repeat)) for peer in peers]
+    print(f"cold start on 50 rows (best of {repeat}):")
+    for name, seconds in rows:
+        print(f"  {name:<48} {seconds:>6.2f} s")
+    if peers:
+        fastest = min(seconds for name, seconds in rows if name.startswith("peer"))
+        print(f"  doctor --data / fastest peer: {rows[0][1] / fastest:.2f}x")
+    every = timed([*doctor, "--model", "tiny-qwen", "--data", str(large), "--config", str(config), "--all"])
+    trl = timed([sys.executable, "-c", TRL_PREPARES, str(large), str(config), str(tmp / "trl-out")])
+    print(f"4,000 rows: doctor --all {every:.1f} s, TRL's own preparation {trl:.1f} s "
+          f"(doctor / TRL = {every / trl:.2f}x)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.doctor_benchmark",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1000, 10_000, 100_000])
     parser.add_argument("--all-up-to", type=int, default=100_000, help="largest file also checked with --all")
+    parser.add_argument("--start", action="store_true", help="issue 49: cold start (50 rows) and --all on "
+                        "4,000 rows against TRL's own preparation, instead of the table by size")
+    parser.add_argument("--peer", action="append", default=[], help="with --start: a peer tool's command to "
+                        "time cold on the same 50 rows, {data} standing for the file (repeatable)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="with --start: cold runs per command (the fastest is kept)")
     args = parser.parse_args(argv)
+    if args.start:
+        with tempfile.TemporaryDirectory() as tmp:
+            config = Path(tmp) / "config.json"
+            config.write_text(json.dumps({"assistant_only_loss": True, "eos_token": "<|im_end|>",
+                                          "learning_rate": 2e-5, "max_length": 1024}))
+            start_benchmark(Path(tmp), config, args.peer, args.repeat)
+        return 0
     print(f"{'rows':>8} {'mode':>14} {'seconds':>8} {'rows/s':>8} {'peak MB':>8}")
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "config.json"

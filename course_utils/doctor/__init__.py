@@ -47,6 +47,10 @@ its rooms, not an API of their own:
   (03, 05); ``precision`` fp16 range, load dtype, learning rate (06); ``trainer`` your trainer under the split
   test (01); ``reasoning`` reasoning and tool-call data (09)
 - ``run``       ``diagnose``: every check in order, each through ``guarded``; ``__main__`` the command.
+- ``data_checks`` the rows alone, no torch: rendered markers, duplicates, damaged answers, schema traps
+- ``autopsy``   a finished run's ``trainer_state.json`` judged by ``course_utils.run_rules`` (SFTWatch's)
+- ``catalogue`` every check's id, why, fix and lesson (``--list-checks``, docs/doctor_checks.md); ``formats``
+  the report as text, markdown, json or SARIF
 
 A new check is a function of what ``run`` hands it that returns a list of ``Finding``s, in the file of its
 topic, called from ``run._run_checks`` through ``guarded``.
@@ -54,11 +58,22 @@ topic, called from ``run._run_checks`` through ``guarded``.
 
 # transformers, trl and datasets are imported where they are used: `from trl import SFTConfig, SFTTrainer`
 # costs ~10 s on a 2-core CPU (measured), and bad input, --help and `import course_utils.doctor` answer
-# without it (~1.5 s: torch, through data)
-from .inputs import DoctorInputError, read_config, read_jsonl, read_peft_config
-from .lengths import empty_batch_probability
+# without it. torch too: ``diagnose`` and ``empty_batch_probability`` load on first use (PEP 562), so the
+# data checks, the run autopsy and the catalogue (``python -m course_utils.doctor --data F`` / ``--run D``)
+# start without torch (issue 49: a cold start of ~1 s instead of ~6 s)
+from .inputs import SAMPLE_ROWS, DoctorInputError, read_config, read_jsonl, read_peft_config
 from .report import EXIT_CODES, LESSONS, SEVERITIES, Finding, Report
-from .run import SAMPLE_ROWS, diagnose
+
+_LAZY = {"diagnose": "run", "empty_batch_probability": "lengths"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["EXIT_CODES", "LESSONS", "SAMPLE_ROWS", "SEVERITIES", "DoctorInputError", "Finding", "Report",
            "diagnose", "empty_batch_probability", "read_config", "read_jsonl", "read_peft_config"]

@@ -22,7 +22,8 @@ LESSONS = {
     "01": "01 · Accumulation & clipping", "02": "02 · The model never stops",
     "03": "03 · Padding & packing", "04": "04 · Chat templates",
     "05": "05 · Truncation & the NaN micro-batch", "06": "06 · NaN detective (QLoRA)",
-    "07": "07 · Token-weighted accumulation", "09": "09 · Thinking & tool-call templates",
+    "07": "07 · Token-weighted accumulation", "08": "08 · Capstone: the SFT doctor",
+    "09": "09 · Thinking & tool-call templates",
 }
 
 

@@ -9,15 +9,13 @@ import types
 
 from .. import internals
 from ..quiet import no_progress_bars
-from . import architecture, checks, inputs, lengths, precision, reasoning, trainer, trl_view
-from .inputs import DoctorInputError
+from . import architecture, checks, data_checks, inputs, lengths, precision, reasoning, trainer, trl_view
+from .inputs import SAMPLE_ROWS, DoctorInputError
 from .report import SAMPLED, SEVERITIES, Finding, Report, could_not_check, guarded
 from .trainer import import_trainer
 
 # What this file offers users (re-exported by ``course_utils.doctor``); its other names serve the package
 __all__ = ["SAMPLE_ROWS", "diagnose"]
-
-SAMPLE_ROWS = 2000  # rows checked by default: a rate's 95 % interval is then at most +-2.2 points
 
 
 def diagnose(model, data, config=None, *, max_length: int | None = None, forward: bool = True,
@@ -90,6 +88,7 @@ def _run_checks(rows, form, tokenizer, args, setup) -> Report:
         setup_findings = could_not_check("special-token-unknown", exc)
     findings += setup_findings
     findings += guarded("no-assistant-turns", checks.assistant_turn_findings, rows, form, args)
+    findings += guarded("data-checks", data_checks.data_findings, rows, form, tokenizer)
     try:
         template_findings, chat_template, trainable = checks.template_findings(tokenizer, args, form, rows)
     except Exception as exc:  # noqa: BLE001 — a check that cannot run is a finding, not a traceback

@@ -1,0 +1,126 @@
+"""The autopsy of a finished run: ``python -m course_utils.doctor --run OUTPUT_DIR`` (lessons 01, 05, 06, 08).
+
+It reads the ``log_history`` the Trainer wrote to ``trainer_state.json`` — at the top of the output
+directory after ``trainer.save_state()``, and in each ``checkpoint-N/``, which is where ``trl sft`` leaves it
+(the last checkpoint's history holds every earlier entry) — and judges it with ``course_utils.run_rules``,
+the rules ``SFTWatch`` applies while a run trains: a run that had no watch gets the same verdict afterwards.
+
+``max_grad_norm`` (for the clip rule) is read from the run's ``training_args.bin`` without unpickling it
+(``pickletools`` walks the opcodes: nothing in the file is executed, and no torch is needed); a
+``--config`` with ``max_grad_norm`` overrides it; otherwise TrainingArguments' default, 1.0, and the
+finding says so. No torch, no transformers: reading JSON is all it does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickletools
+import re
+import zipfile
+from pathlib import Path
+
+from .. import run_rules
+from .inputs import DoctorInputError
+from .report import Finding, Report
+
+STATE = "trainer_state.json"
+DEFAULT_MAX_GRAD_NORM = 1.0  # transformers.TrainingArguments' default
+
+
+def autopsy(output_dir, config: dict | None = None) -> Report:
+    """The verdicts of ``run_rules.judge`` on the run in ``output_dir`` (a Trainer's output directory, one of
+    its ``checkpoint-N`` directories, or a ``trainer_state.json``), as the doctor's ``Report``. Raises
+    ``DoctorInputError`` when there is no readable trainer state."""
+    state_path, checkpoints = find_state(output_dir)
+    state = _read_state(state_path)
+    log = state["log_history"]
+    max_grad_norm, source = _max_grad_norm(state_path.parent, config or {})
+    findings = [Finding(v.severity, v.id, v.what, v.evidence, v.fix, v.lesson)
+                for v in run_rules.judge(log, max_grad_norm)]
+    logged = sum("loss" in e for e in log)
+    ended = state.get("global_step")
+    planned = state.get("max_steps")
+    findings.append(Finding(
+        "info", "run-checkpoints", f"read {state_path} ({logged} logged training steps, "
+        f"{sum('eval_loss' in e for e in log)} evaluations); the run ended at step {ended}"
+        + (f" of {planned}" if planned else ""),
+        f"checkpoints found: {checkpoints or 'none'}; max_grad_norm={max_grad_norm} ({source}); the rules "
+        f"are "
+        "SFTWatch's (course_utils.run_rules)",
+        "log every step (logging_steps=1) for per-step verdicts; a run stopped before max_steps stopped "
+        "early "
+        "(SFTWatch, a crash, or a time limit)", "08"))
+    severities = ("error", "could-not-check", "warning", "info")
+    return Report(sorted(findings, key=lambda f: severities.index(f.severity)))
+
+
+def find_state(output_dir) -> tuple[Path, list[str]]:
+    """``(the trainer_state.json to read, the checkpoint directories found)``: the top-level state, else the
+    checkpoint with the highest step (its history is the longest)."""
+    if not isinstance(output_dir, (str, Path)) or not str(output_dir).strip():
+        raise DoctorInputError(f"--run must be a path, got {output_dir!r} — the autopsy reads the Trainer's "
+                               "output directory — pass e.g. --run outputs/my-run.")
+    path = Path(output_dir)
+    if path.is_file():
+        if path.name != STATE:
+            raise DoctorInputError(f"{path} is not a {STATE} — the autopsy reads the Trainer's log history — "
+                                   "pass the output directory or its trainer_state.json.")
+        return path, []
+    if not path.is_dir():
+        raise DoctorInputError(f"run directory {str(path)!r} does not exist — the autopsy reads the "
+                               f"Trainer's "
+                               "output_dir — pass the directory you trained into.")
+    numbered = sorted((int(m.group(1)), p) for p in path.iterdir()
+                      if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)) and (p / STATE).is_file())
+    names = [p.name for _, p in numbered]
+    if (path / STATE).is_file():
+        return path / STATE, names
+    if numbered:
+        return numbered[-1][1] / STATE, names
+    raise DoctorInputError(f"no {STATE} in {path} nor in a checkpoint-N/ below it — the Trainer writes it at "
+                           "each save (save_strategy='steps'/'epoch') and on trainer.save_state() — save "
+                           "checkpoints, or call trainer.save_state() after training.")
+
+
+def _read_state(path: Path) -> dict:
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DoctorInputError(f"{path} is not valid JSON ({exc}) — the autopsy reads its log_history — "
+                               "pass a trainer_state.json the Trainer wrote.") from None
+    history = state.get("log_history") if isinstance(state, dict) else None
+    if not isinstance(history, list) or not all(isinstance(e, dict) for e in history):
+        raise DoctorInputError(f"{path} has no log_history list — it is not a Trainer's state — pass the "
+                               "trainer_state.json of a transformers / TRL run.")
+    return state
+
+
+def _max_grad_norm(run_dir: Path, config: dict) -> tuple[float, str]:
+    value = config.get("max_grad_norm")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value), "from --config"
+    for candidate in (run_dir / "training_args.bin", run_dir.parent / "training_args.bin"):
+        value = pickled_number(candidate, "max_grad_norm")
+        if value is not None:
+            return value, f"read from {candidate}"
+    return DEFAULT_MAX_GRAD_NORM, "TrainingArguments' default: no training_args.bin, no --config"
+
+
+def pickled_number(path: Path, field: str) -> float | None:
+    """The number stored for ``field`` in a ``torch.save``d TrainingArguments (a zip holding a pickle), read
+    from the pickle's opcodes — nothing in the file is executed. None when absent or unreadable."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
+            ops = list(pickletools.genops(archive.read(name)))
+    except (OSError, zipfile.BadZipFile, StopIteration, ValueError):
+        return None
+    for i, (op, arg, _) in enumerate(ops):
+        if arg == field and "UNICODE" in op.name:
+            for later, value, _ in ops[i + 1:i + 4]:
+                if later.name in ("BINFLOAT", "BININT", "BININT1", "BININT2", "LONG1"):
+                    return float(value)
+                if "PUT" not in later.name and later.name != "MEMOIZE":
+                    return None
+    return None

@@ -1,0 +1,355 @@
+"""The doctor's checks of the data itself: what a row says, read as JSON, before any template or tokenizer.
+
+They need no model and no torch (``python -m course_utils.doctor --data FILE`` runs them alone, in about a
+second), and they run as part of every ``diagnose``. What they find is invisible to TRL's preparation,
+which trains on all of it without a word:
+
+- ``rendered-markers``: chat-template turn markers (ChatML, Llama 3 headers, ``[INST]``, Gemma turns, ...)
+  inside ``text`` / ``content`` — text rendered once already. An error when the family is not the model's
+  own (the model learns a foreign format), a warning when it is (rendered twice: double markers, double bos);
+- ``duplicate-rows`` and ``contradicting-answers``: exact and near copies (case, whitespace and punctuation
+  normalised), and one prompt answered differently — with counts and example row ids;
+- ``response-empty``, ``response-looping``, ``response-copies-prompt``, and (with a tokenizer)
+  ``response-length-cap``: many answers of exactly the longest token length, the mark of a generation cap in
+  synthetic data;
+- ``reasoning-partial``: reasoning (``<think>`` or a reasoning field) in only some answers;
+- schema traps: ``sharegpt-roles`` (``human`` / ``gpt``: on Qwen2.5's template such rows render nothing but
+  the default system prompt, measured with TRL 1.16), ``content-not-string`` (a dict becomes Python text),
+  ``unread-keys`` (a ``response`` beside ``messages``: never read). ``sharegpt_hint`` names the ShareGPT
+  format (``from`` / ``value``) in the bad-input message of a file TRL cannot read at all.
+
+Each check takes the rows as ``inputs.read_rows`` returns them (``_doctor_row``: the row's index in the data).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+
+from .report import Finding, share_of
+
+# Turn markers by template family (the first of each is the one a rendering always holds). Tool-call and
+# reasoning tags are content, not turn markers, and are not listed.
+FAMILY_MARKERS = {
+    "ChatML (Qwen, ...)": ("<|im_start|>", "<|im_end|>"),
+    "Llama 3": ("<|start_header_id|>", "<|eot_id|>", "<|begin_of_text|>"),
+    "[INST] (Llama 2, Mistral)": ("[INST]", "[/INST]"),
+    "Gemma": ("<start_of_turn>", "<end_of_turn>"),
+    "Phi-3 / Zephyr": ("<|user|>", "<|assistant|>", "<|end|>"),
+    "DeepSeek": ("<｜User｜>", "<｜Assistant｜>", "<｜begin▁of▁sentence｜>"),
+    "gpt-oss (harmony)": ("<|start|>", "<|message|>", "<|channel|>"),
+}
+UNREAD_KEYS = ("response", "assistant", "output", "answer", "reply", "target", "chosen", "text", "completion")
+REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+THINK = re.compile(r"<think>(.*?)</think>", re.S)
+LOOP_MIN_WORDS, LOOP_DISTINCT = 40, 0.3  # an answer of 40+ words whose 4-grams are < 30 % distinct loops
+CAP_MIN_TOKENS, CAP_MIN_SHARE, CAP_MIN_LENGTHS = 16, 0.02, 5
+SEVERE = 0.10  # a share of damaged rows from which a finding is an error, not a warning
+EXAMPLES = 8
+
+
+def data_findings(rows, form, tokenizer=None) -> list[Finding]:
+    """Every check of this module on ``rows`` (``form``: ``inputs.row_form``); ``tokenizer`` (optional) gives
+    the model's template family and token lengths."""
+    if form == "tokenized":  # token ids: nothing of the text is left to read
+        return []
+    turns = [_turns(r, form) for r in rows]
+    return (markers_findings(rows, form, _family(getattr(tokenizer, "chat_template", None)))
+            + schema_findings(rows, form) + duplicate_findings(rows, turns)
+            + response_findings(rows, turns, tokenizer) + reasoning_findings(rows, turns))
+
+
+def sharegpt_hint(row) -> str:
+    """A sentence naming the ShareGPT format when ``row`` is in it (``conversations`` of ``from`` /
+    ``value``), for the bad-input message; "" otherwise. TRL 1.16 fails on such a file as a whole with
+    ``KeyError: 'text'``."""
+    if not isinstance(row, dict):
+        return ""
+    lists = [v for v in row.values() if isinstance(v, list) and v and isinstance(v[0], dict)]
+    if any("from" in m and "value" in m for v in lists for m in v if isinstance(m, dict)):
+        return (" (ShareGPT format: turns of from/value with roles human/gpt, which TRL does not map — "
+                "SFTTrainer fails on the whole file with KeyError: 'text'; write {\"messages\": [{\"role\": "
+                "\"user\", \"content\": ...}, {\"role\": \"assistant\", ...}]}, human->user, gpt->assistant)")
+    return ""
+
+
+# --- reading a row ----------------------------------------------------------------------------------------
+def _strings(row, form) -> list[str]:
+    """Every text of the row the template or tokenizer will read."""
+    if form == "messages":
+        return [m["content"] for m in row["messages"] if isinstance(m.get("content"), str)]
+    if form == "text":
+        return [row["text"]] if isinstance(row.get("text"), str) else []
+    out = []
+    for key in ("prompt", "completion"):
+        value = row.get(key)
+        out += [value] if isinstance(value, str) else [
+            m["content"] for m in value or [] if isinstance(m, dict) and isinstance(m.get("content"), str)]
+    return out
+
+
+def _turns(row, form):
+    """``(prompt, answer, answer message)``: the text before the last answer, and the answer (None: none)."""
+    if form == "messages":
+        messages = row["messages"]
+        last = max((i for i, m in enumerate(messages) if m.get("role") in ("assistant", "gpt", "bot")),
+                   default=None)
+        if last is None:
+            return _text(messages), None, None
+        return _text(messages[:last]), _content(messages[last]), messages[last]
+    if form == "text":
+        return None, None, None
+    prompt, completion = row.get("prompt"), row.get("completion")
+    answer = completion if isinstance(completion, str) else _text(completion or [])
+    message = completion[-1] if isinstance(completion, list) and completion else None
+    return prompt if isinstance(prompt, str) else _text(prompt or []), answer, message
+
+
+def _content(message) -> str:
+    content = message.get("content")
+    if content is None:
+        return ""
+    return content if isinstance(content, str) else json.dumps(content, default=str)
+
+
+def _text(messages) -> str:
+    return "\n".join(f"{m.get('role')}: {_content(m)}" for m in messages if isinstance(m, dict))
+
+
+def _normal(text: str) -> str:
+    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
+
+
+def _rows(ids) -> str:
+    ids = list(ids)
+    return f"row ids {ids[:EXAMPLES]}" + (f" and {len(ids) - EXAMPLES} more" if len(ids) > EXAMPLES else "")
+
+
+def _severity(k: int, n: int) -> str:
+    return "error" if k >= SEVERE * n else "warning"
+
+
+# --- rendered markers -------------------------------------------------------------------------------------
+def _family(text) -> str | None:
+    """The family whose turn markers ``text`` holds most of (None: none)."""
+    if not isinstance(text, str):
+        return None
+    counts = {family: sum(marker in text for marker in markers) for family, markers in FAMILY_MARKERS.items()}
+    best = max(counts, key=counts.get)
+    return best if counts[best] else None
+
+
+def markers_findings(rows, form, model_family) -> list[Finding]:
+    found = defaultdict(list)
+    for row in rows:
+        family = _family("\n".join(_strings(row, form)))
+        if family:
+            found[family].append(row["_doctor_row"])
+    findings = []
+    for family, ids in found.items():
+        foreign = model_family is not None and family != model_family
+        where = "'text'" if form == "text" else "message content"
+        findings.append(Finding(
+            "error" if foreign else "warning", "rendered-markers",
+            f"{share_of(len(ids), len(rows))} hold {family} turn markers in their {where}: text already "
+            "rendered with a chat template",
+            f"{_rows(ids)}; markers {list(FAMILY_MARKERS[family][:2])}; the model's template is "
+            + (f"{model_family}: the rows teach a format the model is never prompted with" if foreign else
+               f"{model_family or 'not known here (no --model)'}: rendered again, each row holds the markers "
+               "twice (and a second bos where the template writes one)"),
+            "store the raw conversation ({\"messages\": [{\"role\", \"content\"}]}) and let TRL apply the "
+            "model's own template; strip the markers from content", "04"))
+    return findings
+
+
+# --- schema traps -----------------------------------------------------------------------------------------
+def schema_findings(rows, form) -> list[Finding]:
+    sharegpt, structured, numbers, unread = [], [], [], defaultdict(list)
+    keys = {"messages": {"messages"}, "text": {"text"}}.get(form, {"prompt", "completion"})
+    for row in rows:
+        messages = _messages(row, form)
+        roles = {m.get("role") for m in messages}
+        if "human" in roles and roles & {"gpt", "bot"}:  # ShareGPT's pair; a lone 'gpt' is no-assistant-turns
+            sharegpt.append(row["_doctor_row"])
+        contents = [m.get("content") for m in messages]
+        if any(isinstance(c, dict) or (isinstance(c, list) and not _parts(c)) for c in contents):
+            structured.append(row["_doctor_row"])
+        elif any(isinstance(c, (int, float, bool)) for c in contents):
+            numbers.append(row["_doctor_row"])
+        for key in UNREAD_KEYS:
+            if key not in keys and row.get(key) not in (None, "", [], {}):
+                unread[key].append(row["_doctor_row"])
+    n, findings = len(rows), []
+    if sharegpt:
+        findings.append(Finding(
+            "error", "sharegpt-roles", f"{share_of(len(sharegpt), n)} use ShareGPT roles (human / gpt / bot)",
+            f"{_rows(sharegpt)}: templates render only the roles they know — on Qwen2.5's, a row of "
+            f"human/gpt "
+            "turns renders nothing but the default system prompt (TRL 1.16, measured), and trains on that",
+            "map the roles: human -> user, gpt / bot -> assistant", "04"))
+    if structured or numbers:
+        findings.append(Finding(
+            "error" if structured else "warning", "content-not-string",
+            f"{share_of(len(structured) + len(numbers), n)} have message content that is not a string",
+            f"{_rows(structured + numbers)}: a dict or list becomes Python text under the template (Llama 3: "
+            "{'name': ...}, single quotes), so the model learns Python syntax instead of JSON; numbers "
+            "become "
+            "str() and mix types in the column datasets' loader builds",
+            "write every content as a string: json.dumps(structure), str(number)", "04"))
+    for key, ids in unread.items():
+        findings.append(Finding(
+            "warning", "unread-keys", f"{share_of(len(ids), n)} carry content in {key!r}, a key the trainer "
+            f"never reads beside {sorted(keys)}", f"{_rows(ids)}: SFTTrainer trains on {sorted(keys)} only; "
+            f"what is in {key!r} is silently left out",
+            f"move it into {'the messages (an assistant turn)' if form == 'messages' else sorted(keys)}, or "
+            "drop the key", "04"))
+    return findings
+
+
+def _messages(row, form) -> list[dict]:
+    if form == "messages":
+        return row["messages"]
+    if form == "prompt_completion":
+        return [m for key in ("prompt", "completion") for m in row.get(key) or [] if isinstance(m, dict)]
+    return []
+
+
+def _parts(content: list) -> bool:
+    """A multimodal content list ([{"type": "text", "text": ...}, ...]): a form templates read."""
+    return all(isinstance(p, dict) and "type" in p for p in content)
+
+
+# --- duplicates and contradictions ------------------------------------------------------------------------
+def duplicate_findings(rows, turns) -> list[Finding]:
+    exact, near, by_prompt = defaultdict(list), defaultdict(list), defaultdict(set)
+    prompt_rows = defaultdict(list)
+    for row, (prompt, answer, _) in zip(rows, turns):
+        clean = {k: v for k, v in row.items() if not k.startswith("_doctor")}
+        exact[json.dumps(clean, sort_keys=True, default=str)].append(row["_doctor_row"])
+        near[_normal(json.dumps(clean, sort_keys=True, default=str, ensure_ascii=False))].append(
+            row["_doctor_row"])
+        if prompt and answer is not None:
+            by_prompt[_normal(prompt)].add(_normal(answer))
+            prompt_rows[_normal(prompt)].append(row["_doctor_row"])
+    n, findings = len(rows), []
+    copies = [ids for ids in exact.values() if len(ids) > 1]
+    near_copies = [ids for ids in near.values() if len(ids) > 1]
+    extra_exact = sum(len(ids) - 1 for ids in copies)
+    extra_near = sum(len(ids) - 1 for ids in near_copies) - extra_exact
+    if extra_exact or extra_near:
+        groups = sorted(near_copies, key=len, reverse=True)[:3]
+        # a few copies are what a small or templated set holds by chance (the course's own arithmetic chats
+        # repeat 0.4-2.5 % of their rows): info; from SEVERE on they reweigh the data (warning)
+        findings.append(Finding(
+            "warning" if extra_exact + extra_near >= SEVERE * n else "info", "duplicate-rows",
+            f"{share_of(extra_exact + extra_near, n)} repeat another row ({extra_exact} exact copies, "
+            f"{extra_near} that differ only in case, spacing or punctuation)",
+            f"largest groups (row ids): {groups}; a repeated row weighs that many times in the loss, and a "
+            f"copy "
+            "across the train/eval split inflates the eval score",
+            "deduplicate: keep one row of each group (on a sample: --all counts every row)", "08"))
+    clashes = [key for key, answers in by_prompt.items() if len(answers) > 1]
+    if clashes:
+        ids = [i for key in clashes for i in prompt_rows[key]]
+        example = [prompt_rows[key][:4] for key in clashes[:3]]
+        findings.append(Finding(
+            "warning", "contradicting-answers",
+            f"{len(clashes)} prompt(s) are answered differently in {share_of(len(ids), n)}",
+            f"groups of row ids with the same prompt and different answers: {example}; the model learns the "
+            f"average of "
+            "the answers", "keep one answer per prompt, or make the prompts say what decides the "
+                           "answer", "08"))
+    return findings
+
+
+# --- damaged responses ------------------------------------------------------------------------------------
+def response_findings(rows, turns, tokenizer=None) -> list[Finding]:
+    answered = [(row["_doctor_row"], prompt, answer, message) for row, (prompt, answer, message)
+                in zip(rows, turns) if answer is not None]
+    empty = [i for i, _, answer, message in answered
+             if not answer.strip() and not (message or {}).get("tool_calls")
+             and not _reasoning(message, answer)]
+    looping = [i for i, _, answer, _ in answered if _loops(answer)]
+    copies = [i for i, prompt, answer, _ in answered if _copies(prompt, answer)]
+    n, findings = len(answered), []
+    if empty:
+        findings.append(Finding(
+            _severity(len(empty), n), "response-empty", f"{share_of(len(empty), n)} have an empty answer",
+            f"{_rows(empty)}: the answer is only the stop token, so the model learns to stop at once",
+            "drop those rows or write their answers", "02"))
+    if looping:
+        findings.append(Finding(
+            _severity(len(looping), n), "response-looping", f"{share_of(len(looping), n)} have an answer "
+                                                            f"that "
+            "repeats itself", f"{_rows(looping)}: fewer than {LOOP_DISTINCT:.0%} of the answer's 4-word "
+            "sequences are distinct (a generation loop in synthetic data); the model learns to loop",
+            "drop or regenerate those answers", "02"))
+    if copies:
+        findings.append(Finding(
+            _severity(len(copies), n), "response-copies-prompt", f"{share_of(len(copies), n)} answer with "
+            "the prompt itself", f"{_rows(copies)}: the answer repeats the last user turn (or starts with "
+                                 f"the "
+            "whole prompt); the model learns to echo", "drop or fix those rows", "04"))
+    if tokenizer is not None and n:
+        findings += _length_cap_findings(answered, tokenizer)
+    return findings
+
+
+def _loops(answer: str) -> bool:
+    words = answer.split()
+    if len(words) < LOOP_MIN_WORDS:
+        return False
+    grams = [tuple(words[i:i + 4]) for i in range(len(words) - 3)]
+    return len(set(grams)) < LOOP_DISTINCT * len(grams)
+
+
+def _copies(prompt, answer: str) -> bool:
+    if not prompt or len(answer.strip()) < 10:
+        return False
+    last_turn = prompt.rsplit("\nuser: ", 1)[-1].removeprefix("user: ")
+    clean = _normal(answer)
+    return clean == _normal(last_turn) or (len(last_turn) >= 60 and clean.startswith(_normal(last_turn)))
+
+
+def _length_cap_findings(answered, tokenizer) -> list[Finding]:
+    lengths = {i: len(tokenizer(answer, add_special_tokens=False)["input_ids"])
+               for i, _, answer, _ in answered}
+    longest = max(lengths.values())
+    capped = [i for i, length in lengths.items() if length == longest]
+    distinct = len({_normal(answer) for i, _, answer, _ in answered if lengths[i] == longest})
+    n = len(lengths)  # copies of one answer share its length: only distinct answers cut at one length count
+    if (longest < CAP_MIN_TOKENS or distinct < max(3, CAP_MIN_SHARE * n) or len(capped) == n
+            or len(set(lengths.values())) < CAP_MIN_LENGTHS):
+        return []
+    return [Finding(
+        _severity(len(capped), n), "response-length-cap",
+        f"{share_of(len(capped), n)} have answers of exactly {longest} tokens, the longest length",
+        f"{_rows(capped)}; answers of natural length rarely share their longest length: these were cut by a "
+        f"generation cap (max_new_tokens={longest}?) and end mid-sentence — the model learns to stop there",
+        "drop or regenerate the capped answers (a larger max_new_tokens)", "02")]
+
+
+# --- reasoning present in only some rows ------------------------------------------------------------------
+def _reasoning(message, answer) -> bool:
+    fields = any(isinstance((message or {}).get(k), str) and message[k].strip() for k in REASONING_KEYS)
+    return fields or any(part.strip() for part in THINK.findall(answer or ""))
+
+
+def reasoning_findings(rows, turns) -> list[Finding]:
+    answered = [(row["_doctor_row"], _reasoning(message, answer)) for row, (_, answer, message)
+                in zip(rows, turns) if answer is not None]
+    with_reasoning = [i for i, has in answered if has]
+    without = [i for i, has in answered if not has]
+    if not with_reasoning or not without:
+        return []
+    return [Finding(
+        "warning", "reasoning-partial",
+        f"reasoning is in {share_of(len(with_reasoning), len(answered))}, not in the others",
+        f"without reasoning: {_rows(without)} (<think>…</think> in the answer or a "
+        f"{'/'.join(REASONING_KEYS)} "
+        "field); the model learns to reason sometimes, at random, and the template may write an empty "
+        "<think></think> into the others",
+        "give every answer its reasoning, or none; a deliberate hybrid (thinking on and off): say so with "
+        "--ignore reasoning-partial", "09")]
+

@@ -1,0 +1,204 @@
+"""The doctor's data checks (issue 49): each planted failure is found by its own check, its healthy twin
+reports nothing of it, the command answers without a traceback — and without torch."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from course_utils.doctor.__main__ import data_only, main
+from course_utils.doctor.data_checks import FAMILY_MARKERS, data_findings, sharegpt_hint
+from course_utils.doctor.inputs import DoctorInputError, read_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def assistant(content, **extra):
+    return {"role": "assistant", "content": content, **extra}
+
+
+def chats(n=40):
+    """Healthy: varied questions, varied answers of varied length."""
+    words = "the model reads each token and learns what was asked with care".split()
+    return [{"messages": [user(f"Question {i}: what is {i} times {i + 3}?"),
+                          assistant(f"{i} times {i + 3} is {i * (i + 3)}. " + " ".join(words[: i % 11 + 1]))]}
+            for i in range(n)]
+
+
+def checks(rows, tokenizer=None):
+    rows, _ = read_rows(rows)
+    return {f.check: f for f in data_findings(rows, _form(rows), tokenizer)}
+
+
+def _form(rows):
+    from course_utils.doctor.inputs import row_form
+
+    return row_form(rows)
+
+
+LOOP = " ".join(["and then the answer is"] * 12)
+PLANTED = {  # label -> (rows, the check that must report, its severity)
+    "chatml text": ([{"text": f"<|im_start|>user\nQ{i}<|im_end|>\n<|im_start|>assistant\nA{i}<|im_end|>\n"}
+                     for i in range(20)], "rendered-markers", "warning"),
+    "llama3 in content": ([{"messages": [user(f"<|start_header_id|>user<|end_header_id|>\n\nQ{i}<|eot_id|>"),
+                                         assistant(f"A{i}")]} for i in range(20)],
+                          "rendered-markers", "warning"),
+    "[INST] prompt": ([{"prompt": f"[INST] Q{i} [/INST]", "completion": f" A{i}"} for i in range(20)],
+                      "rendered-markers", "warning"),
+    "exact duplicates": (chats(30) + chats(30)[:6], "duplicate-rows", "warning"),
+    "near duplicates": (chats(30) + [{"messages": [user(m["messages"][0]["content"].upper()),
+                                                   assistant(m["messages"][1]["content"])]}
+                                     for m in chats(30)[:4]], "duplicate-rows", "warning"),
+    "contradictions": (chats(30) + [{"messages": [user("Question 1: what is 1 times 4?"), assistant("5.")]}],
+                       "contradicting-answers", "warning"),
+    "empty answers": (chats(30) + [{"messages": [user(f"Tell me {i}"), assistant("  ")]} for i in range(5)],
+                      "response-empty", "error"),
+    "looping answers": (chats(30) + [{"messages": [user(f"Story {i}"), assistant(f"{i} {LOOP}")]}
+                                     for i in range(2)], "response-looping", "warning"),
+    "echoed prompts": (chats(30) + [{"messages": [user(f"Repeat after me number {i}"),
+                                                  assistant(f"Repeat after me number "
+                                                            f"{i}")]} for i in range(4)],
+                       "response-copies-prompt", "error"),
+    "partial reasoning": ([{"messages": [user(f"Q{i}"), assistant(f"<think>{i}+{i}</think>{2 * i}" if i % 4
+                                                                  else f"{2 * i}")]} for i in range(20)],
+                          "reasoning-partial", "warning"),
+    "partial reasoning field": ([{"messages": [user(f"Q{i}"), assistant(f"{2 * i}", **(
+        {"reasoning_content": f"{i}+{i}"} if i % 2 else {}))]} for i in range(20)],
+        "reasoning-partial", "warning"),
+    "sharegpt "
+    "roles": ([{"messages": [{"role": "human", "content": f"Q{i}"}, {"role": "gpt", "content": f"A{i}"}]}
+                        for i in range(10)], "sharegpt-roles", "error"),
+    "dict content": ([{"messages": [user(f"Call {i}"), assistant({"name": "f", "arguments": {"x": i}})]}
+                      for i in range(10)], "content-not-string", "error"),
+    "number content": ([{"messages": [user(f"{i} plus {i}?"), assistant(2 * i)]} for i in range(10)],
+                       "content-not-string", "warning"),
+    "response key": ([{"messages": [user(f"Q{i}")], "response": f"A{i}"} for i in range(10)], "unread-keys",
+                     "warning"),
+    "output beside "
+    "prompt": ([{"prompt": f"Q{i}", "completion": f" A{i}", "output": f"B{i}"} for i in range(10)],
+                             "unread-keys", "warning"),
+}
+HEALTHY = {  # label -> rows: none of the data checks reports
+    "chats": chats(40),
+    "prompt/completion": [{"prompt": f"Q: {i} plus {i}?", "completion": f" {2 * i}."} for i in range(40)],
+    "text": [{"text": f"Row {i}: the model learns {i} things."} for i in range(40)],
+    "all reasoning": [{"messages": [user(f"Q{i}"), assistant(f"<think>{i}+{i}</think>{2 * i}")]}
+                      for i in range(20)],
+    "tool calls with empty content": [{"messages": [
+        user(f"Weather in city {i}?"),
+        assistant("", tool_calls=[{"type": "function",
+                                   "function": {"name": "weather", "arguments": {"c": i}}}]),
+        {"role": "tool", "content": f"{i} C"}, assistant(f"It is {i} C.")]} for i in range(20)],
+    "multimodal parts": [{"messages": [{"role": "user", "content": [{"type": "text", "text": f"Q{i}"}]},
+                                       assistant(f"A{i}")]} for i in range(20)],
+    "same question, multi-turn": [{"messages": [user("Hi"), assistant("Hello!"), user(f"What is {i}?"),
+                                                assistant(f"It is {i}.")]} for i in range(20)],
+    "tool-call tags in "
+    "content": [{"messages": [user(f"Q{i}"), assistant(f"<tool_call>{{\"x\": {i}}}</tool_call>")]}
+                                  for i in range(20)],
+}
+
+
+@pytest.mark.parametrize("label", PLANTED)
+def test_each_planted_data_failure_is_found_by_its_own_check(label):
+    rows, check, severity = PLANTED[label]
+    found = checks(rows)
+    assert check in found, f"{label}: {check} not reported; got {sorted(found)}"
+    assert found[check].severity == severity, (label, found[check])
+    assert "row ids" in found[check].evidence or "groups" in found[check].evidence, found[check].evidence
+
+
+def test_a_few_copies_are_info_and_a_lone_gpt_role_is_left_to_no_assistant_turns():
+    """Lesson 08's capstone chats repeat 0.4-2.5 % of their rows by chance and rename 'assistant' to 'gpt' in
+    some (no-assistant-turns finds that): neither is a data-check warning or error there."""
+    rows = chats(60) + chats(60)[:2] + [{"messages": [user("Q"), {"role": "gpt", "content": "A"}]}]
+    found = checks(rows)
+    assert found["duplicate-rows"].severity == "info" and "sharegpt-roles" not in found, found
+
+
+@pytest.mark.parametrize("label", HEALTHY)
+def test_healthy_data_reports_nothing(label):
+    assert not checks(HEALTHY[label]), label
+
+
+def test_markers_of_another_family_than_the_models_are_an_error(tokenizer):
+    """The course model's template is ChatML: Llama 3 markers are a foreign format (error), ChatML ones the
+    model's own, rendered twice (warning)."""
+    assert checks(PLANTED["llama3 in content"][0], tokenizer)["rendered-markers"].severity == "error"
+    assert checks(PLANTED["chatml text"][0], tokenizer)["rendered-markers"].severity == "warning"
+    assert all(markers[0] in FAMILY_MARKERS[family] for family, markers in FAMILY_MARKERS.items())
+
+
+def test_sharegpt_roles_render_nothing_of_the_turns_on_qwen25s_template(tokenizer):
+    """The measurement behind sharegpt-roles: Qwen2.5's template (the course model's) renders human/gpt
+    turns as nothing but its default system prompt."""
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    rendered = tokenizer.apply_chat_template(PLANTED["sharegpt roles"][0][3]["messages"], tokenize=False,
+                                             chat_template=qwen2_5_chat_template)
+    assert "Q3" not in rendered and "A3" not in rendered and "<|im_start|>system" in rendered, rendered
+
+
+def test_dict_content_becomes_python_text_under_llama3s_template(tokenizer):
+    """The measurement behind content-not-string: a dict content renders with Python's quotes, not JSON's."""
+    template = (Path(__import__("trl").__file__).parent / "chat_templates" / "llama3.jinja").read_text()
+    row = PLANTED["dict content"][0][1]["messages"]
+    rendered = tokenizer.apply_chat_template(row, tokenize=False, chat_template=template, bos_token="<s>")
+    assert "{'name': 'f'" in rendered and '{"name": "f"' not in rendered, rendered
+
+
+def test_a_generation_cap_is_found_in_tokens_and_distinct_copies_are_not_one(tokenizer):
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi".split()
+    capped = [" ".join(words[(i + j) % len(words)] for j in range(30)) for i in range(6)]
+    lengths = {len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in capped}
+    cap = min(lengths)
+    cut = [tokenizer.decode(tokenizer(c, add_special_tokens=False)["input_ids"][:cap]) for c in capped]
+    rows = chats(40) + [{"messages": [user(f"Write {i}"), assistant(c)]} for i, c in enumerate(cut)]
+    assert "response-length-cap" in checks(rows, tokenizer)
+    assert "response-length-cap" not in checks(chats(40), tokenizer)
+    copies = chats(40) + [{"messages": [user(f"Write {i}"), assistant(cut[0])]} for i in range(6)]
+    assert "response-length-cap" not in checks(copies, tokenizer), "one answer copied is not a cap"
+
+
+def test_the_sharegpt_file_is_bad_input_naming_the_format(tmp_path, capsys):
+    path = tmp_path / "sharegpt.jsonl"
+    path.write_text("\n".join(json.dumps({"conversations": [{"from": "human", "value": f"Q{i}"},
+                                                            {"from": "gpt", "value": f"A{i}"}]})
+                              for i in range(3)))
+    assert main(["--data", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "ShareGPT" in err and "KeyError: 'text'" in err and "Traceback" not in err
+    assert sharegpt_hint({"messages": [{"from": "human", "value": "x"}]})
+    assert not sharegpt_hint({"messages": [user("x")]})
+    with pytest.raises(DoctorInputError, match="ShareGPT"):
+        read_rows([{"messages": [{"from": "human", "value": "x"}]}])
+
+
+def test_data_only_report_and_exit_codes(tmp_path, capsys):
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in PLANTED["sharegpt roles"][0]))
+    assert main(["--data", str(path)]) == 1
+    assert "sharegpt-roles" in capsys.readouterr().out
+    assert main(["--data", str(path), "--ignore", "sharegpt-roles"]) == 0
+    healthy = tmp_path / "h.jsonl"
+    healthy.write_text("\n".join(json.dumps(r) for r in HEALTHY["chats"]))
+    report = data_only(str(healthy))
+    assert report.checks() == {"data-only"} and report.exit_code == 0
+
+
+def test_the_data_checks_start_without_torch(tmp_path):
+    """`--data` alone imports neither torch nor transformers: a cold start of about a second."""
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in chats(50)))
+    code = ("import sys, runpy\nsys.argv = ['doctor', '--data', sys.argv[1]]\ntry:\n"
+            "    runpy.run_module('course_utils.doctor', run_name='__main__')\nexcept SystemExit as e:\n"
+            "    print('EXIT', e.code)\nprint('HEAVY', sorted(m for m in ('torch', 'transformers', 'trl', "
+            "'datasets') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=ROOT)
+    assert "EXIT 0" in done.stdout and "HEAVY []" in done.stdout, done.stdout + done.stderr

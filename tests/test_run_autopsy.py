@@ -1,0 +1,146 @@
+"""The run autopsy (``--run OUTPUT_DIR``, issue 49): each rule of ``run_rules`` fires on a planted log and not
+on its healthy twin; the autopsy finds the state where the Trainer and ``trl sft`` leave it; bad input exits
+2; and a real run watched by ``SFTWatch`` gets the same verdicts from its ``trainer_state.json``
+afterwards."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from course_utils import run_rules
+from course_utils.doctor.__main__ import main
+from course_utils.doctor.autopsy import autopsy, find_state
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def log(losses, norms=None, lrs=None, evals=()):
+    norms = norms or [0.5] * len(losses)
+    lrs = lrs or [2e-5] * len(losses)
+    entries = [{"step": s + 1, "loss": loss, "grad_norm": n, "learning_rate": lr}
+               for s, (loss, n, lr) in enumerate(zip(losses, norms, lrs))]
+    return entries + [{"step": s, "eval_loss": v} for s, v in evals]
+
+
+FALLING = [3.0 * 0.9 ** i for i in range(20)]
+HEALTHY = log(FALLING, evals=[(5, 2.5), (10, 2.0), (15, 1.8), (20, 1.7)])
+PLANTED = {  # rule id -> a log that has it
+    "run-nonfinite": log(FALLING[:10] + [math.nan] * 10),
+    "run-zero-loss": log(FALLING[:15] + [0.0] + FALLING[16:]),
+    "run-clipping": log(FALLING, norms=[1.0 + i for i in range(20)]),
+    "run-grad-spike": log(FALLING, norms=[0.5] * 12 + [40.0] + [0.5] * 7),
+    "run-loss-diverging": log([2.0 * 1.05 ** i for i in range(20)]),
+    "run-loss-flat": log([2.3] * 20),
+    "run-lr-zero": log(FALLING, lrs=[0.0] * 20),
+    "run-eval-rising": log(FALLING, evals=[(5, 2.0), (10, 1.5), (15, 1.7), (20, 1.9)]),
+}
+
+
+@pytest.mark.parametrize("rule", PLANTED)
+def test_each_rule_fires_on_its_planted_log_only(rule):
+    fired = {v.id for v in run_rules.judge(PLANTED[rule], max_grad_norm=1.0)}
+    assert rule in fired, (rule, fired)
+    assert not run_rules.judge(HEALTHY, max_grad_norm=1.0)
+
+
+def test_a_linear_schedules_last_step_at_lr_0_is_not_a_run_that_did_not_train():
+    lrs = [2e-5 * (1 - i / 19) for i in range(20)]
+    assert lrs[-1] == 0 and not run_rules.judge(log(FALLING, lrs=lrs))
+
+
+def test_the_clip_rule_is_the_watchs():
+    """One copy: SFTWatch decides a clip with run_rules.was_clipped (post-clip norm = max_grad_norm)."""
+    import inspect
+
+    from course_utils import watch
+
+    assert "run_rules.was_clipped" in inspect.getsource(watch.SFTWatch.on_pre_optimizer_step)
+    assert "CLIP_TOLERANCE =" not in inspect.getsource(watch)
+    assert run_rules.was_clipped(1.0 * (1 - 1e-6), 1.0) and not run_rules.was_clipped(0.9, 1.0)
+
+
+def write_run(directory: Path, entries, step_dirs=(5, 10), top=False):
+    for step in step_dirs:
+        (directory / f"checkpoint-{step}").mkdir(parents=True)
+        state = {"global_step": step, "max_steps": 20,
+                 "log_history": [e for e in entries if e["step"] <= step]}
+        (directory / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps(state))
+    if top:
+        (directory / "trainer_state.json").write_text(json.dumps({"global_step": 20, "log_history": entries}))
+
+
+def test_the_last_checkpoint_is_read_as_trl_sft_leaves_it(tmp_path):
+    write_run(tmp_path, PLANTED["run-zero-loss"], step_dirs=(8, 16))
+    path, found = find_state(tmp_path)
+    assert path == tmp_path / "checkpoint-16" / "trainer_state.json"
+    assert found == ["checkpoint-8", "checkpoint-16"]
+    report = autopsy(tmp_path)
+    assert "run-zero-loss" in report.checks("error") and report.exit_code == 1
+    assert "default" in next(f for f in report if f.check == "run-checkpoints").evidence  # max_grad_norm 1.0
+
+
+def test_the_command_on_a_run_directory(tmp_path, capsys):
+    write_run(tmp_path / "bad", PLANTED["run-clipping"], top=True)
+    assert main(["--run", str(tmp_path / "bad"), "--format", "json"]) == 0  # a warning, not an error
+    assert "run-clipping" in {f["check"] for f in json.loads(capsys.readouterr().out)["findings"]}
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"max_grad_norm": 100.0}))
+    assert main(["--run", str(tmp_path / "bad"), "--config", str(config), "--json"]) == 0
+    assert "run-clipping" not in capsys.readouterr().out
+    write_run(tmp_path / "ok", HEALTHY)
+    assert main(["--run", str(tmp_path / "ok")]) == 0
+
+
+@pytest.mark.parametrize("case", ["missing", "empty dir", "not json", "no history", "other file"])
+def test_bad_run_input_exits_2_with_what_why_fix(case, tmp_path, capsys):
+    target = tmp_path / "run"
+    if case != "missing":
+        target.mkdir()
+    if case == "not json":
+        (target / "trainer_state.json").write_text("{oops")
+    if case == "no history":
+        (target / "trainer_state.json").write_text(json.dumps({"global_step": 3}))
+    if case == "other file":
+        target = target / "notes.txt"
+        target.write_text("x")
+    assert main(["--run", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("doctor: bad input:") and err.count(" — ") >= 2 and "Traceback" not in err, err
+
+
+def test_max_grad_norm_is_read_from_training_args_without_unpickling(tmp_path):
+    """``pickled_number`` walks the pickle's opcodes: the value comes back, and nothing in the file runs."""
+    code = ("import sys, torch\nfrom transformers import TrainingArguments\n"
+            "torch.save(TrainingArguments(output_dir=sys.argv[1], max_grad_norm=0.3, report_to='none'), "
+            "sys.argv[1] + '/training_args.bin')")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, cwd=ROOT, capture_output=True)
+    from course_utils.doctor.autopsy import pickled_number
+
+    assert pickled_number(tmp_path / "training_args.bin", "max_grad_norm") == 0.3
+    assert pickled_number(tmp_path / "missing.bin", "max_grad_norm") is None
+
+
+@pytest.mark.slow
+def test_a_watched_run_and_its_autopsy_agree(tmp_path):
+    """The same run, judged live by SFTWatch and afterwards from its checkpoint: the same verdicts."""
+    from course_utils import load_course_model, make_chat_dataset, make_sft_trainer
+    from course_utils.watch import SFTWatch
+
+    model, tokenizer = load_course_model()
+    for max_grad_norm in (0.05, 1e6):  # clipping on every step, then never
+        out = tmp_path / f"run-{max_grad_norm:g}"
+        trainer = make_sft_trainer(model, tokenizer, make_chat_dataset(n=48), max_steps=8,
+                                   output_dir=str(out),
+                                   save_strategy="steps", save_steps=8, max_grad_norm=max_grad_norm,
+                                   progress=False)
+        watch = SFTWatch()
+        trainer.add_callback(watch)
+        trainer.train()
+        live = {v.id for v in watch.verdicts()}
+        after = autopsy(out).checks() - {"run-checkpoints"}
+        assert live == after, (max_grad_norm, live, after)
+        assert ("run-clipping" in live) == (max_grad_norm < 1), live
