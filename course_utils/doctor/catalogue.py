@@ -123,11 +123,36 @@ _ALL = (
        "bf16 or fp32 when it nears 65504"),
     _c("fp16-overflow-risk", "set-up", "06", "activations reach fp16's 65504 (or will within 1,000 steps): "
        "inf, then NaN", "bf16 or fp32, or a lower learning rate"),
-    _c("load-dtype", "set-up", "06", "the dtype the checkpoint is trained in (fp16 weights under fp16=True: "
-       "the GradScaler refuses them)", "load in float32 or bfloat16"),
+    _c("load-dtype", "set-up", "06", "the dtype the weights train in (fp16 weights under fp16=True: the "
+       "GradScaler refuses them; bf16/fp16 weights in full fine-tuning: no float32 master weights, small "
+       "updates round away)", "load in float32 and train with bf16=True, or train LoRA adapters"),
     _c("trainer-accumulation", "set-up", "01", "your compute_loss under gradient accumulation (the split "
                                                "test)",
        "divide by num_items_in_batch, not per micro-batch"),
+    # --- read from the architecture (doctor.architecture): lessons 07, 10, 12, 13 -----------------------
+    _c("loss-count-ignored", "set-up", "07", "a model class with accepts_loss_kwargs=False never gets the "
+       "step's token count: under accumulation or several processes the loss is a per-micro-batch mean",
+       "sum the graded tokens' loss and divide by num_items_in_batch (gathered), or one micro-batch a step"),
+    _c("adapter-eos", "set-up", "10", "with LoRA, SFTConfig's eos_token stops the in-memory model only: the "
+       "saved adapter carries no generation_config", "merge, save with the trained generation_config, check "
+       "with python -m course_utils.ship"),
+    _c("packing-leak", "set-up", "12", "packed samples attend to each other on this architecture, attention "
+       "implementation and collator (lesson 12's two-sample probe)", "train unpacked, or prove another "
+       "set-up clean with packing_arch.packing_leak"),
+    _c("packing-raises", "set-up", "12", "the first packed step raises on this machine (linear-attention / "
+       "Mamba layers without their CUDA kernels)", "train unpacked, or install the kernels and probe again"),
+    _c("packing-probe", "set-up", "12", "the packing probe could not run here (FlashAttention, or a family "
+       "with no tiny model): what decides it", "run packing_arch.packing_leak on your model and machine"),
+    _c("lora-coverage", "set-up", "13", "trainable LoRA parameters per module group, as peft builds them "
+       "from your config", "read it: print_trainable_parameters() gives one total"),
+    _c("lora-frozen-groups", "set-up", "13", "groups your LoRA targets aim at get no adapter (fused MoE "
+       "experts, linear-attention / Mamba mixers); the loss still falls", "target_parameters for the fused "
+       "experts (lora_dropout=0), the mixer's Linear names in target_modules"),
+    _c("lora-remap", "set-up", "13", "peft's v4->v5 remap rewrote your target_modules for this model type",
+       "read the per-group table: it is what trains"),
+    _c("lora-config-raises", "set-up", "13", "peft refuses the LoRA config on this architecture: SFTTrainer "
+       "raises before the first step", "lora_dropout=0 with target_parameters; a hand list where "
+       "\"all-linear\" is refused"),
     # --- reasoning and tool calls (lesson 09) -------------------------------------------------------------
     _c("reasoning-and-tools", "set-up", "09", "the reasoning and tool checks could not run (could-not-check)",
        "check by hand; report the set-up"),

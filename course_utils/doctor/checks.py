@@ -185,7 +185,7 @@ def eos_findings(tokenizer, eot, gen_eos, args, conversational=True, peft=None) 
                     f"set eos_token={token!r} in the SFTConfig (TRL adds it to generation_config), or pass "
                     f"eos_token_id={[*stop_ids, eot]} to generate()"
                     + (f"; with LoRA that fixes the in-memory model only: {_SHIP_EOS}" if peft else ""),
-                    "02" if not peft else "02, 10")]
+                    "10" if peft else "02")]
 
 
 _SHIP_EOS = ("an adapter saved by trainer.save_model has no generation_config.json and peft reads none, so a "

@@ -23,7 +23,8 @@ LESSONS = {
     "03": "03 · Padding & packing", "04": "04 · Chat templates",
     "05": "05 · Truncation & the NaN micro-batch", "06": "06 · NaN detective (QLoRA)",
     "07": "07 · Token-weighted accumulation", "08": "08 · Capstone: the SFT doctor",
-    "09": "09 · Thinking & tool-call templates",
+    "09": "09 · Thinking & tool-call templates", "10": "10 · The fix that did not ship",
+    "12": "12 · Packing on new architectures", "13": "13 · What LoRA actually trains",
 }
 
 
