@@ -416,8 +416,8 @@ def bos_adding_variant(tokenizer, bos_token: str = "<|begin_of_text|>"):
     path does with text that already starts with the BOS."""
     validate.tokenizer("tokenizer", tokenizer)
     if not isinstance(bos_token, str) or not bos_token:
-        raise ValueError(f"bos_token={bos_token!r} must be a non-empty string — it becomes the tokenizer's BOS — "
-                         "pass e.g. '<|begin_of_text|>'.")
+        raise ValueError(f"bos_token={bos_token!r} must be a non-empty string — it becomes the tokenizer's "
+                         "BOS — pass e.g. '<|begin_of_text|>'.")
     tok = copy.deepcopy(tokenizer)  # a shallow copy would share the special-token map with the original
     tok.add_special_tokens({"bos_token": bos_token})
     tok.add_bos_token = True  # transformers 5 rebuilds the post-processor: every encoding starts with it
@@ -425,7 +425,7 @@ def bos_adding_variant(tokenizer, bos_token: str = "<|begin_of_text|>"):
 
 
 def leading_bos(input_ids, bos_token_id: int) -> int:
-    """How many BOS tokens ``input_ids`` starts with: 1 is right for a BOS-adding model, 2 is the double BOS."""
+    """How many BOS tokens ``input_ids`` starts with: 1 is right for a BOS-adding model, 2 a double BOS."""
     input_ids = validate.token_ids("input_ids", input_ids)
     validate.integer("bos_token_id", bos_token_id, minimum=0, why="it is a token id")
     count = 0
@@ -438,8 +438,9 @@ def double_bos_rows(rows, bos_token_id: int) -> list[int]:
     """Indices of the prepared rows (``input_ids`` lists, or dicts holding them) that start with two or more
     BOS tokens: a model trained on them learns a start it never sees at inference."""
     if not isinstance(rows, (list, tuple)) or not rows:
-        raise ValueError(f"rows must be a non-empty list of token-id rows, got {type(rows).__name__} — the check "
-                         "reads each row's first tokens — pass [r['input_ids'] for r in trainer.train_dataset].")
+        raise ValueError(f"rows must be a non-empty list of token-id rows, got {type(rows).__name__} — the "
+                         "check reads each row's first tokens — pass [r['input_ids'] for r in "
+                         "trainer.train_dataset].")
     ids = [r["input_ids"] if isinstance(r, dict) else r for r in rows]
     return [i for i, row in enumerate(ids) if leading_bos(row, bos_token_id) >= 2]
 
