@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import os
 import tempfile
 
 from . import validate
@@ -394,8 +395,9 @@ def save_other_family_tokenizer(tokenizer, directory: str | None = None) -> str:
     from trl.chat_template_utils import phi3_chat_template  # TRL: see the top of the module
 
     validate.tokenizer("tokenizer", tokenizer)
-    if directory is not None:  # never over another model's files: a tokenizer saved there replaces them
-        validate.new_directory("directory", directory, what="the tokenizer's files")
+    if directory is not None and (not isinstance(directory, str) or os.path.isfile(directory)):
+        raise ValueError(f"directory={directory!r} must be a folder path (or None for a temporary one) — the "
+                         "tokenizer's files are written there — pass a directory, not a file.")
     source = copy.deepcopy(tokenizer)
     source.add_special_tokens({"additional_special_tokens": list(PHI3_SPECIAL_TOKENS)})
     source.chat_template = phi3_chat_template
@@ -423,8 +425,7 @@ def bos_adding_variant(tokenizer, bos_token: str = "<|begin_of_text|>"):
 
 
 def leading_bos(input_ids, bos_token_id: int) -> int:
-    """How many BOS tokens ``input_ids`` starts with: 1 is right for a BOS-adding model, 2 is the double
-    BOS."""
+    """How many BOS tokens ``input_ids`` starts with: 1 is right for a BOS-adding model, 2 a double BOS."""
     input_ids = validate.token_ids("input_ids", input_ids)
     validate.integer("bos_token_id", bos_token_id, minimum=0, why="it is a token id")
     count = 0
@@ -438,8 +439,8 @@ def double_bos_rows(rows, bos_token_id: int) -> list[int]:
     BOS tokens: a model trained on them learns a start it never sees at inference."""
     if not isinstance(rows, (list, tuple)) or not rows:
         raise ValueError(f"rows must be a non-empty list of token-id rows, got {type(rows).__name__} — the "
-                         "check reads each row's first tokens — pass "
-                         "[r['input_ids'] for r in trainer.train_dataset].")
+                         "check reads each row's first tokens — pass [r['input_ids'] for r in "
+                         "trainer.train_dataset].")
     ids = [r["input_ids"] if isinstance(r, dict) else r for r in rows]
     return [i for i, row in enumerate(ids) if leading_bos(row, bos_token_id) >= 2]
 
