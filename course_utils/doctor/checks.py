@@ -274,7 +274,8 @@ def double_bos_findings(tokenizer, prepared) -> list[Finding]:
                     "chat template's rendering) and the tokenizer prepends another one; inference renders "
                     "one",
                     "give TRL 'messages' (or prompt/completion) rows and let it apply the template, or strip "
-                    "the bos from the rendered text", "04")]
+                    "the bos from the rendered text (TRL 1.16's text path ignores dataset_kwargs="
+                    "{'add_special_tokens': False}: measured in lesson 04)", "04")]
 
 
 def padding_side_findings(tokenizer) -> list[Finding]:
