@@ -884,9 +884,10 @@ def _log_nan(ctx):
     return Result(
         "depends" if ok else "true",
         numbers,
-        "plain transformers Trainer, step 1 all -100, steps 2-4 healthy: false with the defaults "
-        "(logged 0.0, grad_norm 0.0); with logging_nan_inf_filter=False NaN from step 1 and on every "
-        "later healthy step, because the loss accumulator is reset by subtraction",
+        "plain transformers Trainer, step 1 all -100, steps 2-4 healthy, logging_steps=1: false with the "
+        "defaults (logged 0.0, grad_norm 0.0); with logging_nan_inf_filter=False NaN from step 1 and on every "
+        "later healthy step, because the loss accumulator is reset by subtraction. At a larger logging_steps "
+        "(SFTConfig's default 10) the logged loss is the window's mean: no 0.0 shows (lesson 05 measures it)",
     )
 
 
@@ -1173,7 +1174,10 @@ def _packing(ctx):
         "depends" if ok else "true",
         numbers,
         "false with reset position_ids, no attention_mask and no "
-        "cache (transformers infers block-diagonal attention); true with an all-ones mask",
+        "cache (transformers infers block-diagonal attention); true with an all-ones mask. Measured on "
+        "SDPA/eager and a standard decoder: under FlashAttention 2/3 the restarted position_ids are enough "
+        "whatever the mask (not measurable on CPU); mRoPE, eager-only and linear-attention / Mamba models "
+        "leak whatever the positions (lesson 12)",
     )
 
 
