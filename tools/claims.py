@@ -887,7 +887,8 @@ def _log_nan(ctx):
         "plain transformers Trainer, step 1 all -100, steps 2-4 healthy, logging_steps=1: false with the "
         "defaults (logged 0.0, grad_norm 0.0); with logging_nan_inf_filter=False NaN from step 1 and on "
         "every later healthy step, because the loss accumulator is reset by subtraction. At a larger "
-        "logging_steps (SFTConfig's default 10) the logged loss is the window's mean: no 0.0 shows (lesson 05 measures it)",
+        "logging_steps (SFTConfig's default 10) the logged loss is the window's mean: no 0.0 shows "
+        "(lesson 05 measures it)",
     )
 
 
