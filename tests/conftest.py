@@ -97,7 +97,8 @@ def graded_on_tokenizer(check) -> Callable:
 # core idle for their length; the unit-test files of tens of seconds go before the notebooks too, so that
 # the last files to be handed out take seconds.
 HEAVY_UNIT_FILES = ("test_doctor.py", "test_doctor_families.py", "test_bad_input.py", "test_shipping.py",
-                    "test_checkers.py", "test_exercises_lesson10.py")
+                    "test_checkers.py", "test_exercises_lesson10.py", "test_doctor_architecture.py",
+                    "test_exercises_lesson12.py", "test_exercises_lesson13.py", "test_exercises_self_test.py")
 
 
 def _weight(item) -> int:
