@@ -53,13 +53,23 @@ def was_clipped(norm, max_grad_norm) -> bool:
     """Whether ``clip_grad_norm_(max_norm=max_grad_norm)`` scaled a gradient of total norm ``norm`` down.
     True for the pre-clip norm the Trainer logs (``grad_norm``) and for the post-clip norm the watch
     measures (after a clip it equals ``max_grad_norm``, up to ``CLIP_TOLERANCE``)."""
+    _check_max_grad_norm(max_grad_norm)
+    if not _number(norm):
+        raise TypeError(f"norm={norm!r} must be a number — it is the step's gradient norm (the log's "
+                        "grad_norm) — pass the logged value; skip steps that logged none.")
     return (max_grad_norm is not None and max_grad_norm > 0 and _finite(norm)
             and norm >= max_grad_norm * (1 - CLIP_TOLERANCE))
 
 
 def clipping_verdict(clipped: list[bool], max_grad_norm) -> Verdict | None:
     """``run-clipping`` when more than ``MOSTLY`` of the steps clipped (``clipped``: one flag per step)."""
-    if not clipped or sum(clipped) <= MOSTLY * len(clipped):
+    _check_max_grad_norm(max_grad_norm)
+    flags = isinstance(clipped, (list, tuple)) and all(isinstance(c, bool) for c in clipped)
+    if not flags or not clipped:
+        raise TypeError(f"clipped={clipped!r:.60} must be a non-empty list of True/False, one per step — the "
+                        "verdict is the share of clipped steps — pass [was_clipped(n, max_grad_norm) for n "
+                        "in norms].")
+    if sum(clipped) <= MOSTLY * len(clipped):
         return None
     return Verdict("run-clipping", "warning", f"the gradient was clipped on {sum(clipped)} of {len(clipped)} "
                    f"steps ({sum(clipped) / len(clipped):.0%}; max_grad_norm={max_grad_norm})",
@@ -74,17 +84,29 @@ def judge(log: list[dict], max_grad_norm=1.0, clipped: list[bool] | None = None)
     """Every rule's verdict on ``log`` (Trainer log entries, in step order). ``clipped``: the clip flag of
     each step when it was measured (the watch's); otherwise each logged ``grad_norm`` is judged with
     ``was_clipped``. Returns the verdicts that fired, in the order of the module docstring."""
+    if not isinstance(log, (list, tuple)) or not log or not all(isinstance(e, dict) for e in log):
+        raise ValueError(f"log={log!r:.60} must be a non-empty list of Trainer log entries (dicts) — a run "
+                         "is judged on its logged steps — pass trainer.state.log_history, or the log_history "
+                         "of trainer_state.json.")
     train = [e for e in log if "loss" in e and "step" in e]
     evals = [e for e in log if "eval_loss" in e and "step" in e]
     losses = [(e["step"], e["loss"]) for e in train if _number(e["loss"])]
     norms = [(e["step"], e["grad_norm"]) for e in train if _number(e.get("grad_norm"))]
     rates = [(e["step"], e["learning_rate"]) for e in train if _number(e.get("learning_rate"))]
+    _check_max_grad_norm(max_grad_norm)
     if clipped is None:
         clipped = [was_clipped(n, max_grad_norm) for _, n in norms]
-    verdicts = [_nonfinite(losses, norms), _zero_loss(losses), clipping_verdict(clipped, max_grad_norm),
+    clipping = clipping_verdict(clipped, max_grad_norm) if clipped else None
+    verdicts = [_nonfinite(losses, norms), _zero_loss(losses), clipping,
                 _grad_spike(norms), _loss_trend(losses), _lr_zero(rates),
                 _eval_rising(losses, [(e["step"], e["eval_loss"]) for e in evals if _number(e["eval_loss"])])]
     return [v for v in verdicts if v is not None]
+
+
+def _check_max_grad_norm(max_grad_norm) -> None:
+    if not _number(max_grad_norm) or max_grad_norm < 0:
+        raise ValueError(f"max_grad_norm={max_grad_norm!r} must be a number >= 0 — it is the clip threshold "
+                         "the run trained with — pass TrainingArguments.max_grad_norm (0 for no clipping).")
 
 
 def _number(value) -> bool:

@@ -370,10 +370,8 @@ def lora_only_copy(adapter_dir, out_dir) -> Path:
         raise ValueError(f"adapter_dir={str(path)!r} holds a full model, not an adapter — only an adapter "
                          "has LoRA matrices to keep — pass the directory trainer.save_model() wrote for a "
                          "LoRA run.")
-    if not isinstance(out_dir, (str, Path)) or not str(out_dir).strip():
-        raise TypeError(f"out_dir={out_dir!r} is not a directory path — the copy is written there — pass a "
-                        "new directory, e.g. tempfile.mkdtemp().")
-    out = Path(out_dir)
+    # never the adapter itself: the copy drops its modules_to_save rows, and they would be lost for good
+    out = validate.new_directory("out_dir", out_dir, inputs=[path], what="the LoRA-only copy's files")
     out.mkdir(parents=True, exist_ok=True)
     weights = load_file(str(path / "adapter_model.safetensors"))
     save_file({k: v for k, v in weights.items() if "lora_" in k}, str(out / "adapter_model.safetensors"))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import os
 import tempfile
 
 from . import validate
@@ -395,9 +394,8 @@ def save_other_family_tokenizer(tokenizer, directory: str | None = None) -> str:
     from trl.chat_template_utils import phi3_chat_template  # TRL: see the top of the module
 
     validate.tokenizer("tokenizer", tokenizer)
-    if directory is not None and (not isinstance(directory, str) or os.path.isfile(directory)):
-        raise ValueError(f"directory={directory!r} must be a folder path (or None for a temporary one) — the "
-                         "tokenizer's files are written there — pass a directory, not a file.")
+    if directory is not None:  # never over another model's files: a tokenizer saved there replaces them
+        validate.new_directory("directory", directory, what="the tokenizer's files")
     source = copy.deepcopy(tokenizer)
     source.add_special_tokens({"additional_special_tokens": list(PHI3_SPECIAL_TOKENS)})
     source.chat_template = phi3_chat_template

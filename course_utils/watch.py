@@ -252,7 +252,7 @@ class SFTWatch(TrainerCallback):
             raise ValueError(f"this SFTWatch already watched a run ({len(self.steps)} optimizer step(s)) — a "
                              "second train() would mix its numbers with the first run's — give each run its "
                              "own watch: trainer.add_callback(SFTWatch()).")
-        self._max_grad_norm = args.max_grad_norm
+        self._max_grad_norm = args.max_grad_norm or 0  # None or 0: the Trainer does not clip
         self._trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         self._handles.append(model.register_forward_pre_hook(self._count_graded, with_kwargs=True))
         if self.locate:
@@ -435,6 +435,8 @@ class SFTWatch(TrainerCallback):
         log = [{"step": s["step"], "loss": s["loss"], "grad_norm": s.get("pre_clip_norm"),
                 "learning_rate": s.get("learning_rate")} for s in self.steps if s["loss"] is not None]
         applied = [s["clipped"] for s in self.steps if not s["skipped"]]
+        if not log + self.evals:
+            return []  # nothing logged yet: no rule has a step to judge
         return run_rules.judge(log + self.evals, self._max_grad_norm, clipped=applied)
 
     def summary(self) -> dict:

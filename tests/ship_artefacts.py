@@ -44,6 +44,7 @@ class Case:
     base: Path | None           # the adapter's base when it is not the one its config names
     expect: set                 # the checks that must fail (every other one passes, warns or cannot measure)
     reference: str = "trained"  # which model of Artefacts.references it is compared with
+    may_fail: frozenset = frozenset()  # consequences that may also fail, by how far the model drifts
 
 
 def _lora(modules_to_save=("embed_tokens", "lm_head")):
@@ -124,8 +125,12 @@ def build(root: Path) -> Artefacts:
         lora_only_copy(d("save_model"), d("lora_only"))
         for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
             shutil.copy(d("save_model") / f, d("lora_only") / f)
+        # the defect is the lost rows (token_rows, precision); whether the probes' stop rate also drops past
+        # the margin depends on how much the run leaned on those rows (0.62 vs 1.00 on one machine, within it
+        # on another): a consequence, allowed either way
         cases["LoRA matrices only (trained rows dropped)"] = Case(d("lora_only"), fixed_base,
-                                                              {"stops", "precision", "token_rows"})
+                                                              {"precision", "token_rows"},
+                                                              may_fail=frozenset({"stops"}))
     art = Artefacts(trained=trained, tok=tok, merged=merged, fixed_base=fixed_base, cases=cases,
                     references={"trained": (trained, tok)})
     _added_token_runs(art, root)

@@ -45,6 +45,7 @@ NOT_SWEPT_PACKAGES = ("course_utils.exercises.answers",)
 # Functions for which None, empty or the wrong kind is valid input, with why.
 ACCEPTS_ANYTHING = {
     "checks.close": "it compares any two values (None equals None): it is the checkers' comparison",
+    "checks.plain": "None and empty values are plain values: it returns them as they are",
 }
 WHAT_WHY_FIX = re.compile(r".+ — .+ — .+", re.S)
 PUBLIC_FACES = ("course_utils.doctor",)

@@ -37,7 +37,6 @@ def test_stop_token_ids_reference(tok):
     from transformers import GenerationConfig
 
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
-    assert answers.end_of_turn_token(tok) == "<|im_end|>"
     assert stop_token_ids(tok) == [tok.eos_token_id, im_end]
     base = GenerationConfig(eos_token_id=tok.eos_token_id)
     instruct = GenerationConfig(eos_token_id=[im_end, tok.eos_token_id])
@@ -46,15 +45,15 @@ def test_stop_token_ids_reference(tok):
     assert answers.stop_ids_for_generate(tok, GenerationConfig()) == [tok.eos_token_id, im_end]
 
 
-def test_end_of_turn_token_bad_input(tok):
-    no_template = copy.deepcopy(tok)
-    no_template.chat_template = None
-    with pytest.raises(ValueError, match="no chat_template"):
-        answers.end_of_turn_token(no_template)
+def test_stop_ids_add_nothing_for_a_template_that_closes_turns_in_plain_text(tok):
+    """A template whose turns end in plain text (no special token after the answer): no id can stop there,
+    so the reference adds nothing to the checkpoint's own list (lesson 02 exercise 1's new case)."""
+    from transformers import GenerationConfig
+
     plain = copy.deepcopy(tok)
     plain.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    with pytest.raises(ValueError, match="plain text"):
-        answers.end_of_turn_token(plain)
+    assert answers.stop_ids_for_generate(plain, GenerationConfig(eos_token_id=tok.eos_token_id)) == [
+        tok.eos_token_id]
 
 
 # --- helpers --------------------------------------------------------------------------------------

@@ -39,7 +39,9 @@ def test_each_solution_has_exercise_and_is_executed(solution):
     nb = nbformat.read(solution, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.execution_count for c in code if c.source.strip()), "solutions ship with outputs"
-    assert any(BEGIN in c.source for c in code), "every lesson has at least one exercise"
+    # an exercise: a fenced solution, or (the self-test) answer lines the exercise copy blanks
+    answers = re.compile(r"^\s*quiz\.answer\(\d+,.*# your answer", re.MULTILINE)
+    assert any(BEGIN in c.source or answers.search(c.source) for c in code), "every lesson has an exercise"
     stripped = nbformat.read(exercise, as_version=4)
     assert not any(BEGIN in c.source or c.get("outputs") for c in stripped.cells if c.cell_type == "code")
     assert nb.metadata.kernelspec.name == "python3"

@@ -52,7 +52,7 @@ def finding(findings, check):
 
 def test_every_artefact_gets_its_verdict(art, reports):
     wrong = {name: (sorted(failed(reports[name])), sorted(case.expect)) for name, case in art.cases.items()
-             if failed(reports[name]) != case.expect}
+             if failed(reports[name]) - case.may_fail != case.expect}
     assert not wrong, wrong
     assert len(art.cases) >= 20
     for findings in reports.values():

@@ -37,7 +37,7 @@ def autopsy(output_dir, config: dict | None = None) -> Report:
     log = state["log_history"]
     max_grad_norm, source = _max_grad_norm(state_path.parent, config or {})
     findings = [Finding(v.severity, v.id, v.what, v.evidence, v.fix, v.lesson)
-                for v in run_rules.judge(log, max_grad_norm)]
+                for v in (run_rules.judge(log, max_grad_norm or 0) if log else [])]
     logged = sum("loss" in e for e in log)
     ended = state.get("global_step")
     planned = state.get("max_steps")

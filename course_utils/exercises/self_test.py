@@ -93,6 +93,10 @@ class Quiz(list):
     __hash__ = object.__hash__  # one drawn quiz is one object (a key of _DRAWN), whatever it holds
 
     def __init__(self, questions):
+        questions = [] if isinstance(questions, (str, bytes)) else list(questions)
+        if not questions or not all(isinstance(q, Question) for q in questions):
+            raise ValueError(f"a quiz needs a non-empty list of Questions, got {questions!r:.60} — it is "
+                             "graded question by question — draw one with draw_quiz().")
         super().__init__(questions)
         self._first: dict[int, tuple[str, bool]] = {}  # number -> (the first valid answer, was it right)
 
