@@ -43,6 +43,7 @@ import torch
 
 from . import internals, validate
 from .model import load_course_model
+from .quantization import nf4_config
 from .training import make_sft_trainer, set_seed
 from .viz import figure, what_if
 
@@ -78,7 +79,6 @@ def qlora_model(*, compute_dtype=torch.float32, dtype=None, r: int = 8, lora_alp
     # on a 2-core CPU (measured: import peft 11.5 s, import torch 3.3 s); the record-reading tools of
     # this module do not need them
     from peft import LoraConfig, get_peft_model
-    from transformers import BitsAndBytesConfig
 
     compute_dtype = _dtype(compute_dtype, "compute_dtype")
     kwargs = {} if dtype is None else {"dtype": _dtype(dtype, "dtype")}
@@ -87,9 +87,7 @@ def qlora_model(*, compute_dtype=torch.float32, dtype=None, r: int = 8, lora_alp
     if seed is not None:
         validate.seed("seed", seed)
     set_seed(seed)
-    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                               bnb_4bit_compute_dtype=compute_dtype)
-    model, tokenizer = load_course_model(quantization_config=quant, **kwargs)
+    model, tokenizer = load_course_model(quantization_config=nf4_config(compute_dtype), **kwargs)
     with warnings.catch_warnings():  # transformers 5 deprecation notice raised from inside peft
         warnings.simplefilter("ignore", FutureWarning)
         model = get_peft_model(model, LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=0.0,

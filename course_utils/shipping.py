@@ -43,6 +43,7 @@ import torch
 
 from . import validate
 from .data import first_special_after, make_messages
+from .quantization import nf4_config, unsound_4bit_widths
 
 # max |Δlogit| of a faithful float32 copy. Merging a LoRA adapter into the float32 base and reloading moves
 # logits by ~2e-5 (round-off of W + BA). Lesson 10 uses it to show what round-off alone does; the ship check
@@ -274,13 +275,6 @@ def _adapter_vocab(path: Path) -> int | None:
     return max(rows) if rows else None
 
 
-def _nf4_config():
-    from transformers import BitsAndBytesConfig
-
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                              bnb_4bit_compute_dtype=torch.float32)
-
-
 def load_saved(directory, base=None, *, dtype="auto", quantization: str | None = None):
     """``(model, tokenizer)`` as a user or a serving stack loads ``directory``, ready to run.
 
@@ -339,7 +333,7 @@ def _load(path: Path, info: dict, source: str | None, dtype, quantization: str |
                     AutoTokenizer.from_pretrained(str(path)))
         from peft import PeftModel
 
-        kwargs = {"quantization_config": _nf4_config(), "device_map": "cpu"} if quantization == "nf4" else {}
+        kwargs = {"quantization_config": nf4_config(), "device_map": "cpu"} if quantization == "nf4" else {}
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(str(path) if info["has_tokenizer"] else source)
         rows = _adapter_vocab(path) or len(tokenizer)
@@ -599,6 +593,16 @@ def _served_prompt_finding(trained_model, trained_tok, saved, saved_tok, convers
 
 def _precision_finding(trained_model, saved, batches, kl_tolerance, agreement_tolerance) -> ShipFinding:
     served, trained = precision_of(saved), precision_of(trained_model)
+    broken = {w for m in (trained_model, saved) for w in unsound_4bit_widths(m)}
+    if broken:  # a 4-bit side computes with other weights than it stored: no comparison means anything
+        return ShipFinding(
+            "precision", "could-not-measure",
+            f"this machine's bitsandbytes dequantizes 4-bit weights of in_features {sorted(broken)} wrongly "
+            f"(the same nf4 blocks stored as rows of {sorted(broken)[0]} and of 64 dequantize to different "
+            "numbers)",
+            "a 4-bit model here computes with other weights than the ones it stored, so its logits are not "
+            "the trained model's: a real run (widths a multiple of 64, or a GPU) never meets it",
+            "compare on a GPU, or a model whose layer widths are multiples of 64; the other findings stand")
     loose = PRECISION_TOLERANCE["float32"]
     kl_default = max(PRECISION_TOLERANCE.get(served, loose)[0], PRECISION_TOLERANCE.get(trained, loose)[0])
     agree_default = min(PRECISION_TOLERANCE.get(served, loose)[1], PRECISION_TOLERANCE.get(trained, loose)[1])

@@ -178,6 +178,27 @@ def test_healthy_controls_and_look_alikes_share_the_surface():
     assert any(math.isnan(log[-1]["avg_loss"]) for log in empty), "the running average stays NaN"
 
 
+@pytest.mark.parametrize("draw", range(40))
+def test_every_draw_of_the_checker_shows_each_look_of_a_cause(draw, monkeypatch):
+    """The checker's twelve logs carry, on every draw, a clamped and a NaN empty step, a run with one and with
+    several empty steps, and a healthy run with and without a spike: a wrong answer blind to one of the
+    looks fails on every run, not on most (CI once drew no clamped log, and ``zero_loss_is_fine`` passed)."""
+    from course_utils import checks
+
+    monkeypatch.setenv(checks.CHECK_SEED_ENV, str(draw))
+    cases = [lesson05.training_log_case(s) for s in checks.fresh_seeds(4 * len(L.CAUSES))]
+    empty = [log for log, d in cases if d.cause == "empty_micro_batch"]
+    healthy = [log for log, d in cases if d.cause == "healthy"]
+    clamped = [all(math.isfinite(r["loss"]) for r in log) for log in empty]
+    several = [sum(r["num_tokens"] == 0 for r in log) > 1 for log in empty]
+    spiky = [max(r["grad_norm"] for r in log) > 6 for log in healthy]
+    assert any(clamped) and not all(clamped)
+    assert any(several) and not all(several)
+    assert any(spiky) and not all(spiky)
+    assert zero_loss_is_fine in [w for _, w, _ in WRONG]
+    assert any(zero_loss_is_fine(log).cause == "healthy" for log in empty), "the misconception is met"
+
+
 # =================================================================================================
 # Shortcuts a learner has at each exercise: each fails the checker (issue 33)
 # =================================================================================================

@@ -64,10 +64,8 @@ def save_lora_matrices_only(model, tokenizer, out_dir):
 
 
 def diagnose_saved_other_order(artefact):
-    """A second correct answer: dtype and rows first, then what is served."""
+    """A second correct answer: rows first, then what is served."""
     saved, base, trained = artefact["saved"], artefact["base"], artefact["trained"]
-    if saved["kind"] == "full" and saved["dtype"] != trained["dtype"]:
-        return Diagnosis("dtype_changed", saved["dtype"])
     if saved["kind"] == "adapter" and trained["modules_to_save"] and not saved["modules_to_save"]:
         return Diagnosis("token_rows_not_shipped", list(trained["modules_to_save"]))
     eos = saved["generation_eos"] if saved["kind"] == "full" else base["generation_eos"]
@@ -115,6 +113,14 @@ CHECKERS = [
 ]
 ALSO_CORRECT = [("save_for_serving", save_merged_copy), ("diagnose_saved", diagnose_saved_other_order),
                 ("save_for_serving", save_merged_in_bf16)]  # what a user feels decides: bf16 is correct
+def any_other_dtype_is_the_fault(artefact):
+    """Exercise 2: a saved dtype other than the trained one is the fault (the folklore lesson 10 measures)."""
+    saved, trained = artefact["saved"], artefact["trained"]
+    if saved["dtype"] is not None and saved["dtype"] != trained["dtype"]:
+        return Diagnosis("dtype_changed", saved["dtype"])
+    return lesson10.diagnose_saved(artefact)
+
+
 WRONG = [
     ("save_for_serving", save_adapter_and_generation_config, "peft does not read a generation_config.json"),
     ("save_for_serving", save_merged_without_tokenizer, "not the one the run trained with"),
@@ -123,6 +129,7 @@ WRONG = [
     ("diagnose_saved", no_generation_config_file_means_broken, "an instruct base"),
     ("diagnose_saved", no_tokenizer_means_broken, "here it is the one the run trained with"),
     ("diagnose_saved", always_healthy, "is not what broke this"),
+    ("diagnose_saved", any_other_dtype_is_the_fault, "another dtype is not what breaks a shipped model"),
 ]
 
 
@@ -134,8 +141,8 @@ def test_the_generator_draws_every_cause_and_healthy_look_alikes():
     assert any(a["saved"]["kind"] == "adapter" and a["saved"]["generation_eos"] is None for a in healthy), \
         "a healthy adapter without generation_config.json (an instruct base)"
     assert any(a["saved"]["chat_template_sha"] is None for a in healthy), "a healthy adapter, no tokenizer"
-    assert any(a["saved"]["kind"] == "full" and a["saved"]["dtype"] == "bfloat16" for a in healthy), \
-        "bf16 saved from a bf16 run"
+    assert any(a["saved"]["kind"] == "full" and a["saved"]["dtype"] == "bfloat16"
+               and a["trained"]["dtype"] == "float32" for a in healthy), "a float32 run saved in bf16"
     broken_eos = [a for a, truth in drawn
                   if truth.cause == "eos_not_shipped" and a["saved"]["kind"] == "adapter"]
     assert any(a["saved"]["generation_eos"] for a in broken_eos), "a generation_config.json beside it, unread"
@@ -175,13 +182,6 @@ def match_the_shown_directories(artefact):
     return Diagnosis("healthy", None)
 
 
-def any_other_dtype_is_the_fault(artefact):
-    """Exercise 2: any saved dtype that is not float32 is the dtype change, also from a bf16 run."""
-    if artefact["saved"]["dtype"] not in (None, "float32"):
-        return Diagnosis("dtype_changed", artefact["saved"]["dtype"])
-    return lesson10.diagnose_saved(artefact)
-
-
 SHORTCUTS = [
     ("save_for_serving", "what trainer.save_model() wrote", save_adapter_with_tokenizer),
     ("save_for_serving", "the generation_config beside the adapter (section 3's patch)",
@@ -191,7 +191,7 @@ SHORTCUTS = [
     ("diagnose_saved", "match the shown directories over seeds", match_the_shown_directories),
     ("diagnose_saved", "no generation_config.json means broken", no_generation_config_file_means_broken),
     ("diagnose_saved", "no chat template means broken", no_tokenizer_means_broken),
-    ("diagnose_saved", "any dtype but float32 is the fault", any_other_dtype_is_the_fault),
+    ("diagnose_saved", "another dtype than trained is the fault", any_other_dtype_is_the_fault),
     ("diagnose_saved", "always healthy", always_healthy),
 ]
 

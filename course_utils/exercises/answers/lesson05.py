@@ -27,14 +27,18 @@ def training_log_case(seed: int, graded: bool = True) -> tuple[list[dict], Diagn
     ``graded`` picks the stream: the checker's logs and the ones ``training_log`` shows are drawn apart."""
     rng = random.Random(f"{'graded' if graded else 'shown'}-05-{seed}")
     cause = LOG_CAUSES[seed % len(LOG_CAUSES)]
+    # Which look of its cause the log takes cycles with the seed, not with a coin: four consecutive logs of
+    # one cause (what ``checks.fresh_seeds`` hands the checker) show each look, so no draw lets an answer
+    # that misses one of them pass (a coin left every clamped log out of 13 % of the checker's runs).
+    look = seed // len(LOG_CAUSES)
     steps = rng.randint(12, 18)
     first = rng.randint(2, steps - 5)
-    clamped = cause == "empty_micro_batch" and rng.random() < 0.4  # TRL's clamp: a silent 0.0, not NaN
+    clamped = cause == "empty_micro_batch" and look % 2 == 1  # TRL's clamp: a silent 0.0, not NaN
     empties = {first}
-    if cause == "empty_micro_batch" and rng.random() < 0.6:
+    if cause == "empty_micro_batch" and look % 4 >= 2:
         empties |= set(rng.sample(range(first + 2, steps + 1), rng.randint(1, 2)))
     few = rng.randrange(1, steps + 1)  # healthy look-alike: a step with only a handful of graded tokens
-    spike = rng.randrange(2, steps + 1) if rng.random() < 0.5 else None  # and a noisy step
+    spike = rng.randrange(2, steps + 1) if look % 2 == 0 else None  # and a noisy step
     loss, log, total, poisoned = rng.uniform(2.5, 4.0), [], 0.0, False
     for step in range(1, steps + 1):
         tokens, norm = rng.randint(40, 160), rng.uniform(0.8, 3.0)

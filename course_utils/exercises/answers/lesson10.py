@@ -25,7 +25,8 @@ def diagnose_saved(artefact: dict) -> Diagnosis:
     """Exercise 2: what the user will be served, compared with what the run trained.
 
     An adapter is served with its base's generation_config (one saved beside the adapter is not read)
-    and, without tokenizer files, with the base's chat template; a full directory with its own.
+    and, without tokenizer files, with the base's chat template; a full directory with its own. The dtype is
+    not a cause: a float32 run saved in bf16 serves the same replies (section 6.1; the ship check warns).
     """
     saved, base, trained = artefact["saved"], artefact["base"], artefact["trained"]
     adapter = saved["kind"] == "adapter"
@@ -39,8 +40,6 @@ def diagnose_saved(artefact: dict) -> Diagnosis:
         missing = sorted(set(trained["modules_to_save"]) - set(saved["modules_to_save"] or []))
         if missing:
             return Diagnosis("token_rows_not_shipped", missing)
-    if saved["dtype"] is not None and saved["dtype"] != trained["dtype"]:
-        return Diagnosis("dtype_changed", saved["dtype"])
     return Diagnosis("healthy", None)
 
 
@@ -48,7 +47,7 @@ def diagnose_saved(artefact: dict) -> Diagnosis:
 # Exercise 2's generator: it knows the truth, so it lives here (the checker imports it; no notebook does)
 # ------------------------------------------------------------------------------------------------
 
-CAUSES = ("healthy", "eos_not_shipped", "template_not_shipped", "token_rows_not_shipped", "dtype_changed")
+CAUSES = ("healthy", "eos_not_shipped", "template_not_shipped", "token_rows_not_shipped")
 # (end-of-turn token, its id, the eos token id): families' conventions, on a small vocabulary
 _FAMILIES = (("<|im_end|>", 2, 0), ("<|eot_id|>", 128009, 128001), ("<end_of_turn>", 107, 1),
              ("<|end|>", 32007, 32000))
@@ -63,19 +62,18 @@ def _sha(text: str) -> str:
 
 def saved_directory_case(seed: int, graded: bool = True) -> tuple[dict, Diagnosis]:
     """A saved directory as a practitioner lists it, with what the run trained and the base it names, and
-    its truth. ``CAUSES[seed % 5]`` for the first seeds, then random; each healthy case is a look-alike
+    its truth. ``CAUSES[seed % 4]`` for the first seeds, then random; each healthy case is a look-alike
     of a broken one (no generation_config.json beside an adapter whose base already stops; no tokenizer
-    where the base's template is the training one; a merged directory without modules_to_save; bf16 saved
-    from a bf16 run). ``graded`` picks the stream: the checker's directories and the ones ``saved_directory``
+    where the base's template is the training one; a merged directory without modules_to_save; a float32
+    run saved in bf16, which serves the same replies). ``graded`` picks the stream: the checker's directories
+    and the ones ``saved_directory``
     shows are drawn apart, so matching a shown one over seeds finds none of the graded ones."""
     rng = random.Random(f"{'graded' if graded else 'shown'}-{seed}")
     cause = CAUSES[seed % len(CAUSES)] if seed < len(CAUSES) else rng.choice(CAUSES)
     eot, eot_id, eos_id = rng.choice(_FAMILIES)
     base_template, train_template = _sha(f"base {graded} {seed}"), _sha(f"training {graded} {seed}")
     trained_dtype = rng.choice(("float32", "bfloat16"))
-    if cause == "dtype_changed":
-        kind = "full"
-    elif cause in ("eos_not_shipped", "token_rows_not_shipped", "template_not_shipped"):
+    if cause in ("eos_not_shipped", "token_rows_not_shipped", "template_not_shipped"):
         kind = "adapter"
     else:
         kind = rng.choice(("adapter", "full"))
@@ -106,14 +104,13 @@ def saved_directory_case(seed: int, graded: bool = True) -> tuple[dict, Diagnosi
                  "base": None, "modules_to_save": None,
                  "generation_eos": [eos_id] if merged_from_reload else [eot_id, eos_id],
                  "chat_template_sha": train_template,
-                 "dtype": (("bfloat16" if trained_dtype == "float32" else "float16")
-                           if cause == "dtype_changed" else trained_dtype)}
+                 "dtype": "bfloat16" if rng.random() < 0.5 else trained_dtype}  # bf16: what users ship
     artefact = {"saved": saved, "base": base, "trained": trained, "end_of_turn_token": eot,
                 "end_of_turn_id": eot_id}
     served_eos = base["generation_eos"] if kind == "adapter" else saved["generation_eos"]
     evidence = {"healthy": None, "eos_not_shipped": served_eos,
-                "template_not_shipped": base_template, "token_rows_not_shipped": ["embed_tokens", "lm_head"],
-                "dtype_changed": saved["dtype"]}[cause]
+                "template_not_shipped": base_template,
+                "token_rows_not_shipped": ["embed_tokens", "lm_head"]}[cause]
     return artefact, Diagnosis(cause, evidence)
 
 
@@ -123,7 +120,6 @@ SELF_TEST_CAUSES = {
     "eos_not_shipped": "the end-of-turn fix stayed in memory: the served generate() does not stop",
     "template_not_shipped": "the training chat template was not shipped",
     "token_rows_not_shipped": "the trained embedding rows were not shipped",
-    "dtype_changed": "the model was saved in another dtype than it trained in",
 }
 
 

@@ -95,13 +95,12 @@ TELLS = {
                                "(\"arguments\": \"{\\\"…)",
     },
     "10": {
-        "healthy": "the served stop tokens, template, token rows and dtype would all be the trained ones",
+        "healthy": "the served stop tokens, template and token rows would all be the trained ones",
         "eos_not_shipped": "the end-of-turn id would be missing from what the served generate() stops on",
         "template_not_shipped": "the template the user's prompt is rendered with would differ from the "
                                 "trained one",
         "token_rows_not_shipped": "the run would have trained embed_tokens/lm_head and the adapter would not "
                                   "save them",
-        "dtype_changed": "the saved dtype would differ from the trained dtype",
     },
     "12": {
         "mask_without_positions": "B's logits would move when packed, and the causal-mask builder would "
