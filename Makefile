@@ -1,7 +1,9 @@
 # SFT Failure Lab — every command a learner, an instructor or CI needs.
 #   make lab     set up .venv (first time only) and open the exercise notebooks in JupyterLab
-#   make test    set up .venv (first time only) and run the whole suite: unit tests, every
-#                solution notebook under nbval, every exercise notebook run with its stubs
+#   make test    set up .venv (first time only) and run the suite: unit tests and every solution
+#                notebook under nbval (≤ 3 min on 2 cores is the goal)
+#   make test-slow  what CI adds: every exercise copy's Run All with its stubs, the real-browser test,
+#                model rebuilds, every claim, the bad-input sweep
 #   make robustness  every solution notebook on both shipped models x COURSE_SEED 0,1,2 x 1,2 threads
 #                (12 configurations, 40-60 min on 2 cores); writes ROBUSTNESS.md
 #   make claims  re-measure the myth-vs-measurement table on both models; writes CLAIMS.md
@@ -62,7 +64,7 @@ test: install $(TEST_STAMP)
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300 \
 	  -n $(JOBS) --dist loadfile --no-loadscope-reorder --durations=12 -q
 
-test-slow: install $(TEST_STAMP)  # the slow checks: model rebuilds, every claim, bad input, SFTWatch, doctor timing
+test-slow: install $(TEST_STAMP)  # exercise copies' Run All, the browser, model rebuilds, claims, bad input, SFTWatch, doctor timing
 	$(PY) -m pytest tests -m slow -n $(JOBS) -q
 
 unit: install $(TEST_STAMP)

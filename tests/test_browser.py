@@ -29,6 +29,9 @@ import nbformat
 import pytest
 from conftest import BROWSER_EXERCISE, CHROMIUM, browser_missing
 
+# A JupyterLab server and a browser: ~60 s before the first check. `make test-slow` (and CI) run it.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-sync",
                  "--disable-component-update", "--no-first-run", "--disable-quic"]

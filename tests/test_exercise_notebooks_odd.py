@@ -3,12 +3,12 @@ then the give-away probe. A second file so that pytest-xdist can run the two hal
 
 import pytest
 from conftest import BROWSER_EXERCISE, browser_missing
-from test_exercise_notebooks import EXERCISES, in_make_test, run_all_and_probe
+from test_exercise_notebooks import EXERCISES, run_all_and_probe, run_all_params
 
 # Lesson 01's copy goes through the same checks in tests/test_browser.py, in a real browser, where one runs.
 ODD = [p for p in EXERCISES[1::2] if browser_missing() or p.name != BROWSER_EXERCISE]
 
 
-@pytest.mark.parametrize("path", in_make_test(ODD))
+@pytest.mark.parametrize("path", run_all_params(ODD))
 def test_exercise_notebook_survives_run_all_and_gives_nothing_away(path):
     run_all_and_probe(path)
