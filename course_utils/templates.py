@@ -447,17 +447,19 @@ def trl_text_rows(tokenizer, texts: list[str], dataset_kwargs: dict | None = Non
     """The ``input_ids`` TRL 1.16's ``SFTTrainer`` trains for a text (non-conversational) dataset of
     ``texts`` with ``SFTConfig(dataset_kwargs=...)`` — its own data preparation, without a model."""
     import trl
-    from datasets import Dataset, disable_progress_bars
+    from datasets import Dataset
 
     from . import internals
+    from .quiet import quiet_libraries
 
     validate.tokenizer("tokenizer", tokenizer)
     if not isinstance(texts, (list, tuple)) or not texts or not all(isinstance(t, str) and t for t in texts):
         raise ValueError("texts must be a non-empty list of non-empty strings — each becomes one row of a "
                          "'text' dataset — pass e.g. [tokenizer.bos_token + 'some text'].")
-    disable_progress_bars()  # TRL's map() bars are not the lesson
     args = trl.SFTConfig(output_dir=tempfile.mkdtemp(prefix="trl-text-"), report_to="none", use_cpu=True,
                          bf16=False, activation_checkpointing=False, dataset_kwargs=dataset_kwargs,
                          max_length=None)
-    rows = internals.prepare_sft_dataset(Dataset.from_dict({"text": list(texts)}), tokenizer, args)
+    # TRL's map() bars are not the lesson; the block puts the caller's bar setting back (it once stayed off)
+    with quiet_libraries(logs=False):
+        rows = internals.prepare_sft_dataset(Dataset.from_dict({"text": list(texts)}), tokenizer, args)
     return [list(r["input_ids"]) for r in rows]

@@ -100,12 +100,15 @@ def test_helpers_leave_library_state_as_they_found_it(course):
     import datasets
 
     from course_utils import make_chat_dataset
+    from course_utils.templates import trl_text_rows
 
     model, tokenizer = course
+    datasets.enable_progress_bars()  # a fresh process's default (this worker's earlier tests may differ)
     before = library_state()
     assert before["datasets_bars"], "progress bars are on by default"
     trainer = make_sft_trainer(copy.deepcopy(model), tokenizer, make_chat_dataset("add", n=16), max_steps=2)
     trainer.train()
+    trl_text_rows(tokenizer, ["some text"])  # it once switched datasets' bars off for good
     with quiet_libraries(capture_output=True):
         assert not datasets.is_progress_bar_enabled()
     with captured_log("transformers") as messages:

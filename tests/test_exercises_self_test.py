@@ -107,7 +107,8 @@ def test_each_lessons_cases_draw_every_cause_quickly_and_never_name_it(lesson):
     for seed in range(24):
         start = time.perf_counter()
         text, cause, choices = answers.self_test_case(seed)
-        assert time.perf_counter() - start < 0.5, f"seed {seed} is slow"
+        # ~0.1 s on a quiet machine; 0.62 s was measured beside the rest of the suite on 2 cores
+        assert time.perf_counter() - start < 2.0, f"seed {seed} is slow"
         assert cause in choices and choices == phrases
         assert cause.lower() not in text.lower() and len(text.splitlines()) <= 25
         assert not any(name in text for name in names), "no cause's code name in what the learner reads"
