@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from course_utils import COURSE_MODEL_DIR, load_course_model, make_messages
 from course_utils.model import SHIPPED_MODELS, course_model_name, course_seed
-from tools.build_course_model import RECIPES, build, qwen2_5_chat_template
+from tools.build_course_model import HELD_OUT, RECIPES, build, qwen2_5_chat_template
 
 SAMPLE_TEXTS = [
     "the words red cat blue reversed are blue cat red.",
@@ -214,6 +214,18 @@ def test_directory_without_config_is_rejected(tmp_path: Path):
 def test_unknown_recipe_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="tiny-llama"):
         build(tmp_path, recipe="tiny-gpt")
+
+
+def test_held_out_models_differ_from_the_shipped_ones_and_are_never_shipped():
+    """What decided a claim before (architecture, tied embeddings, width, vocabulary) differs from both shipped
+    models in at least one held-out model; building one needs a folder of its own."""
+    shipped = list(RECIPES.values())
+    assert any(r.model_type not in {s.model_type for s in shipped} for r in HELD_OUT.values())
+    for recipe in HELD_OUT.values():
+        assert all((recipe.shape["hidden_size"], recipe.vocab_size, recipe.corpus, recipe.seed)
+                   != (s.shape["hidden_size"], s.vocab_size, s.corpus, s.seed) for s in shipped)
+    with pytest.raises(ValueError, match="out_dir"):
+        build(None, recipe="heldout-neox")
 
 
 def test_a_missing_shipped_model_says_how_to_restore_it(monkeypatch, tmp_path):

@@ -3,6 +3,7 @@
     python -m tools.build_course_model                      # rebuilds every shipped model
     python -m tools.build_course_model --model tiny-llama   # one of them
     python -m tools.build_course_model --model tiny-qwen --out /tmp/m   # elsewhere (tests)
+    python -m tools.build_course_model --model heldout-neox --out /tmp/heldout-neox   # never shipped
 
 One builder, one ``Recipe`` per model. Every model gets: a byte-level BPE tokenizer trained on its
 own text, Qwen2.5's three special tokens (``<|endoftext|>`` as eos and pad, ``<|im_start|>``,
@@ -118,6 +119,33 @@ RECIPES = {
 }
 
 
+# Held-out models: never shipped, never tuned on. A maintainer builds one into a folder and runs the
+# lessons on it (COURSE_MODEL=<folder>) to see whether a claim is the lesson's or the course model's
+# (issue 46): each differs from both shipped models in what decided a claim before — architecture and
+# parameter names (GPT-NeoX: ``gpt_neox.embed_in`` / ``embed_out``), tied or untied embeddings, width,
+# vocabulary size and merges, corpus and seeds.
+#   python -m tools.build_course_model --model heldout-neox --out /tmp/heldout-neox
+#   COURSE_MODEL=/tmp/heldout-neox python -m tools.robustness ...   (or nbval one notebook)
+HELD_OUT = {
+    "heldout-neox": Recipe(
+        name="heldout-neox", model_type="gpt_neox", corpus=prose_corpus, pretokenizer="gpt2",
+        vocab_size=3072, n_docs=6000, chat_seed=11, chat_context_words=4, seed=3, seq_len=128,
+        steps=400, batch_size=16, lr=3e-3,
+        shape=dict(hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                   max_position_embeddings=1024),
+        config_extra=dict(tie_word_embeddings=False, rotary_pct=0.25, use_parallel_residual=True),
+    ),
+    "heldout-llama": Recipe(
+        name="heldout-llama", model_type="llama", corpus=pretraining_corpus, pretokenizer="gpt2",
+        vocab_size=1536, n_docs=6000, chat_seed=5, chat_context_words=5, seed=7, seq_len=128,
+        steps=450, batch_size=16, lr=4e-3,
+        shape=dict(hidden_size=64, intermediate_size=192, num_hidden_layers=3, num_attention_heads=2,
+                   num_key_value_heads=2, max_position_embeddings=1024),
+        config_extra=dict(tie_word_embeddings=True, rms_norm_eps=1e-6, rope_theta=20000.0),
+    ),
+}
+
+
 def qwen2_5_chat_template() -> str:
     """The Qwen2.5 (Instruct) chat template exactly as the installed TRL ships it."""
     from trl.chat_template_utils import qwen2_5_chat_template as template
@@ -136,12 +164,13 @@ def _render(template: str, conversations) -> list[str]:
 def _recipe(recipe) -> Recipe:
     if isinstance(recipe, Recipe):
         return recipe
-    if recipe not in RECIPES:
+    known = {**RECIPES, **HELD_OUT}
+    if recipe not in known:
         raise ValueError(
-            f"recipe={recipe!r} is not a shipped model — the builder knows only its recipes — "
-            f"pass one of {sorted(RECIPES)} or a Recipe(...)."
+            f"recipe={recipe!r} is not one of the builder's models — it knows only its recipes — "
+            f"pass one of {sorted(known)} or a Recipe(...)."
         )
-    return RECIPES[recipe]
+    return known[recipe]
 
 
 def _trained_bpe(texts: list[str], recipe: Recipe):
@@ -279,8 +308,9 @@ def build(out_dir: Path | None = None, steps: int | None = None, verbose: bool =
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=sorted(RECIPES), action="append",
-                        help="which shipped model to build (repeatable; default: all)")
+    parser.add_argument("--model", choices=sorted({**RECIPES, **HELD_OUT}), action="append",
+                        help="which model to build (repeatable; default: every shipped one; a held-out "
+                             "one needs --out)")
     parser.add_argument("--out", type=Path, default=None,
                         help="output directory (default: the model's shipped directory; one --model only)")
     parser.add_argument("--steps", type=int, default=None, help="pretraining steps (default: the recipe's)")
@@ -288,6 +318,8 @@ def main(argv=None) -> None:
     names = args.model or sorted(RECIPES)
     if args.out is not None and len(names) != 1:
         parser.error("--out needs exactly one --model")
+    if args.out is None and any(n in HELD_OUT for n in names):
+        parser.error("a held-out model is not shipped — give it a folder: --out /tmp/<name>")
     for name in names:
         build(args.out, steps=args.steps, recipe=name)
 
