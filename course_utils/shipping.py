@@ -146,6 +146,23 @@ def _quantization(config: dict) -> str | None:
     return str(q.get("quant_method", "quantized"))
 
 
+def embedding_modules(model) -> list[str]:
+    """The module paths of ``model``'s input embedding and output head, in that order, e.g.
+    ``["model.embed_tokens", "lm_head"]`` (Llama, Qwen) or ``["gpt_neox.embed_in", "lm_head"]`` (GPT-NeoX).
+
+    ``LoraConfig(modules_to_save=...)`` takes their last parts: peft matches a module by the end of its path,
+    and a name from another architecture matches nothing, silently — the run then trains no full row."""
+    model = validate.model("model", model)
+    getter = getattr(model, "get_input_embeddings", None)
+    inputs, head = (getter(), model.get_output_embeddings()) if callable(getter) else (None, None)
+    if inputs is None or head is None:
+        raise ValueError(f"model ({type(model).__name__}) has no input embedding or no output head — the "
+                         "rows of both are what modules_to_save trains — pass a causal LM "
+                         "(AutoModelForCausalLM, or a peft model of one).")
+    paths = {id(m): name for name, m in model.named_modules()}
+    return [paths[id(inputs)], paths[id(head)]]
+
+
 def saved_files(directory) -> dict:
     """What a saved model directory holds, as a practitioner reads it.
 
@@ -262,8 +279,9 @@ def _base_source(path: Path, base) -> str:
     return str(source)
 
 
-def _adapter_vocab(path: Path) -> int | None:
-    """Rows of the embedding the adapter saved in full (``modules_to_save``), if it saved one."""
+def _adapter_vocab(path: Path, embedding: str) -> int | None:
+    """Rows of the input embedding (its module's last name, ``embedding``) the adapter saved in full
+    (``modules_to_save``), if it saved one."""
     from safetensors import safe_open
 
     weights = path / "adapter_model.safetensors"
@@ -271,7 +289,7 @@ def _adapter_vocab(path: Path) -> int | None:
         return None
     with safe_open(str(weights), "pt") as f:
         rows = [f.get_slice(k).get_shape()[0] for k in f.keys()
-                if "embed_tokens" in k and "lora_" not in k and k.endswith("weight")]
+                if f".{embedding}." in f".{k}" and "lora_" not in k and k.endswith("weight")]
     return max(rows) if rows else None
 
 
@@ -336,7 +354,8 @@ def _load(path: Path, info: dict, source: str | None, dtype, quantization: str |
         kwargs = {"quantization_config": nf4_config(), "device_map": "cpu"} if quantization == "nf4" else {}
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(str(path) if info["has_tokenizer"] else source)
-        rows = _adapter_vocab(path) or len(tokenizer)
+        embedding = embedding_modules(model)[0].rsplit(".", 1)[-1]
+        rows = _adapter_vocab(path, embedding) or len(tokenizer)
         if rows > model.get_input_embeddings().num_embeddings:
             model.resize_token_embeddings(rows)  # as AutoPeftModelForCausalLM does for an added-token adapter
         return PeftModel.from_pretrained(model, str(path)), tokenizer
@@ -627,14 +646,15 @@ def _token_rows_finding(trained_model, trained_tok, saved, saved_tok, info, base
     special = sorted(set(trained_tok.get_added_vocab().values()))
     gap = _rows_drift(trained_model, saved, special)
     added = [i for i in special if base_vocab is not None and i >= base_vocab]
-    trained_rows = set(info.get("modules_to_save") or []) & {"embed_tokens", "lm_head"}
+    rows_modules = [p.rsplit(".", 1)[-1] for p in embedding_modules(trained_model)]   # this architecture's
+    trained_rows = set(info.get("modules_to_save") or []) & set(rows_modules)
     if info["kind"] == "adapter" and added and not trained_rows and not info.get("trainable_tokens"):
         return ShipFinding("token_rows", "fail", f"{len(added)} added token(s) beyond the base's "
                            f"{base_vocab} rows; the adapter neither trains nor saves their rows (no "
                            "modules_to_save, no trainable_token_indices)",
                            "their rows stayed at resize_token_embeddings' random initialisation, and a "
                            "loader that resizes the base draws another one",
-                           'train and save the rows: LoraConfig(modules_to_save=["embed_tokens", "lm_head"]) '
+                           f"train and save the rows: LoraConfig(modules_to_save={rows_modules}) "
                            "or trainable_token_indices, then merge")
     return ShipFinding("token_rows", "pass" if gap <= LOGIT_TOLERANCE else "fail",
                        f"max |Δ| of the {len(special)} special tokens' embedding and head rows: {gap:.3g}",

@@ -217,8 +217,8 @@ def test_unknown_recipe_is_rejected(tmp_path):
 
 
 def test_held_out_models_differ_from_the_shipped_ones_and_are_never_shipped():
-    """What decided a claim before (architecture, tied embeddings, width, vocabulary) differs from both shipped
-    models in at least one held-out model; building one needs a folder of its own."""
+    """What decided a claim before (architecture, tied embeddings, width, vocabulary) differs from both
+    shipped models in at least one held-out model; building one needs a folder of its own."""
     shipped = list(RECIPES.values())
     assert any(r.model_type not in {s.model_type for s in shipped} for r in HELD_OUT.values())
     for recipe in HELD_OUT.values():

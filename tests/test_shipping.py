@@ -225,3 +225,23 @@ def test_python_m_course_utils_ship_runs(tmp_path):
     done = subprocess.run([sys.executable, "-m", "course_utils.ship", "--trained", str(tmp_path),
                            "--saved", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "bad input" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_embedding_modules_names_each_architectures_rows_and_refuses_what_has_none():
+    """modules_to_save needs this architecture's names: GPT-NeoX calls its embedding embed_in (lesson 10 on
+    the held-out NeoX model trained no full embedding row with ["embed_tokens", "lm_head"], silently)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from course_utils.shipping import embedding_modules
+
+    shape = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                 num_attention_heads=2)
+    neox = AutoModelForCausalLM.from_config(AutoConfig.for_model("gpt_neox", **shape))
+    llama = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **shape))
+    assert embedding_modules(neox) == ["gpt_neox.embed_in", "lm_head"]
+    assert embedding_modules(llama) == ["model.embed_tokens", "lm_head"]
+    with pytest.raises(TypeError, match="torch model"):
+        embedding_modules("gpt2")
+    with pytest.raises(ValueError, match="causal LM"):
+        embedding_modules(torch.nn.Linear(2, 2))
