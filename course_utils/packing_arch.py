@@ -85,6 +85,16 @@ def tiny_model(model_type: str, attn_implementation: str = "sdpa", *, seed: int 
     return model.eval()
 
 
+def fits_qwen2_5_vl(model) -> bool:
+    """Whether ``model``'s weights copy one to one into Qwen2.5-VL's language model (``in_qwen2_5_vl``): a
+    Qwen2 decoder, or a Llama without attention or MLP biases. A GPT-NeoX (another attention and MLP layout)
+    does not: lesson 12 then runs on the shipped tiny-qwen, and says so."""
+    config = validate.model("model", model).config
+    kind = getattr(config, "model_type", type(model).__name__)
+    biased = getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False)
+    return kind == "qwen2" or (kind == "llama" and not biased)
+
+
 def in_qwen2_5_vl(model):
     """The weights of a Qwen2 or Llama causal LM (either course model) inside a Qwen2.5-VL model.
 
@@ -94,14 +104,12 @@ def in_qwen2_5_vl(model):
     """
     from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
 
-    validate.model("model", model)
-    config = model.config
-    kind = getattr(config, "model_type", type(model).__name__)
-    biased = getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False)
-    if kind not in ("qwen2", "llama") or (kind == "llama" and biased):
+    if not fits_qwen2_5_vl(model):
+        kind = getattr(model.config, "model_type", type(model).__name__)
         raise ValueError(f"model is a {kind} model — Qwen2.5-VL's language model is a Qwen2 decoder, so only "
                          "Qwen2 weights (or a bias-free Llama's) copy one to one — pass a course model "
                          "(COURSE_MODEL=tiny-qwen or tiny-llama) or a Qwen2ForCausalLM.")
+    config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     half = head_dim // 2  # rotary frequencies per head, split into mRoPE's t/h/w sections
     section = [half // 4, (half - half // 4) // 2]

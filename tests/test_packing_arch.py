@@ -141,3 +141,20 @@ def test_the_display_helpers_refuse_bad_input_and_show_what_they_measure(qwen3):
         with pytest.raises((ValueError, TypeError), match=phrase) as error:
             bad_call()
         assert " — " in str(error.value)
+
+
+def test_fits_qwen2_5_vl_says_which_decoders_copy_into_its_language_model():
+    """Lesson 12 falls back to tiny-qwen where the course model does not fit (the held-out GPT-NeoX)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from course_utils.packing_arch import fits_qwen2_5_vl
+
+    shape = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                 num_attention_heads=2)
+    fits = {kind: fits_qwen2_5_vl(AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **shape)))
+            for kind in ("qwen2", "llama", "gpt_neox")}
+    assert fits == {"qwen2": True, "llama": True, "gpt_neox": False}
+    biased = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", attention_bias=True, **shape))
+    assert not fits_qwen2_5_vl(biased), "a Llama with q/k/v/o biases has an o_proj bias Qwen2 lacks"
+    with pytest.raises(TypeError, match="torch model"):
+        fits_qwen2_5_vl("qwen2")
