@@ -515,13 +515,17 @@ def reasoning_explorer(runs: dict):
 
 
 def train_on(chat_template: str, rows: list[dict], *, steps: int = 60, batch: int = 16,
-             progress: bool = False, **config):
+             progress: bool = False, until=None, every: int = 20, **config):
     """One lesson run: a fresh course model with the reasoning tokens (``load_reasoning_model``), TRL's
     ``SFTTrainer`` on ``rows`` (TRL's data forms) for ``steps`` optimizer steps of ``batch`` rows, the
     course's CPU defaults (``training.make_sft_trainer``); ``config``: more ``SFTConfig`` fields. Returns the
     trained ``(model, tokenizer)``, the model in eval mode; the loss the trainer logged at each step is kept
     on the model as ``model.logged_loss`` (a list, in step order). ``progress=True`` shows a bar (a run takes
-    ~5 s on 2 cores: a silent cell that long reads as a hang)."""
+    ~5 s on 2 cores: a silent cell that long reads as a hang).
+
+    ``until``: a criterion measured on the run, ``until(model, tokenizer) -> bool``, checked every ``every``
+    steps in eval mode; training ends once it holds and ``steps`` is the cap (a fixed step count tuned on one
+    model fails on another: issue 46). ``model.steps_trained`` keeps the steps run."""
     from datasets import Dataset
 
     from .training import logged, make_sft_trainer
@@ -539,6 +543,9 @@ def train_on(chat_template: str, rows: list[dict], *, steps: int = 60, batch: in
             "— the run trains on them — pass e.g. [{'messages': conversation}, ...]."
         )
     validate.sft_config("config", config)
+    if until is not None:
+        validate.function("until", until)
+        validate.positive_int("every", every, why="it is the steps between two checks of the criterion")
     model, tokenizer = load_reasoning_model(chat_template)
     trainer = make_sft_trainer(
         model,
@@ -549,9 +556,38 @@ def train_on(chat_template: str, rows: list[dict], *, steps: int = 60, batch: in
         progress=progress,
         **config,
     )
+    if until is not None:
+        trainer.add_callback(_until_callback(until, tokenizer, every))
     trainer.train()
     trainer.model.logged_loss = logged(trainer, "loss")
+    trainer.model.steps_trained = trainer.state.global_step
     return trainer.model.eval(), tokenizer
+
+
+def _until_callback(until, tokenizer, every: int):
+    """``train_on``'s criterion as a ``TrainerCallback``: measured every ``every`` steps, in eval mode,
+    without gradients; it ends training once ``until(model, tokenizer)`` holds."""
+    import torch
+    from transformers import TrainerCallback
+
+    class UntilMet(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step % every == 0 and state.global_step < state.max_steps:
+                model.eval()
+                with torch.no_grad():
+                    control.should_training_stop = bool(until(model, tokenizer))
+                model.train()
+            return control
+
+    return UntilMet()
+
+
+def calls_written(model, tokenizer, histories, *, max_new_tokens: int = 96) -> float:
+    """The share of greedy replies to ``histories`` that write a tool call, in either shape (arguments as an
+    object or as a string): whether a tool-call run has learned the *format*, whatever it learned to put in
+    it — a criterion that does not presuppose which shape (lesson 09 trains each run until it holds)."""
+    texts = [r["text"] for r in reply_to(model, tokenizer, histories, max_new_tokens=max_new_tokens)]
+    return sum(arguments_shape(t) is not None for t in texts) / len(texts)
 
 
 def fixes_figure(pairs: dict):
