@@ -252,3 +252,24 @@ def test_thinking_flag_diff_shows_what_each_family_switches():
     assert "- <|think|>" in gemma_diff and all(line.startswith("- ") for line in gemma_diff), gemma_diff
     with pytest.raises(ValueError, match="conversation must be"):
         thinking_flag_diff(tok, "What is 2 + 2?")
+
+
+def test_train_on_ends_on_its_criterion_and_refuses_a_criterion_that_is_not_one():
+    """until= ends the run once the criterion holds (checked every `every` steps); steps stays the cap."""
+    from course_utils.reasoning import calls_written, train_on
+
+    rows = [{"messages": c} for c in tool_chats(16, 0)]
+    checked = []
+
+    def after_two_checks(model, tokenizer):
+        checked.append(model.training)
+        return len(checked) >= 2
+
+    model, tokenizer = train_on(qwen2_5_chat_template, rows, steps=40, batch=4, until=after_two_checks,
+                                every=2)
+    assert model.steps_trained == 4 and checked == [False, False], "two checks, in eval mode, then it stops"
+    assert 0.0 <= calls_written(model, tokenizer, [c[:2] for c in tool_chats(2, 1)], max_new_tokens=8) <= 1.0
+    with pytest.raises(TypeError, match="until must be a function"):
+        train_on(qwen2_5_chat_template, rows, until=0.8)
+    with pytest.raises(ValueError, match="every=0"):
+        train_on(qwen2_5_chat_template, rows, until=after_two_checks, every=0)
