@@ -543,9 +543,9 @@ def train_on(chat_template: str, rows: list[dict], *, steps: int = 60, batch: in
             "— the run trains on them — pass e.g. [{'messages': conversation}, ...]."
         )
     validate.sft_config("config", config)
+    validate.positive_int("every", every, why="it is the steps between two checks of the criterion")
     if until is not None:
         validate.function("until", until)
-        validate.positive_int("every", every, why="it is the steps between two checks of the criterion")
     model, tokenizer = load_reasoning_model(chat_template)
     trainer = make_sft_trainer(
         model,
