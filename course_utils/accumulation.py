@@ -55,10 +55,8 @@ def _check_start_state(model, start_state) -> None:
                          "copy.deepcopy(model.state_dict()).")
 
 
-def _check_flag(name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name}={value!r} must be True or False — it switches the division on or off, and "
-                        f"any non-empty value would count as True — pass {name}=True or {name}=False.")
+# what a True/False switch of this module does (validate.flag says it when the value is not a bool)
+_FLAG_WHY = "it switches the division on or off, and any non-empty value would count as True"
 
 
 def _check_by_k(micro_batches_by_k) -> None:
@@ -223,7 +221,7 @@ def split_norms(model, start_state: dict, micro_batches_by_k: Mapping[int, list]
     validate.model("model", model)
     _check_start_state(model, start_state)
     _check_by_k(micro_batches_by_k)
-    _check_flag("divide_by_accum", divide_by_accum)
+    validate.flag("divide_by_accum", divide_by_accum, why=_FLAG_WHY)
     validate.choice("normalise", normalise, NORMALISATIONS, why="the loop knows these two normalisations")
     norms = {}
     for k, micro in micro_batches_by_k.items():
@@ -386,7 +384,7 @@ def custom_loss_trainer(loss: str, loss_is_scaled_for_ga: bool | None = None):
 
     validate.choice("loss", loss, LOSS_VARIANTS, why="each is a compute_loss the lesson measures")
     if loss_is_scaled_for_ga is not None:
-        _check_flag("loss_is_scaled_for_ga", loss_is_scaled_for_ga)
+        validate.flag("loss_is_scaled_for_ga", loss_is_scaled_for_ga, why=_FLAG_WHY)
 
     class LessonSFTTrainer(SFTTrainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

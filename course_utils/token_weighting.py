@@ -86,10 +86,8 @@ def _check_counts(n_tokens) -> None:
                               "positive ints")
 
 
-def _check_flag(name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name}={value!r} must be True or False — it switches a behaviour on or off, and "
-                        f"any non-empty value would count as True — pass {name}=True or {name}=False.")
+# what a True/False switch of this module does (validate.flag says it when the value is not a bool)
+_FLAG_WHY = "it switches a behaviour on or off, and any non-empty value would count as True"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -496,9 +494,9 @@ def trainer_step_grad(dataset, *, per_device_train_batch_size: int, gradient_acc
                           why="it is the chats per micro-batch")
     validate.positive_int("gradient_accumulation_steps", gradient_accumulation_steps,
                           why="it is the micro-batches per optimizer step")
-    _check_flag("count_items", count_items)
-    _check_flag("bf16", bf16)
-    _check_flag("accepts_loss_kwargs", accepts_loss_kwargs)
+    validate.flag("count_items", count_items, why=_FLAG_WHY)
+    validate.flag("bf16", bf16, why=_FLAG_WHY)
+    validate.flag("accepts_loss_kwargs", accepts_loss_kwargs, why=_FLAG_WHY)
     validate.seed("seed", seed)
     if not hasattr(dataset, "column_names") or not hasattr(dataset, "__len__"):
         raise TypeError(f"dataset must be a datasets.Dataset, got {type(dataset).__name__} — SFTTrainer "

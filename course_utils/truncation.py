@@ -642,10 +642,8 @@ def _check_model_examples(model, tokenizer, examples) -> list[dict]:
     return examples
 
 
-def _check_flag(name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name}={value!r} must be True or False — it switches one Trainer setting — pass "
-                        f"{name}=True or {name}=False.")
+# what a True/False switch of this module does (validate.flag says it when the value is not a bool)
+_FLAG_WHY = "it switches one Trainer setting"
 
 
 def trl_kept_examples(model, tokenizer, dataset, max_length: int,
@@ -664,7 +662,7 @@ def trl_kept_examples(model, tokenizer, dataset, max_length: int,
                          "SFTTrainer tokenizes, truncates and filters it — pass e.g. make_chat_dataset(...).")
     validate.positive_int("max_length", max_length, why="it is the truncation length")
     validate.choice("truncation_mode", truncation_mode, MODES, why="TRL knows these two truncation modes")
-    _check_flag("packing", packing)
+    validate.flag("packing", packing, why=_FLAG_WHY)
     trainer = make_sft_trainer(copy.deepcopy(model), tokenizer, dataset, max_length=max_length,
                                assistant_only_loss=True, truncation_mode=truncation_mode, packing=packing,
                                progress=False)
@@ -729,7 +727,7 @@ def trl_logged_on_pretokenised(model, tokenizer, examples: Sequence[dict], *, na
     step of each window), ``targets`` (supervised tokens per step, summed over its micro-batches) and
     ``weights_finite``."""
     examples = _check_model_examples(model, tokenizer, examples)
-    _check_flag("nan_inf_filter", nan_inf_filter)
+    validate.flag("nan_inf_filter", nan_inf_filter, why=_FLAG_WHY)
     validate.number("lr", lr, positive=True, why="it is the learning rate")
     validate.positive_int("accum_steps", accum_steps, why="it is micro-batches per optimizer step")
     validate.positive_int("logging_steps", logging_steps, why="it is optimizer steps per logged value")
@@ -760,7 +758,7 @@ def trainer_logged_losses(model, tokenizer, examples: Sequence[dict], *, nan_inf
     from transformers import Trainer, TrainingArguments
 
     examples = _check_model_examples(model, tokenizer, examples)
-    _check_flag("nan_inf_filter", nan_inf_filter)
+    validate.flag("nan_inf_filter", nan_inf_filter, why=_FLAG_WHY)
     validate.positive_int("steps", steps, why="it counts optimizer steps")
     validate.positive_int("batch_size", batch_size, why="it is rows per step")
     validate.number("lr", lr, positive=True, why="it is the learning rate")
