@@ -473,7 +473,7 @@ def accumulation_explorer(model, tokenizer, seed: int = 0, n_chats: int = 8):
 
 def trainer_step_grad(dataset, *, per_device_train_batch_size: int, gradient_accumulation_steps: int,
                       count_items: bool = True, bf16: bool = False, accepts_loss_kwargs: bool = True,
-                      seed: int = 0, name_or_path=None) -> dict:
+                      tell_trainer: bool = False, seed: int = 0, name_or_path=None) -> dict:
     """Run one optimizer step of TRL's ``SFTTrainer`` on a fresh course model; return its gradient.
 
     A ``TrainerCallback.on_pre_optimizer_step`` copies ``.grad`` right before ``optimizer.step()``:
@@ -484,8 +484,12 @@ def trainer_step_grad(dataset, *, per_device_train_batch_size: int, gradient_acc
     accumulation steps in ``Trainer.training_step``. ``bf16=True`` restores ``SFTConfig``'s own default
     (CPU autocast in bfloat16, ~1e-2 gradient noise), which ``make_sft_trainer`` turns off.
     ``accepts_loss_kwargs=False`` sets that flag on the model, as ``Gemma4ForConditionalGeneration`` and the
-    Qwen-VL classes declare it (``loss_count_ignored`` lists them): the ``Trainer`` then never counts the
-    step's tokens, so the same per-micro-batch-mean path runs with no hook at all. ``name_or_path``: the
+    Qwen2.5-VL / Qwen3-VL classes declare it (``loss_count_ignored`` lists them): the ``Trainer`` then never
+    counts the step's tokens, so the same per-micro-batch-mean path runs with no hook at all.
+    ``tell_trainer=True`` is the fix for such a class: ``trainer.model_accepts_loss_kwargs = True`` once the
+    trainer is built. ``SFTTrainer.compute_loss`` computes the loss itself and never hands the count to the
+    model's ``forward``, so the class's flag only stops the count (not so with a ``compute_loss_func`` or
+    label smoothing, which call the model's own loss). ``name_or_path``: the
     course model to load (``COURSE_MODEL`` when None; ``tools.claims`` passes each shipped model).
     Returns ``{"grad", "num_items", "micro_batches"}``: the count the Trainer passed to
     ``compute_loss`` (or None) and the micro-batches exactly as the Trainer fed them to the model.
@@ -497,6 +501,7 @@ def trainer_step_grad(dataset, *, per_device_train_batch_size: int, gradient_acc
     validate.flag("count_items", count_items, why=_FLAG_WHY)
     validate.flag("bf16", bf16, why=_FLAG_WHY)
     validate.flag("accepts_loss_kwargs", accepts_loss_kwargs, why=_FLAG_WHY)
+    validate.flag("tell_trainer", tell_trainer, why=_FLAG_WHY)
     validate.seed("seed", seed)
     if not hasattr(dataset, "column_names") or not hasattr(dataset, "__len__"):
         raise TypeError(f"dataset must be a datasets.Dataset, got {type(dataset).__name__} — SFTTrainer "
@@ -537,6 +542,8 @@ def trainer_step_grad(dataset, *, per_device_train_batch_size: int, gradient_acc
                                gradient_accumulation_steps=gradient_accumulation_steps,
                                assistant_only_loss=True, learning_rate=1e-3, optim="sgd",
                                max_grad_norm=0.0, weight_decay=0.0, bf16=bf16, seed=seed)
+    if tell_trainer:  # the fix: Trainer.__init__ copied the class's flag; SFTTrainer's loss needs the count
+        trainer.model_accepts_loss_kwargs = True
     trainer.add_callback(GradAtBoundary())
     trainer.train()
     num_items = captured.get("num_items")

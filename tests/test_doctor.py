@@ -620,6 +620,48 @@ def test_a_trainer_whose_loss_ignores_num_items_in_batch_is_found_by_the_split_t
             run(course, rows(), GOOD, trainer=bad)
 
 
+_BY_COUNT = '''import torch.nn.functional as F
+from trl import SFTTrainer
+
+
+class ByCount(SFTTrainer):
+    """Lesson 01's 'divide by num_items_in_batch yourself', without x num_processes."""
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        labels = inputs["labels"]
+        logits = model(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask")).logits
+        logits = logits[:, :-1].float()
+        summed = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                                 ignore_index=-100, reduction="sum")
+        count = num_items_in_batch if num_items_in_batch is not None else (labels[:, 1:] != -100).sum()
+        return summed / count
+
+
+class ByCountTimesW(ByCount):
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = super().compute_loss(model, inputs, False, num_items_in_batch)
+        return loss * self.accelerator.num_processes if num_items_in_batch is not None else loss
+'''
+
+
+@pytest.mark.slow  # four short SFTTrainer runs and two losses (~20 s): in make test-slow
+def test_a_trainer_dividing_by_the_gathered_count_without_times_w_is_found_on_several_processes(
+        course, tmp_path, monkeypatch):
+    """Issue 45: the count is every rank's and DDP averages, so a loss ÷ num_items_in_batch needs × W. The
+    split test cannot see it (one process); the ranks test does, and leaves the user's process alone."""
+    (tmp_path / "by_count.py").write_text(_BY_COUNT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    one = next(f for f in run(course, rows(), GOOD, trainer="by_count:ByCount")
+               if f.check == "trainer-accumulation")
+    assert one.severity == "info", "on one process dividing by the count is right"
+    two = next(f for f in run(course, rows(), GOOD, trainer="by_count:ByCount", num_processes=2)
+               if f.check == "trainer-accumulation")
+    assert two.severity == "error" and "0.5×" in two.what and "num_processes" in two.fix, two
+    fixed = run(course, rows(), GOOD, trainer="by_count:ByCountTimesW", num_processes=2)
+    assert "trainer-accumulation" in fixed.checks("info"), fixed
+    from accelerate.state import PartialState
+    assert PartialState().num_processes == 1, "the user's process still has one rank"
+
+
 def test_rows_with_tool_calls_never_get_a_content_only_training_template(course):
     """Issue 45: TRL's llama3_training.jinja renders content only (TRL ships no Llama 3.1 training template):
     suggested for tool-call data it would drop every call from the loss. The doctor suggests prompt/completion

@@ -1116,7 +1116,8 @@ def _trl_clamp(ctx):
         "mean loss of the full row's graded tokens": round(full_mean, 4),
         "step of two empty micro-batches: logged loss, grad_norm": (run["logged"][1], run["grad_norms"][1]),
     }
-    # a model class with accepts_loss_kwargs=False (Gemma 4, Qwen-VL): no step count, each micro-batch its own
+    # a model class with accepts_loss_kwargs=False (Gemma 4, Qwen2.5-VL, Qwen3-VL): no step count, each
+    # micro-batch its own
     flag_off = ctx.model()
     flag_off.accepts_loss_kwargs = False
     with quiet_libraries(capture_output=True, python_warnings=False):
@@ -1137,7 +1138,8 @@ def _trl_clamp(ctx):
         "with average_tokens_across_devices, the default) — clamped to 1: an empty micro-batch inside a step "
         "adds 0 and the step logs the correct mean; only a step with no graded token anywhere logs a silent "
         "0.0 with zero gradients (the plain transformers Trainer gives NaN: claim 16). For a class with "
-        "accepts_loss_kwargs=False (Gemma4ForConditionalGeneration, the Qwen-VL classes, PaliGemma) the "
+        "accepts_loss_kwargs=False (Gemma4ForConditionalGeneration, Qwen2_5_VL/Qwen3VL "
+        "ForConditionalGeneration) the "
         "Trainer counts nothing: each micro-batch is divided by its own count (clamped: still no "
         "NaN) and the "
         "step by K, so the full + empty step logs half the mean (claim 26)",
@@ -1274,10 +1276,10 @@ def _sft_accumulation(ctx):
         "tokens, TRL divides "
         "by that count); false for a class with accepts_loss_kwargs=False — "
         "Gemma4ForConditionalGeneration (what "
-        "AutoModelForCausalLM loads for gemma4), Qwen2_5_VL/Qwen3VL ForConditionalGeneration, "
-        "PaliGemma: each "
+        "AutoModelForCausalLM loads for gemma4), Qwen2_5_VL/Qwen3VL ForConditionalGeneration: each "
         "micro-batch is divided by its own count and the step by K (lesson 07's per-micro-batch mean); "
-        "token_weighting.loss_count_ignored(config) reads it from config.json",
+        "token_weighting.loss_count_ignored(config) reads it from config.json, and "
+        "trainer.model_accepts_loss_kwargs = True after building the trainer restores the count",
     )
 
 

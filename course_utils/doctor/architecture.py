@@ -196,5 +196,7 @@ def loss_count_findings(setup, args) -> list[Finding]:
                     "each micro-batch is averaged over its own tokens, then divided by their number",
                     f"accepts_loss_kwargs=False; gradient_accumulation_steps={steps}, "
                     f"{setup.num_processes} process(es): rows with fewer graded tokens weigh more",
-                    "compute the loss yourself as a sum over graded tokens divided by num_items_in_batch "
-                    "(gathered over processes), or train with one micro-batch per step", "07")]
+                    "after building the trainer, set trainer.model_accepts_loss_kwargs = True: SFTTrainer "
+                    "computes the loss itself and never passes the count to the model's forward, so the "
+                    "class's flag only stops the count (lesson 07 measures the fix)"
+                    + ("" if setup.num_processes > 1 else "; or train with one micro-batch per step"), "07")]

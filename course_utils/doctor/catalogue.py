@@ -132,7 +132,8 @@ _ALL = (
     # --- read from the architecture (doctor.architecture): lessons 07, 10, 12, 13 -----------------------
     _c("loss-count-ignored", "set-up", "07", "a model class with accepts_loss_kwargs=False never gets the "
        "step's token count: under accumulation or several processes the loss is a per-micro-batch mean",
-       "sum the graded tokens' loss and divide by num_items_in_batch (gathered), or one micro-batch a step"),
+       "trainer.model_accepts_loss_kwargs = True once the trainer is built (SFTTrainer's own loss takes the "
+       "count), or one micro-batch a step on one process"),
     _c("adapter-eos", "set-up", "10", "with LoRA, SFTConfig's eos_token stops the in-memory model only: the "
        "saved adapter carries no generation_config", "merge, save with the trained generation_config, check "
        "with python -m course_utils.ship"),
