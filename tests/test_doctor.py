@@ -682,3 +682,29 @@ def test_rows_with_tool_calls_never_get_a_content_only_training_template(course)
     assert "llama3_training.jinja" not in finding.fix and "prompt/completion" in finding.fix
     plain = next(f for f in run((model, tok), rows(), config, forward=False) if f.check == unpatchable)
     assert "llama3_training.jinja" in plain.fix
+
+
+@pytest.mark.parametrize("template, assistant_only_works", [("llama3_1", False), ("qwen2_5", True)])
+def test_graded_tool_replies_get_a_fix_that_keeps_the_calls(course, template, assistant_only_works):
+    """Issue 45: under full loss, 'set assistant_only_loss=True' is the fix only where TRL can train the
+    template that way and keep the tool calls (Qwen2.5's training template renders them); on Llama 3.1, which
+    TRL cannot patch, it leads into the template-unpatchable error: prompt/completion rows instead."""
+    from trl import chat_template_utils as ctu
+
+    model, tok = course
+    tok = copy.deepcopy(tok)
+    tok.chat_template = getattr(ctu, f"{template}_chat_template")
+    tok.bos_token = tok.bos_token or tok.eos_token
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}
+    tools = [{"messages": [{"role": "user", "content": f"add {i} and 2"},
+                           {"role": "assistant", "content": "", "tool_calls": [call]},
+                           {"role": "tool", "content": str(i + 2)},
+                           {"role": "assistant", "content": f"It is {i + 2}."}]} for i in range(4)]
+    graded = next(f for f in run((model, tok), tools, {"learning_rate": 2e-5}, forward=False)
+                  if f.check == "tool-output-graded")
+    assert graded.fix.startswith("set assistant_only_loss=True") == assistant_only_works, graded.fix
+    assert "prompt/completion row" in graded.fix
+    if assistant_only_works:  # the fix applied: the replies carry no loss, no template error
+        fixed = run((model, tok), tools, {"learning_rate": 2e-5, "assistant_only_loss": True}, forward=False)
+        bad = fixed.checks("error") | fixed.checks("warning")
+        assert not {"tool-output-graded", "template-unpatchable"} & bad, fixed

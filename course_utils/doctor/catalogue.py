@@ -72,7 +72,8 @@ _ALL = (
     _c("assistant-only-loss", "set-up", "04", "assistant_only_loss needs conversational rows",
        "use 'messages' rows, or drop the option"),
     _c("template-unpatchable", "set-up", "04", "TRL cannot add {% generation %} to this template, so "
-       "assistant_only_loss cannot mask", "set chat_template_path to a training template of the family"),
+       "assistant_only_loss cannot mask", "set chat_template_path to a training template of the family; "
+       "with tool calls, prompt/completion rows (a content-only template drops the calls)"),
     _c("measured-with-stand-in", "doctor", "04", "the other checks used the suggested training template",
        "re-run the doctor after fixing the template"),
     _c("template", "set-up", "04", "the template check could not run (reported as could-not-check)",
@@ -164,7 +165,8 @@ _ALL = (
     _c("empty-think-graded", "set-up", "09", "an empty <think></think> is graded in data without reasoning",
        "assistant_only_loss with the family's training template, or add reasoning"),
     _c("tool-output-graded", "set-up", "09", "tool replies carry loss: the model learns to write them",
-       "assistant_only_loss=True"),
+       "assistant_only_loss=True where TRL's training template keeps the tool calls, else prompt/completion "
+       "rows with the replies in the prompt"),
     _c("tool-arguments-mixed", "set-up", "09", "tool-call arguments are dicts in some rows and strings in "
                                                "others",
        "write every call's arguments as an object"),
