@@ -719,7 +719,8 @@ def trl_logged_on_pretokenised(model, tokenizer, examples: Sequence[dict], *, na
     """Train a copy of ``model`` with TRL's ``SFTTrainer`` on a *pre-tokenised* dataset (``input_ids`` and
     ``labels`` columns, ``max_length=None``): TRL skips its own truncation and its drop of fully masked
     rows, so they reach ``compute_loss``, which divides the summed loss by ``num_items_in_batch`` — the
-    graded tokens of the whole optimizer step (every micro-batch; every rank), ``clamp(min=1)``.
+    graded tokens of the whole optimizer step (every micro-batch; every rank), ``clamp(min=1)`` — for a model
+    class that accepts loss kwargs (the course models; not Gemma 4 / Qwen2.5-VL / Qwen3-VL, lesson 07).
 
     One row per micro-batch, in order (no shuffle), ``accum_steps`` micro-batches per optimizer step.
     ``logging_steps``: the Trainer logs the mean loss of each window of that many steps (SFTConfig's

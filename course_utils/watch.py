@@ -10,9 +10,11 @@ trains, what this course showed goes wrong silently:
 - **micro-batches with no graded token** (lessons 05, 07): a callback never sees the batch, so the
   watch puts a forward *pre*-hook (``with_kwargs=True``) on the model and counts the ``labels`` that
   are not ``-100`` in every training forward. TRL's ``compute_loss`` divides by ``num_items_in_batch``,
-  the graded tokens of the whole optimizer step (every micro-batch, every process): such a micro-batch
+  the graded tokens of the whole optimizer step (every micro-batch, every process; for model classes that
+  accept loss kwargs — not Gemma 4 / Qwen2.5-VL / Qwen3-VL, lesson 07): such a micro-batch
   adds nothing and the logged loss stays the mean of the rest; only a step without any graded token
-  logs 0.0 (a hand-written loop's per-micro-batch mean logs 0/0 = NaN; with ``F.cross_entropy(ignore_index)``
+  contributes 0.0 (the logged value itself at ``logging_steps=1``; a lower window mean at the default 10)
+  (a hand-written loop's per-micro-batch mean logs 0/0 = NaN; with ``F.cross_entropy(ignore_index)``
   — a mean, or ``reduction="none"`` times a mask — its gradients are exactly zero; only a per-token loss
   computed at every position and then masked makes them NaN). Each is data the run paid
   for and did not train on. (A custom ``compute_loss`` that calls the model without ``labels`` is
@@ -425,7 +427,8 @@ class SFTWatch(TrainerCallback):
 
     @property
     def empty_micro_batches(self) -> int:
-        """Training micro-batches that had no graded token (each logs 0.0 in SFTTrainer)."""
+        """Training micro-batches that had no graded token (they add nothing to SFTTrainer's loss; a whole
+        step of them contributes 0.0, which is the logged value only at ``logging_steps=1``)."""
         return sum(g == 0 for g in self.micro_batches)
 
     def verdicts(self) -> list:

@@ -80,8 +80,8 @@ def truncation_findings(prepared, tokenizer, args, chat_template, completion_onl
         path = (f"packing={args.packing_strategy}: TRL keeps them, and {empty_rows} of {len(packed)} packed "
                 "rows have no graded token; SFTTrainer divides by the graded tokens of the whole optimizer "
                 f"step ({step_words}: num_items_in_batch), so such a row adds nothing and the logged loss is "
-                f"the mean of the rest; a step with no graded token at all (p={p_step:.3g}) logs 0.0 and "
-                "updates nothing")
+                f"the mean of the rest; a step with no graded token at all (p={p_step:.3g}) updates nothing "
+                "and logs 0.0 at logging_steps=1 (at the default 10 it only pulls the window's mean down)")
     else:
         p_micro = empty_batch_probability(n, len(dropped), batch)
         path = (f"SFTTrainer drops them ('Dropping fully masked examples'): it trains on {n - len(dropped)} "

@@ -240,11 +240,12 @@ def load_dtype_findings(config, precision, source, model_obj, peft) -> list[Find
     if dtype in ("float16", "bfloat16") and peft is None:
         # bf16=True / fp16=True autocast the compute; they add no float32 copy of weights stored in half
         # precision, so the optimizer's update is rounded to the weight's 8 (bf16) or 11 (fp16) bits
-        flags = ("bf16=True" if precision["bf16"] else "fp16=True" if precision["fp16"]
-                 else "no precision flag")
+        flags = ("bf16=True changes the compute, not the storage" if precision["bf16"] else
+                 "fp16=True changes the compute, not the storage" if precision["fp16"] else
+                 f"with no precision flag the compute runs in {dtype} too")
         return [Finding("warning", "load-dtype", f"full fine-tuning updates {dtype} weights: there are no "
                         "float32 master weights, and small updates round away",
-                        f"the weights are {dtype} ({how}); {flags} changes the compute, not the storage; an "
+                        f"the weights are {dtype} ({how}); {flags}; an "
                         "AdamW step smaller than ~1/256 of a weight leaves it unchanged (lesson 06 measures "
                         "the share of weights one small step moves, bf16 vs float32)",
                         "load the weights in float32 (model_init_kwargs={'dtype': 'float32'}, SFTTrainer's "
