@@ -12,7 +12,8 @@ confirmed, a wrong one is told why the *chosen* cause does not fit and which sec
 again after the feedback changes nothing (a replay does not score). ``check_self_test(quiz.given, quiz)``
 scores the answers given; ``reveal_score(quiz)`` compares the score with the learner's prediction once every
 question is answered. The grader draws each case again from its lesson to know its truth: the truth never
-sits in the notebook or on the quiz.
+sits in the notebook, on the quiz or on its questions, and the first answers are recorded apart from the
+quiz (``_DRAWN`` says what that does and does not stop).
 
 A new lesson contributes by giving its ``answers/lessonNN.py`` a ``SELF_TEST_CAUSES`` dict and a
 ``self_test_case(seed)``, and its tells to ``answers/self_test_bank.py``.
@@ -26,7 +27,7 @@ import traceback
 import warnings
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .. import validate
 from ..checks import CheckResult, Hints, _report, fresh_random, register_hints
@@ -52,13 +53,13 @@ LESSONS = _contributing()
 
 @dataclass(frozen=True)
 class Question:
-    """One quiz item as the learner sees it: what a practitioner sees and the causes to choose from."""
+    """One quiz item as the learner sees it: what a practitioner sees and the causes to choose from. It holds
+    nothing the truth can be drawn from: its case's seed stays with the grader (``_DRAWN``)."""
 
     number: int
     lesson: str
     text: str
     choices: tuple[str, ...]
-    _seed: int
 
     def __str__(self) -> str:
         options = "\n".join(f"   ({chr(97 + i)}) {c}" for i, c in enumerate(self.choices))
@@ -88,7 +89,8 @@ def available_lessons() -> list[str]:
 
 
 class Quiz(list):
-    """The drawn questions (a list of ``Question``, numbered from 1) and the learner's first answers."""
+    """The drawn questions (a list of ``Question``, numbered from 1). The learner's first answers are recorded
+    by the grader, apart from the quiz (``_DRAWN``): no attribute of the quiz holds or resets them."""
 
     __hash__ = object.__hash__  # one drawn quiz is one object (a key of _DRAWN), whatever it holds
 
@@ -98,7 +100,6 @@ class Quiz(list):
             raise ValueError(f"a quiz needs a non-empty list of Questions, got {questions!r:.60} — it is "
                              "graded question by question — draw one with draw_quiz().")
         super().__init__(questions)
-        self._first: dict[int, tuple[str, bool]] = {}  # number -> (the first valid answer, was it right)
 
     def question(self, number: int) -> Question:
         if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= len(self):
@@ -114,28 +115,63 @@ class Quiz(list):
         """Record your answer to question ``number`` (the letter or the text of a choice) and print the
         verdict: right, or why the cause you chose does not fit and where to look. The first answer counts;
         ``None`` (not answered yet) and an answer that is not a choice are not recorded."""
-        question = self.question(number)
-        verdict, right = _verdict(question, given, self._first.get(number))
-        if right is not None and number not in self._first:
-            self._first[number] = (_as_choice(given, question), right)
+        self.question(number)
+        verdict, right = _verdict(self, number, given)
         print(verdict)
         return right
 
     def given(self, question: Question):
         """The first answer recorded for ``question`` (what ``check_self_test(quiz.given, quiz)`` scores)."""
-        first = self._first.get(question.number)
+        first = _first_answers(self).get(question.number)
         return None if first is None else first[0]
 
     def answered(self) -> int:
-        return len(self._first)
+        return len(_first_answers(self))
 
     def score(self) -> int:
         """How many first answers were right."""
-        return sum(right for _, right in self._first.values())
+        return sum(right for _, right in _first_answers(self).values())
 
 
-# The quizzes draw_quiz returned, with their length: only those are graded (no hand-built one).
-_DRAWN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+@dataclass
+class _Record:
+    """What the grader keeps of one drawn quiz: its questions as drawn, each case's seed (the truth is drawn
+    again from its lesson with it) and the first valid answer to each question."""
+
+    questions: tuple[Question, ...]
+    seeds: tuple[int, ...]
+    first: dict[int, tuple[str, bool]] = field(default_factory=dict)  # number -> (first answer, right?)
+
+
+# The quizzes draw_quiz returned, each with its record: only those are graded (no hand-built one). Keyed
+# weakly by the quiz object, so a record goes with its quiz.
+#
+# What this stops: the truth read off what the learner holds (a Question or a Quiz has no seed, token or
+# truth: `_draw_case(q.lesson)(q._seed)` has nothing to work with); a second scored answer after the
+# feedback (the first answers are not on the quiz, so clearing or replacing its attributes resets nothing);
+# probing the verdict letter by letter (`_verdict` is the one function that reads a truth, and it records
+# the answer it was given before it says anything, whoever calls it).
+# What it does not stop: Python hides nothing from code in the same process. Reading this module's private
+# state (`_DRAWN`, or the same objects through gc.get_objects() or a frame's locals) gives the seeds, and
+# every case can be drawn again from them; the demo seed (COURSE_CHECK_SEED) reproduces the solution copy's
+# quiz, whose letters are in it. The self-test is the learner's own calibration, not a credential: the aim
+# is that an honest learner is scored on the first answers given, and that no public or obvious call scores
+# for them.
+_DRAWN: weakref.WeakKeyDictionary[Quiz, _Record] = weakref.WeakKeyDictionary()
+
+
+def _record(quiz: Quiz) -> _Record:
+    record = _DRAWN.get(quiz) if isinstance(quiz, Quiz) else None
+    if record is None:
+        raise ValueError("this quiz was not drawn by draw_quiz() — the grader keeps what it drew to know "
+                         "each truth — answer the quiz draw_quiz() returned (quiz = draw_quiz()).")
+    return record
+
+
+def _first_answers(quiz: Quiz) -> dict[int, tuple[str, bool]]:
+    """A copy of the first answers recorded for ``quiz`` (none for a quiz draw_quiz() did not return)."""
+    record = _DRAWN.get(quiz)
+    return {} if record is None else dict(record.first)
 
 
 def draw_quiz(per_lesson: int = 2) -> Quiz:
@@ -148,17 +184,14 @@ def draw_quiz(per_lesson: int = 2) -> Quiz:
         make = _draw_case(lesson)
         for _ in range(per_lesson):
             case_seed = draws.randrange(10**6, 2**31)
-            text, _truth, choices = make(case_seed)
+            text, _, choices = make(case_seed)  # the truth is not kept: drawn again to grade
             drawn.append((lesson, text, tuple(choices), case_seed))
     draws.shuffle(drawn)
-    quiz = Quiz(Question(i, lesson, text, choices, seed)
-                for i, (lesson, text, choices, seed) in enumerate(drawn, 1))
-    _DRAWN[quiz] = len(quiz)
+    questions = tuple(Question(i, lesson, text, choices)
+                      for i, (lesson, text, choices, _) in enumerate(drawn, 1))
+    quiz = Quiz(questions)
+    _DRAWN[quiz] = _Record(questions, tuple(seed for *_, seed in drawn))
     return quiz
-
-
-def _truth(question: Question) -> str:
-    return _draw_case(question.lesson)(question._seed)[1]
 
 
 def _as_choice(answer, question: Question) -> str | None:
@@ -184,9 +217,13 @@ def _tell(question: Question, chosen: str) -> str:
     return f"{seen}. Look again with {where}."
 
 
-def _verdict(question: Question, given, first) -> tuple[str, bool | None]:
-    """What the learner is told about ``given`` for ``question``, and whether it was right (None: not an
-    answer). ``first``: the answer already recorded, if any (it keeps counting)."""
+def _verdict(quiz: Quiz, number: int, given) -> tuple[str, bool | None]:
+    """What the learner is told about ``given`` for question ``number`` of ``quiz``, and whether it was right
+    (None: not an answer). The first valid answer is recorded here, on every call path, before anything is
+    told: a later answer, by any caller, gets the first one's result (no free oracle)."""
+    record = _record(quiz)
+    quiz.question(number)  # a number the quiz has
+    question = record.questions[number - 1]  # as drawn, whatever the list holds now
     n = question.number
     if given is None:
         return f"⏳ Q{n}: not answered yet — put the letter you pick in place of None.", None
@@ -195,11 +232,13 @@ def _verdict(question: Question, given, first) -> tuple[str, bool | None]:
         letters = f"(a)–({chr(96 + len(question.choices))})"
         return (f"⚠️ Q{n}: {given!r:.60} is not one of the choices {letters} — answer with a letter or a "
                 "choice's text; nothing was recorded.", None)
-    if first is not None and first[0] != choice:
+    first = record.first.get(n)
+    if first is None:  # the first answer: drawn again from its lesson, judged, recorded
+        first = record.first[n] = (choice, choice == _draw_case(question.lesson)(record.seeds[n - 1])[1])
+    if first[0] != choice:
         return (f"Q{n} was answered already ({'right' if first[1] else 'wrong'}): the first answer counts — "
                 "draw_quiz() draws a fresh quiz to try again.", first[1])
-    right = choice == _truth(question)
-    if right:
+    if first[1]:
         return f"✅ Q{n}: right.", True
     return f"❌ Q{n}: not {choice!r} — {_tell(question, choice)}", False
 
@@ -213,14 +252,14 @@ def check_self_test(answer_for: Callable, quiz: list[Question], quiet: bool = Fa
     question counts, so a second run with answers changed after the feedback scores the same.
     """
     validate.function("answer_for", answer_for)
-    if not isinstance(quiz, Quiz) or quiz not in _DRAWN or len(quiz) != _DRAWN[quiz]:
+    record = _DRAWN.get(quiz) if isinstance(quiz, Quiz) else None
+    if record is None or tuple(quiz) != record.questions:
         raise ValueError("quiz must be a whole quiz draw_quiz() returned (a slice or a hand-picked list "
                          "would grade on questions you chose) — the grader draws each case again from its "
                          "lesson to know its truth — pass quiz=draw_quiz().")
     register_hints("self_test", HINTS)
-    first = quiz._first
     lines, right, unanswered = [], 0, 0
-    for question in quiz:
+    for question in record.questions:
         try:
             given = answer_for(question)
         except NotImplementedError:
@@ -231,13 +270,11 @@ def check_self_test(answer_for: Callable, quiz: list[Question], quiet: bool = Fa
             lines.append(f"⚠️ Q{question.number}: your function raised {last} — nothing recorded.")
             unanswered += 1
             continue
-        verdict, ok = _verdict(question, given, first.get(question.number))
+        verdict, ok = _verdict(quiz, question.number, given)  # records a first answer
         if ok is None:
             unanswered += 1
-            if given is None:  # counted below, not listed: an untouched quiz is one line, not eighteen
+            if given is None:  # counted below, not listed: an untouched quiz is one line, not twenty-two
                 continue
-        elif question.number not in first:
-            first[question.number] = (_as_choice(given, question), ok)
         lines.append(verdict)
         right += bool(ok)
     share = right / len(quiz)
