@@ -33,10 +33,9 @@ import re
 import types
 from dataclasses import dataclass, field
 
-from .. import internals
 from ..data import is_graded
 from .report import Finding, could_not_check, guarded
-from .trl_view import family_training_template
+from .trl_view import assistant_only_keeps_calls, family_training_template
 
 # A room of the doctor, not an API: its names serve the package; users import ``course_utils.doctor``
 __all__ = []
@@ -435,36 +434,19 @@ def _tool_output_findings(renders, ctx) -> list:
     how = ("the non-assistant tokens are masked (assistant_only_loss or completion-only loss) but the tool "
            "replies are not: they sit in the completion or inside {% generation %}" if ctx.masked else
            "full-sequence loss (assistant_only_loss=False): every token is graded, the tool replies too")
-    rows_fix = ("turn each assistant turn into a prompt/completion row: the conversation before it, tool "
-                "replies included, as the prompt; TRL grades only the completion")
-    if ctx.masked:
-        fix = "put tool messages in the prompt (prompt/completion rows) or outside {% generation %}"
-    elif _assistant_only_keeps_calls(ctx):
-        fix = ("set assistant_only_loss=True (TRL trains with a template that grades only the assistant's "
-               f"turns and renders their tool calls), or {rows_fix[0].lower()}{rows_fix[1:]}")
-    else:  # TRL cannot patch the template, or its training template drops the calls (llama3_training)
-        fix = (f"{rows_fix} (assistant_only_loss would fail here: TRL cannot train this template with "
-               "assistant-only loss and keep its tool calls)")
+    rows = ("turn each assistant turn into a prompt/completion row (the conversation before it, tool replies "
+            "included, as the prompt): TRL grades only the completion")
+    keeps = assistant_only_keeps_calls(ctx.tokenizer, ctx.chat_template)  # llama3_training drops the calls
+    fix = ("put tool messages in the prompt (prompt/completion rows), not in {% generation %}" if ctx.masked
+           else f"set assistant_only_loss=True (TRL's template grades only the assistant's turns and renders "
+           f"their calls), or {rows[0].lower()}{rows[1:]}" if keeps else f"{rows}; assistant_only_loss would "
+           "fail here (TRL cannot train this template assistant-only and keep its tool calls)")
     return [Finding(
         "error" if ctx.masked else "warning", "tool-output-graded",
         f"{len(graded)} of {len(replies)} tool replies carry loss "
         f"({sum(s.graded for _, s in graded):,} tokens)",
         f"{how}; {_rows(r.row for r, _ in graded)}: the model learns to write the tool's reply itself (a "
         "made-up result after its call) instead of waiting for the tool", fix, LESSON)]
-
-
-def _assistant_only_keeps_calls(ctx) -> bool:
-    """Would ``assistant_only_loss=True`` train these rows with their tool calls? Only when TRL can give the
-    template ``{% generation %}`` markers (it has them, or TRL ships its family's training template) and the
-    template it would train with renders ``tool_calls`` — TRL's llama3_training.jinja does not."""
-    tokenizer = copy.copy(ctx.tokenizer)
-    if ctx.chat_template:
-        tokenizer.chat_template = ctx.chat_template
-    try:
-        training = internals.sft_chat_template(tokenizer)
-    except ValueError:  # TRL ships no training template of this family: SFTTrainer would refuse
-        return False
-    return "tool_calls" in (training or tokenizer.chat_template or "")
 
 
 def _tool_arguments_findings(renders, ctx) -> list:

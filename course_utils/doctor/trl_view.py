@@ -273,3 +273,18 @@ def family_training_template(template: str) -> tuple[str, str] | None:
     family, _ = template_family(template)
     name = training_template_name(family) if family else None
     return None if name is None else (name, getattr(ctu, f"{name}_training_chat_template"))
+
+
+def assistant_only_keeps_calls(tokenizer, chat_template: str | None) -> bool:
+    """Would ``assistant_only_loss=True`` train rows with their tool calls? Only when TRL can give the
+    template (``chat_template``, else the tokenizer's) ``{% generation %}`` markers — it has them, or TRL
+    ships its family's training template — and the template it would train with renders ``tool_calls``:
+    TRL's llama3_training.jinja does not."""
+    tokenizer = copy.copy(tokenizer)
+    if chat_template:
+        tokenizer.chat_template = chat_template
+    try:
+        training = internals.sft_chat_template(tokenizer)
+    except ValueError:  # TRL ships no training template of this family: SFTTrainer would refuse
+        return False
+    return "tool_calls" in (training or tokenizer.chat_template or "")
