@@ -17,9 +17,15 @@ What a learner's function can reach while it runs is kept free of the answer (is
 checker draws its cases fresh on every run (``os.urandom`` via ``random.SystemRandom``; an instructor may
 set ``COURSE_CHECK_SEED`` for a reproducible demo, and every run still mixes causes), with no keyword that
 fixes or narrows them; the expected values are kept serialised (``pickle`` bytes, not objects) while the
-learner's code runs, so no frame it can walk to and no object ``gc`` can find holds them; answers are
-normalised to plain built-in values before a plain ``==``, so an object whose ``__eq__`` always says yes
-fails; and the returned ``CheckResult`` holds no hint text — ``hint()`` reads it from a private registry.
+learner's code runs, so no frame it walks to and no object ``gc`` lists holds them as objects; answers are
+normalised to plain built-in values before a plain ``==`` — and before any truth is opened — so an object
+whose ``__eq__`` always says yes fails, and so does one whose fields are computed when read; and the
+returned ``CheckResult`` holds no hint text — ``hint()`` reads it from a private registry.
+
+What this does not stop: code running in the learner's process can do whatever the checker does — walk to
+the sealed bytes and unpickle them, or call the case generator on the drawn seeds. Only a grader in another
+process could hide the truth from that; these checkers stop the shortcuts a learner meets by accident or
+tries in a minute (``tests/test_checkers.py``'s ``SHORTCUTS``), not a learner set on defeating them.
 
 A checker never raises on a wrong answer: it prints why and returns a falsy ``CheckResult``, so an
 exercise notebook survives Restart & Run All with unfinished exercises. Solution notebooks mark
@@ -362,9 +368,10 @@ def fresh_seeds(n: int) -> list[int]:
 _BROKEN, _KNOWN_LOOK_ALIKE, _WRONG_CAUSE, _WRONG_EVIDENCE = range(4)
 
 
-def _grade(answer, truth: Diagnosis, evidence_ok, misconceptions) -> tuple[int, str] | None:
-    """What is wrong with ``answer`` against ``truth`` (how telling, and the sentence), or None. The answer is
-    made plain first (``plain``), so only Python's own ``==`` compares it."""
+def _plain_answer(answer) -> tuple[str, object] | tuple[int, str]:
+    """``(cause, evidence)`` of the learner's ``Diagnosis`` as plain values (``plain``), or ``(_BROKEN,
+    why)``. Read before any truth is opened: a ``Diagnosis`` subclass whose fields are computed when read
+    finds no truth in the frames above it."""
     if not isinstance(answer, Diagnosis):
         return _BROKEN, (f"expected a Diagnosis(cause=..., evidence=...), got {type(answer).__name__} — "
                          "return Diagnosis(cause, evidence)")
@@ -372,8 +379,19 @@ def _grade(answer, truth: Diagnosis, evidence_ok, misconceptions) -> tuple[int, 
         cause, evidence = plain(answer.cause), plain(answer.evidence)
     except NotPlain as exc:
         return _BROKEN, f"{exc} (cause: one of the exercise's names; evidence: a number, a str, a list)"
+    except Exception as exc:  # noqa: BLE001 — a field that raises when read is the learner's bug
+        return _BROKEN, f"reading your Diagnosis raised {type(exc).__name__}: {exc}"
     if type(cause) is not str:
         return _BROKEN, f"the cause must be one of the exercise's names (a str), got {cause!r:.80}"
+    return cause, evidence
+
+
+def _grade(answer: tuple, truth: Diagnosis, evidence_ok, misconceptions) -> tuple[int, str] | None:
+    """What is wrong with ``answer`` (``_plain_answer``'s result) against ``truth`` (how telling, and the
+    sentence), or None. Only Python's own ``==`` compares plain values."""
+    if type(answer[0]) is int:
+        return answer  # broken: (_BROKEN, why)
+    cause, evidence = answer
     if cause != truth.cause:
         known = (misconceptions or {}).get((cause, truth.cause))
         if known:
@@ -429,6 +447,7 @@ def check_diagnosis(name: str, fn: Callable, make_case: Callable[[int], tuple[ob
             verdicts[i] = _BROKEN, f"your function raised {last}"
             continue
         del artefact
+        answer = _plain_answer(answer)  # plain values, read before the truth is opened
         wrong = _grade(answer, _open(sealed), evidence_ok, misconceptions)
         del answer  # the learner's own answer, gone before the next call
         if wrong:

@@ -219,7 +219,27 @@ def gc_peek(*args, **kwargs):
     return None
 
 
-SHORTCUTS = [always_equal, always_equal_diagnosis, always_equal_str_diagnosis, frame_peek, gc_peek]
+class LazyDiagnosis(Diagnosis):
+    """A Diagnosis whose fields are computed when the grader reads them: a frame walk from there."""
+
+    def __getattribute__(self, name):
+        if name in ("cause", "evidence"):
+            frame = inspect.currentframe().f_back
+            while frame is not None:
+                for value in frame.f_locals.values():
+                    if isinstance(value, Diagnosis) and not isinstance(value, LazyDiagnosis):
+                        return getattr(value, name)
+                frame = frame.f_back
+        return object.__getattribute__(self, name)
+
+
+def lazy_diagnosis(*args, **kwargs):
+    """Returns a Diagnosis that reads the truth from the grader's frames when its fields are read."""
+    return LazyDiagnosis("?", None)
+
+
+SHORTCUTS = [always_equal, always_equal_diagnosis, always_equal_str_diagnosis, frame_peek, gc_peek,
+             lazy_diagnosis]
 DIAGNOSIS_ROWS = [param for param in REFERENCES
                   if "check_diagnosis(" in inspect.getsource(
                       getattr(GRADERS[param.id.split()[0]], f"check_{param.values[0].name}"))]
