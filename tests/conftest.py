@@ -1,5 +1,6 @@
 """Shared fixtures: the course model is loaded once per test session (it is read-only here)."""
 
+import functools
 import importlib.util
 import os
 from collections.abc import Callable
@@ -59,6 +60,26 @@ def tried_twice(check, *args):
     """The checker's result on the second failed attempt: the answer hint opens only after two."""
     check(wrong, *args)
     return check(wrong, *args)
+
+
+def strings_held(value, depth=0) -> set:
+    """Every str reachable from ``value``: attributes, closures, partial arguments, containers."""
+    if depth > 6:
+        return set()
+    if isinstance(value, str):
+        return {value}
+    inner = []
+    if isinstance(value, dict):
+        inner = [*value.keys(), *value.values()]
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        inner = list(value)
+    elif isinstance(value, functools.partial):
+        inner = [value.func, *value.args, *value.keywords.values()]
+    elif callable(value) and getattr(value, "__closure__", None):
+        inner = [c.cell_contents for c in value.__closure__]
+    elif hasattr(value, "__dict__") and not isinstance(value, type):
+        inner = list(vars(value).values())
+    return set().union(*(strings_held(v, depth + 1) for v in inner)) if inner else set()
 
 
 @pytest.fixture(autouse=True)

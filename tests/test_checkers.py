@@ -16,7 +16,7 @@ import pkgutil
 from pathlib import Path
 
 import pytest
-from conftest import Row, stub, wrong
+from conftest import Row, strings_held, stub, wrong
 
 import course_utils.exercises
 from course_utils import checks
@@ -315,6 +315,22 @@ def _spied(row, fixture):
 
     assert row.run(spy, fixture)
     return artefacts, causes
+
+
+@pytest.mark.parametrize("row", DIAGNOSIS_ROWS)
+def test_no_artefact_names_its_cause(row, request, capsys):
+    """A diagnosis artefact is what a practitioner sees: no attribute, closure variable or partial argument
+    of it holds its cause's name (lesson 01's run once closed over it)."""
+    named = []
+
+    def spy(artefact):
+        answer = row.reference(artefact)
+        if answer.cause in strings_held(artefact):
+            named.append(answer.cause)
+        return answer
+
+    row.run(spy, request.getfixturevalue)
+    assert not named, f"artefacts that name their cause: {named}"
 
 
 @pytest.mark.parametrize("row", DIAGNOSIS_ROWS)

@@ -2,11 +2,9 @@
 second correct answer, each known wrong answer with its misconception: tests/test_checkers.py runs them);
 the hints; the broken-run generator covers every cause; bad non-learner arguments are refused."""
 
-import functools
-
 import pytest
 import torch
-from conftest import Row, graded, tried_twice
+from conftest import Row, graded, strings_held, tried_twice
 
 from course_utils.checks import Diagnosis
 from course_utils.exercises import lesson01 as ex
@@ -254,32 +252,12 @@ def test_mystery_run_covers_every_cause_is_deterministic_and_hands_out_the_run_o
         ex.mystery_run(1).grad_norm(0)
 
 
-def _strings_held(value, depth=0) -> set:
-    """Every str reachable from ``value``: attributes, closures, partial arguments, containers."""
-    if depth > 6:
-        return set()
-    if isinstance(value, str):
-        return {value}
-    inner = []
-    if isinstance(value, dict):
-        inner = [*value.keys(), *value.values()]
-    elif isinstance(value, (list, tuple, set, frozenset)):
-        inner = list(value)
-    elif isinstance(value, functools.partial):
-        inner = [value.func, *value.args, *value.keywords.values()]
-    elif callable(value) and getattr(value, "__closure__", None):
-        inner = [c.cell_contents for c in value.__closure__]
-    elif hasattr(value, "__dict__") and not isinstance(value, type):
-        inner = list(vars(value).values())
-    return set().union(*(_strings_held(v, depth + 1) for v in inner)) if inner else set()
-
-
 def test_the_mystery_run_holds_nothing_that_names_its_cause():
     """Issue 43: the artefact is what a practitioner sees — its log, its args and a split test to run — never
     a field or a closure variable holding the cause (its step_norm once closed over ``cause``)."""
     for seed in range(2 * len(ex.CAUSES)):
         run, truth = lesson01.mystery_run_case(seed)
-        assert not _strings_held(run) & set(ex.CAUSES), f"seed {seed}: the run names {truth.cause!r}"
+        assert not strings_held(run) & set(ex.CAUSES), f"seed {seed}: the run names {truth.cause!r}"
 
 
 # ---- bad input: what / why / fix (issue 36) ---------------------------------------------------------
