@@ -1,6 +1,7 @@
 """The doctor's data checks (issue 49): each planted failure is found by its own check, its healthy twin
 reports nothing of it, the command answers without a traceback — and without torch."""
 
+import ast
 import json
 import subprocess
 import sys
@@ -116,10 +117,61 @@ def test_each_planted_data_failure_is_found_by_its_own_check(label):
 
 def test_a_few_copies_are_info_and_a_lone_gpt_role_is_left_to_no_assistant_turns():
     """Lesson 08's capstone chats repeat 0.4-2.5 % of their rows by chance and rename 'assistant' to 'gpt' in
-    some (no-assistant-turns finds that): neither is a data-check warning or error there."""
+    some: under diagnose no-assistant-turns finds those rows (the data check leaves them to it); the data
+    checks alone (no such set-up check) report the role."""
     rows = chats(60) + chats(60)[:2] + [{"messages": [user("Q"), {"role": "gpt", "content": "A"}]}]
-    found = checks(rows)
+    read, _ = read_rows(rows)
+    found = {f.check: f for f in data_findings(read, "messages", answerless=[62])}
     assert found["duplicate-rows"].severity == "info" and "sharegpt-roles" not in found, found
+    assert checks(rows)["sharegpt-roles"].severity == "error"
+
+
+def renamed(rows, user_role, assistant_role):
+    return [{"messages": [dict(m, role=user_role if m["role"] == "user" else assistant_role)
+                          for m in r["messages"]]} for r in rows]
+
+
+ROLE_PAIRS = [("human", "assistant"), ("user", "gpt"), ("user", "model"), ("USER", "ASSISTANT"),
+              ("human", "gpt"), ("User", "Assistant"), ("user", "chatbot")]
+
+
+@pytest.mark.parametrize("pair", ROLE_PAIRS, ids="+".join)
+def test_every_role_outside_trls_is_an_error_and_its_fix_maps_it_back(pair):
+    """Issue 49: only human+gpt was flagged; human+assistant, user+gpt, user+model and USER/ASSISTANT passed
+    clean. Any role outside TRL's (exact strings) is an error, with counts, row ids and the mapping."""
+    rows = renamed(chats(30), *pair)
+    finding = next(f for f in checks(rows).values() if f.check in ("sharegpt-roles", "unknown-roles"))
+    assert finding.severity == "error" and "30 of 30 rows" in finding.what
+    assert "in 30 rows (row ids [0, 1, 2])" in finding.evidence, finding.evidence
+    table = ast.literal_eval(finding.fix.split("m['role'] = ")[1].split(".get(")[0])  # the fix's mapping
+    fixed = [{"messages": [dict(m, role=table.get(m["role"], m["role"])) for m in r["messages"]]}
+             for r in rows]
+    assert fixed == chats(30) and not checks(fixed)
+
+
+def test_every_trl_role_and_multimodal_or_tool_rows_are_not_unknown_roles():
+    roles = ("system", "developer", "user", "assistant", "tool", "ipython", "function")
+    rows = [{"messages": [{"role": r, "content": f"x{i}"} for r in roles]} for i in range(10)]
+    assert not {"unknown-roles", "sharegpt-roles"} & set(checks(rows))
+
+
+@pytest.mark.slow
+def test_the_role_mapping_leaves_a_real_family_set_up_clean(tmp_path):
+    """With a model (Llama 3.1's conventions, built from the course model): human/assistant rows are an
+    error under diagnose too (no-assistant-turns cannot see them: they have an assistant), and the fix's
+    mapping leaves no role finding and no missing assistant turn."""
+    from test_doctor_families import build_family
+
+    from course_utils.doctor import diagnose
+
+    model = build_family("llama-3.1-instruct", tmp_path / "llama")
+    rows = renamed(chats(12), "human", "assistant")
+    before = diagnose(str(model), rows, {"learning_rate": 2e-5}, forward=False)
+    assert "sharegpt-roles" in before.checks("error"), before
+    gpt = diagnose(str(model), renamed(chats(12), "user", "gpt"), {"learning_rate": 2e-5}, forward=False)
+    assert "no-assistant-turns" in gpt.checks("error") and "sharegpt-roles" not in gpt.checks(), gpt
+    after = diagnose(str(model), chats(12), {"learning_rate": 2e-5}, forward=False)
+    assert not {"sharegpt-roles", "unknown-roles", "no-assistant-turns"} & after.checks(), after
 
 
 @pytest.mark.parametrize("label", HEALTHY)

@@ -58,6 +58,9 @@ _ALL = (
     _c("sharegpt-roles", "data", "04", "roles human/gpt/bot are not user/assistant: templates render nothing "
        "of those turns (Qwen2.5: only its default system prompt), and the run trains on that",
        "map human->user, gpt->assistant (and from/value -> role/content)"),
+    _c("unknown-roles", "data", "04", "a role outside system/user/assistant/tool/developer/ipython/function "
+       "(Gemini's model, USER in capitals): templates compare exact strings and render those turns as "
+       "nothing or the wrong side", "rename each role to TRL's (model->assistant, USER->user)"),
     _c("content-not-string", "data", "04", "a number or dict as content becomes Python text under many "
        "templates (Llama 3: {'name': ...}), so the model learns Python syntax instead of JSON",
        "write every content as a string (json.dumps a structure)"),

@@ -14,8 +14,10 @@ which trains on all of it without a word:
   synthetic data;
 - ``reasoning-partial``: reasoning (``<think>`` or a reasoning field) in only some answers;
 - schema traps: ``sharegpt-roles`` (``human`` / ``gpt``: on Qwen2.5's template such rows render nothing but
-  the default system prompt, measured with TRL 1.16), ``content-not-string`` (a dict becomes Python text),
-  ``unread-keys`` (a ``response`` beside ``messages``: never read). ``sharegpt_hint`` names the ShareGPT
+  the default system prompt, measured with TRL 1.16) and ``unknown-roles`` (any other role outside TRL's
+  seven, compared as exact strings: ``model``, ``USER``), each with the renaming; ``content-not-string`` (a
+  dict becomes Python text), ``unread-keys`` (a ``response``, ``system`` or ``reasoning`` beside
+  ``messages``: never read). ``sharegpt_hint`` names the ShareGPT
   format (``from`` / ``value``) in the bad-input message of a file TRL cannot read at all.
 
 Each check takes the rows as ``inputs.read_rows`` returns them (``_doctor_row``: the row's index in the data).
@@ -40,7 +42,17 @@ FAMILY_MARKERS = {
     "DeepSeek": ("<｜User｜>", "<｜Assistant｜>", "<｜begin▁of▁sentence｜>"),
     "gpt-oss (harmony)": ("<|start|>", "<|message|>", "<|channel|>"),
 }
-UNREAD_KEYS = ("response", "assistant", "output", "answer", "reply", "target", "chosen", "text", "completion")
+# top-level keys beside the row's form that TRL never reads (it passes only `tools` and `chat_template_kwargs`
+# to the template): what is in them is not trained on. A reasoning field inside a message is read by the
+# family's template (`reasoning_content`, gpt-oss's `thinking`) and is never one of these.
+UNREAD_KEYS = ("response", "assistant", "output", "answer", "reply", "target", "chosen", "text", "completion",
+               "system", "reasoning", "thinking", "rationale", "explanation", "solution")
+# the roles TRL's templates compare with (exact strings: 'USER' is not 'user'), and the usual stand-ins
+TRL_ROLES = ("system", "user", "assistant", "tool", "developer", "ipython", "function")
+SHAREGPT_ROLES = ("human", "gpt", "bot")
+ROLE_ALIASES = {"human": "user", "prompter": "user", "gpt": "assistant", "bot": "assistant",
+                "model": "assistant", "chatbot": "assistant", "ai": "assistant", "observation": "tool",
+                "tool_response": "tool", "function_response": "tool"}
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 THINK = re.compile(r"<think>(.*?)</think>", re.S)
 LOOP_MIN_WORDS, LOOP_DISTINCT = 40, 0.3  # an answer of 40+ words whose 4-grams are < 30 % distinct loops
@@ -49,14 +61,14 @@ SEVERE = 0.10  # a share of damaged rows from which a finding is an error, not a
 EXAMPLES = 8
 
 
-def data_findings(rows, form, tokenizer=None) -> list[Finding]:
+def data_findings(rows, form, tokenizer=None, answerless=()) -> list[Finding]:
     """Every check of this module on ``rows`` (``form``: ``inputs.row_form``); ``tokenizer`` (optional) gives
-    the model's template family and token lengths."""
+    the model's template family and token lengths; ``answerless``: the rows no-assistant-turns reports."""
     if form == "tokenized":  # token ids: nothing of the text is left to read
         return []
     turns = [_turns(r, form) for r in rows]
     return (markers_findings(rows, form, _family(getattr(tokenizer, "chat_template", None)))
-            + schema_findings(rows, form) + duplicate_findings(rows, turns)
+            + schema_findings(rows, form, answerless) + duplicate_findings(rows, turns)
             + response_findings(rows, turns, tokenizer) + reasoning_findings(rows, turns))
 
 
@@ -93,7 +105,7 @@ def _turns(row, form):
     """``(prompt, answer, answer message)``: the text before the last answer, and the answer (None: none)."""
     if form == "messages":
         messages = row["messages"]
-        last = max((i for i, m in enumerate(messages) if m.get("role") in ("assistant", "gpt", "bot")),
+        last = max((i for i, m in enumerate(messages) if trl_role(m.get("role")) == "assistant"),
                    default=None)
         if last is None:
             return _text(messages), None, None
@@ -164,14 +176,27 @@ def markers_findings(rows, form, model_family) -> list[Finding]:
 
 
 # --- schema traps -----------------------------------------------------------------------------------------
-def schema_findings(rows, form) -> list[Finding]:
-    sharegpt, structured, numbers, unread = [], [], [], defaultdict(list)
+def trl_role(role) -> str | None:
+    """The role of TRL's (``TRL_ROLES``) that ``role`` stands for: itself, its lower case, or a usual stand-in
+    (ShareGPT's human / gpt, Gemini's model); None when there is no guess."""
+    if role in TRL_ROLES:
+        return role
+    low = str(role).strip().lower()
+    return low if low in TRL_ROLES else ROLE_ALIASES.get(low)
+
+
+def schema_findings(rows, form, answerless=()) -> list[Finding]:
+    """``answerless``: ids of rows the set-up check no-assistant-turns reports (under ``diagnose``); a row
+    whose only unknown roles stand for the assistant is left to it (one finding per failure)."""
+    unknown, structured, numbers, unread = defaultdict(list), [], [], defaultdict(list)
     keys = {"messages": {"messages"}, "text": {"text"}}.get(form, {"prompt", "completion"})
+    answerless = set(answerless)
     for row in rows:
         messages = _messages(row, form)
-        roles = {m.get("role") for m in messages}
-        if "human" in roles and roles & {"gpt", "bot"}:  # ShareGPT's pair; a lone 'gpt' is no-assistant-turns
-            sharegpt.append(row["_doctor_row"])
+        bad = sorted({m.get("role") for m in messages} - set(TRL_ROLES), key=str)
+        if bad and not (row["_doctor_row"] in answerless and all(trl_role(r) == "assistant" for r in bad)):
+            for role in bad:
+                unknown[role].append(row["_doctor_row"])
         contents = [m.get("content") for m in messages]
         if any(isinstance(c, dict) or (isinstance(c, list) and not _parts(c)) for c in contents):
             structured.append(row["_doctor_row"])
@@ -181,13 +206,8 @@ def schema_findings(rows, form) -> list[Finding]:
             if key not in keys and row.get(key) not in (None, "", [], {}):
                 unread[key].append(row["_doctor_row"])
     n, findings = len(rows), []
-    if sharegpt:
-        findings.append(Finding(
-            "error", "sharegpt-roles", f"{share_of(len(sharegpt), n)} use ShareGPT roles (human / gpt / bot)",
-            f"{_rows(sharegpt)}: templates render only the roles they know — on Qwen2.5's, a row of "
-            f"human/gpt "
-            "turns renders nothing but the default system prompt (TRL 1.16, measured), and trains on that",
-            "map the roles: human -> user, gpt / bot -> assistant", "04"))
+    if unknown:
+        findings.append(_roles_finding(unknown, n))
     if structured or numbers:
         findings.append(Finding(
             "error" if structured else "warning", "content-not-string",
@@ -198,13 +218,42 @@ def schema_findings(rows, form) -> list[Finding]:
             "str() and mix types in the column datasets' loader builds",
             "write every content as a string: json.dumps(structure), str(number)", "04"))
     for key, ids in unread.items():
+        home = _UNREAD_HOME.get(key) or ("the messages (an assistant turn)" if form == "messages" else
+                                         sorted(keys))
         findings.append(Finding(
             "warning", "unread-keys", f"{share_of(len(ids), n)} carry content in {key!r}, a key the trainer "
             f"never reads beside {sorted(keys)}", f"{_rows(ids)}: SFTTrainer trains on {sorted(keys)} only; "
             f"what is in {key!r} is silently left out",
-            f"move it into {'the messages (an assistant turn)' if form == 'messages' else sorted(keys)}, or "
-            "drop the key", "04"))
+            f"move it into {home}, or drop the key", "04"))
     return findings
+
+
+_UNREAD_HOME = {"system": "a first message {'role': 'system', 'content': ...} (no top-level system is read)",
+                **{k: "the assistant message: its reasoning_content (or the field the family's template "
+                      "reads) or the answer itself" for k in ("reasoning", "thinking", "rationale",
+                                                               "explanation", "solution")}}
+
+
+def _roles_finding(unknown: dict, n: int) -> Finding:
+    """One error for every role outside ``TRL_ROLES`` (``unknown``: role -> row ids): counts, example rows,
+    and the renaming to TRL's roles."""
+    ids = sorted({i for rows in unknown.values() for i in rows})
+    sharegpt = set(unknown) <= set(SHAREGPT_ROLES)
+    mapping = {role: trl_role(role) for role in unknown}
+    counts = "; ".join(f"{role!r} in {len(rows)} rows (row ids {rows[:3]})" for role, rows in unknown.items())
+    renames = ", ".join(f"{role!r} -> {to!r}" if to else f"{role!r} -> one of {list(TRL_ROLES)}"
+                        for role, to in mapping.items())
+    table = {role: to for role, to in mapping.items() if to}
+    measured = ("; on Qwen2.5's template a row of human/gpt turns renders nothing but the default system "
+                "prompt (TRL 1.16, measured), and the run trains on that" if sharegpt else "")
+    what = f"{share_of(len(ids), n)} use roles TRL's chat templates do not know: {sorted(unknown, key=str)}"
+    evidence = (f"{counts}; templates compare the role with exact strings {list(TRL_ROLES)} (case matters: "
+                f"'USER' is not 'user'), so those turns render as nothing, as the wrong side, or raise"
+                f"{measured}")
+    fix = f"rename the roles: {renames} — e.g. m['role'] = {table}.get(m['role'], m['role']) for each message"
+    if sharegpt:
+        return Finding("error", "sharegpt-roles", what, evidence, fix, "04")
+    return Finding("error", "unknown-roles", what, evidence, fix, "04")
 
 
 def _messages(row, form) -> list[dict]:

@@ -88,7 +88,9 @@ def _run_checks(rows, form, tokenizer, args, setup) -> Report:
         setup_findings = could_not_check("special-token-unknown", exc)
     findings += setup_findings
     findings += guarded("no-assistant-turns", checks.assistant_turn_findings, rows, form, args)
-    findings += guarded("data-checks", data_checks.data_findings, rows, form, tokenizer)
+    # rows without an assistant turn are no-assistant-turns' (its fix names the roles): not reported twice
+    findings += guarded("data-checks", data_checks.data_findings, rows, form, tokenizer,
+                        checks.rows_without_answer(rows, form))
     try:
         template_findings, chat_template, trainable = checks.template_findings(tokenizer, args, form, rows)
     except Exception as exc:  # noqa: BLE001 — a check that cannot run is a finding, not a traceback
