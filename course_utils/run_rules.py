@@ -8,7 +8,8 @@ entries as the Trainer logs them (``{"step", "loss", "grad_norm", "learning_rate
 
 Each rule states what lessons 01, 05 and 06 measure, and draws its threshold from the run's own numbers:
 
-- ``run-nonfinite``       a NaN / inf loss or gradient norm (lesson 06)
+- ``run-nonfinite``       a NaN / inf loss, or gradient norms non-finite to the end (lesson 06); a finite loss
+  with a few non-finite norms that finite ones follow is the fp16 GradScaler skipping steps (info)
 - ``run-zero-loss``       a logged loss of exactly 0.0: a step with no graded token, or a NaN a custom loss
   turned into 0 (lesson 05). A cross-entropy over real tokens is never exactly 0 in floating point.
 - ``run-clipping``        the gradient clipped on most steps: a loss summed instead of averaged (lesson 01)
@@ -80,10 +81,13 @@ def clipping_verdict(clipped: list[bool], max_grad_norm) -> Verdict | None:
                    "explained", "01")
 
 
-def judge(log: list[dict], max_grad_norm=1.0, clipped: list[bool] | None = None) -> list[Verdict]:
+def judge(log: list[dict], max_grad_norm=1.0, clipped: list[bool] | None = None,
+          fp16: bool | None = None) -> list[Verdict]:
     """Every rule's verdict on ``log`` (Trainer log entries, in step order). ``clipped``: the clip flag of
     each step when it was measured (the watch's); otherwise each logged ``grad_norm`` is judged with
-    ``was_clipped``. Returns the verdicts that fired, in the order of the module docstring."""
+    ``was_clipped``. ``fp16``: whether the run trained with fp16 mixed precision (its GradScaler skips the
+    steps whose gradient overflows), None when it cannot be known. Returns the verdicts that fired, in the
+    order of the module docstring."""
     if not isinstance(log, (list, tuple)) or not log or not all(isinstance(e, dict) for e in log):
         raise ValueError(f"log={log!r:.60} must be a non-empty list of Trainer log entries (dicts) — a run "
                          "is judged on its logged steps — pass trainer.state.log_history, or the log_history "
@@ -97,7 +101,10 @@ def judge(log: list[dict], max_grad_norm=1.0, clipped: list[bool] | None = None)
     if clipped is None:
         clipped = [was_clipped(n, max_grad_norm) for _, n in norms]
     clipping = clipping_verdict(clipped, max_grad_norm) if clipped else None
-    verdicts = [_nonfinite(losses, norms), _zero_loss(losses), clipping,
+    if fp16 not in (True, False, None):
+        raise ValueError(f"fp16={fp16!r} must be True, False or None (not known) — it says whether a "
+                         "GradScaler skipped steps — pass TrainingArguments.fp16.")
+    verdicts = [_nonfinite(losses, norms, fp16), _zero_loss(losses), clipping,
                 _grad_spike(norms), _loss_trend(losses), _lr_zero(rates),
                 _eval_rising(losses, [(e["step"], e["eval_loss"]) for e in evals if _number(e["eval_loss"])])]
     return [v for v in verdicts if v is not None]
@@ -122,18 +129,46 @@ def _steps(pairs, limit: int = 8) -> str:
     return f"{shown}" + (f" and {len(pairs) - limit} more" if len(pairs) > limit else "")
 
 
-def _nonfinite(losses, norms) -> Verdict | None:
+def _nonfinite(losses, norms, fp16=None) -> Verdict | None:
     bad_loss = [(s, v) for s, v in losses if not math.isfinite(v)]
     bad_norm = [(s, v) for s, v in norms if not math.isfinite(v)]
     if not (bad_loss or bad_norm):
         return None
+    if not bad_loss and math.isfinite(norms[-1][1]):  # finite norms follow: the steps were skipped
+        return _skipped_steps(bad_norm, len(norms), losses, fp16)
     first = min(bad_loss + bad_norm)
     return Verdict("run-nonfinite", "error", f"a non-finite loss or gradient norm from step {first[0]} on",
                    f"loss {first[1] if first in bad_loss else 'finite'} at step {first[0]}; non-finite loss "
-                   f"at steps {_steps(bad_loss)}, gradient norm at steps {_steps(bad_norm)}",
+                   f"at steps {_steps(bad_loss)}, gradient norm at steps {_steps(bad_norm)}"
+                   + ("" if bad_loss else " — and to the last logged step"),
                    "find the first module that overflows (SFTWatch(stop_on_nonfinite=True) names it), load "
                    "in bf16 or fp32 instead of fp16, lower the learning rate; resume from a checkpoint "
                    "before that step", "06")
+
+
+def _skipped_steps(bad_norm, logged: int, losses, fp16) -> Verdict:
+    """A finite loss throughout, and each non-finite gradient norm followed by finite ones: what fp16's
+    GradScaler does while it finds its scale (it skips the step and halves the scale) — routine, unless
+    most steps are skipped."""
+    mostly = len(bad_norm) > MOSTLY * logged
+    count = f"{len(bad_norm)} of {logged} logged steps"
+    evidence = (f"gradient norm non-finite at steps {_steps(bad_norm)}, finite on the steps after; the loss "
+                f"is finite on all {len(losses)} logged steps; ")
+    if fp16 is False:
+        return Verdict("run-nonfinite", "warning", f"a non-finite gradient norm on {count}, finite loss",
+                       evidence + "the run did not train in fp16, so no GradScaler skipped them: a "
+                       "non-finite gradient the optimizer applied would have made the weights, then the "
+                       "loss, NaN",
+                       "find what skipped those steps (a DeepSpeed loss scaler, a custom optimizer step); "
+                       "SFTWatch names the first overflowing module", "06")
+    precision = ("the run trained with fp16=True: its GradScaler skipped those steps (no update) and halved "
+                 "the scale" if fp16 else "the run's precision cannot be known here (no training_args.bin, "
+                 "no fp16 in --config): under fp16 its GradScaler skips such steps")
+    return Verdict("run-nonfinite", "warning" if mostly else "info",
+                   f"the fp16 GradScaler skipped {count} (non-finite gradient norm, finite loss)",
+                   evidence + precision + (" — on most steps: the run hardly trains" if mostly else ""),
+                   "nothing when a few steps skip (the scale's warm-up, an overflow now and then); when most "
+                   "steps skip, train in bf16 or lower the learning rate", "06")
 
 
 def _zero_loss(losses) -> Verdict | None:

@@ -144,3 +144,56 @@ def test_a_watched_run_and_its_autopsy_agree(tmp_path):
         after = autopsy(out).checks() - {"run-checkpoints"}
         assert live == after, (max_grad_norm, live, after)
         assert ("run-clipping" in live) == (max_grad_norm < 1), live
+
+
+# ---- issue 49, gap 2: fp16's GradScaler warm-up is routine, not a NaN run ---------------------------
+def fp16_warmup_log(bad=(1, 2, 3, 41), n=60, value=math.nan):
+    norms = [value if s + 1 in bad else 0.5 for s in range(n)]
+    return log([3.0 * 0.98 ** i for i in range(n)], norms=norms)
+
+
+@pytest.mark.parametrize("fp16", [True, None])
+def test_isolated_nonfinite_norms_with_a_finite_loss_are_the_grad_scalers_skips(fp16):
+    verdict = next(v for v in run_rules.judge(fp16_warmup_log(), fp16=fp16) if v.id == "run-nonfinite")
+    assert verdict.severity == "info" and "GradScaler skipped 4 of 60" in verdict.what, verdict
+    assert "[1, 2, 3, 41]" in verdict.evidence
+    assert ("fp16=True" if fp16 else "cannot be known") in verdict.evidence, verdict.evidence
+
+
+def test_nonfinite_norms_without_fp16_most_steps_skipped_or_to_the_end_are_not_routine():
+    not_fp16 = next(v for v in run_rules.judge(fp16_warmup_log(), fp16=False) if v.id == "run-nonfinite")
+    assert not_fp16.severity == "warning" and "did not train in fp16" in not_fp16.evidence
+    mostly = next(v for v in run_rules.judge(fp16_warmup_log(bad=range(1, 40)), fp16=True)
+                  if v.id == "run-nonfinite")
+    assert mostly.severity == "warning" and "hardly trains" in mostly.evidence
+    to_the_end = run_rules.judge(fp16_warmup_log(bad=(1, 2, 58, 59, 60), value=math.inf), fp16=True)
+    assert [v.severity for v in to_the_end if v.id == "run-nonfinite"] == ["error"]
+    nan_loss = log([3.0] * 5 + [math.nan] + [2.0] * 14)
+    assert [v.severity for v in run_rules.judge(nan_loss, fp16=True) if v.id == "run-nonfinite"] == ["error"]
+
+
+def test_the_autopsy_reads_fp16_from_the_config_and_says_so(tmp_path, capsys):
+    write_run(tmp_path, fp16_warmup_log(), step_dirs=(60,))
+    assert main(["--run", str(tmp_path), "--json"]) == 0
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    finding = next(f for f in findings if f["check"] == "run-nonfinite")
+    assert finding["severity"] == "info" and "cannot be known" in finding["evidence"]
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"fp16": True}))
+    assert main(["--run", str(tmp_path), "--config", str(config), "--json"]) == 0
+    assert "fp16=True" in capsys.readouterr().out
+    config.write_text(json.dumps({"bf16": True, "fp16": False}))
+    assert main(["--run", str(tmp_path), "--config", str(config), "--json"]) == 0
+    assert "did not train in fp16" in capsys.readouterr().out
+
+
+def test_the_watch_and_the_autopsy_share_the_nonfinite_rule():
+    """One copy: SFTWatch.verdicts and the autopsy both call run_rules.judge (no second non-finite rule)."""
+    import inspect
+
+    from course_utils import watch
+    from course_utils.doctor import autopsy as autopsy_module
+
+    assert "run_rules.judge(" in inspect.getsource(watch.SFTWatch.verdicts)
+    assert "run_rules.judge(" in inspect.getsource(autopsy_module.autopsy)
+    assert "Verdict(" not in inspect.getsource(watch) + inspect.getsource(autopsy_module)

@@ -36,8 +36,9 @@ def autopsy(output_dir, config: dict | None = None) -> Report:
     state = _read_state(state_path)
     log = state["log_history"]
     max_grad_norm, source = _max_grad_norm(state_path.parent, config or {})
+    fp16 = _fp16(state_path.parent, config or {})
     findings = [Finding(v.severity, v.id, v.what, v.evidence, v.fix, v.lesson)
-                for v in (run_rules.judge(log, max_grad_norm or 0) if log else [])]
+                for v in (run_rules.judge(log, max_grad_norm or 0, fp16=fp16) if log else [])]
     logged = sum("loss" in e for e in log)
     ended = state.get("global_step")
     planned = state.get("max_steps")
@@ -107,9 +108,22 @@ def _max_grad_norm(run_dir: Path, config: dict) -> tuple[float, str]:
     return DEFAULT_MAX_GRAD_NORM, "TrainingArguments' default: no training_args.bin, no --config"
 
 
-def pickled_number(path: Path, field: str) -> float | None:
-    """The number stored for ``field`` in a ``torch.save``d TrainingArguments (a zip holding a pickle), read
-    from the pickle's opcodes — nothing in the file is executed. None when absent or unreadable."""
+def _fp16(run_dir: Path, config: dict) -> bool | None:
+    """Whether the run trained with fp16 mixed precision: --config's fp16, else training_args.bin's; None
+    when neither says (the GradScaler rule then says it cannot know)."""
+    if isinstance(config.get("fp16"), bool):
+        return config["fp16"]
+    for candidate in (run_dir / "training_args.bin", run_dir.parent / "training_args.bin"):
+        value = pickled_number(candidate, "fp16")
+        if isinstance(value, bool):
+            return value
+    return None
+
+
+def pickled_number(path: Path, field: str) -> float | bool | None:
+    """The number (or True/False) stored for ``field`` in a ``torch.save``d TrainingArguments (a zip holding
+    a pickle), read from the pickle's opcodes — nothing in the file is executed. None when absent or
+    unreadable."""
     try:
         with zipfile.ZipFile(path) as archive:
             name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
@@ -121,6 +135,8 @@ def pickled_number(path: Path, field: str) -> float | None:
             for later, value, _ in ops[i + 1:i + 4]:
                 if later.name in ("BINFLOAT", "BININT", "BININT1", "BININT2", "LONG1"):
                     return float(value)
+                if later.name in ("NEWTRUE", "NEWFALSE"):
+                    return later.name == "NEWTRUE"
                 if "PUT" not in later.name and later.name != "MEMOIZE":
                     return None
     return None

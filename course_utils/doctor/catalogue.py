@@ -180,7 +180,8 @@ _ALL = (
     _c("tool-stop-untrained", "set-up", "09", "the stop token after a tool call carries no loss",
        "grade it in the tool-call branch too"),
     # --- a finished run (--run OUTPUT_DIR; run_rules, the same rules as SFTWatch) ---------------------------
-    _c("run-nonfinite", "run", "06", "a NaN / inf loss or gradient norm: the weights after it are garbage",
+    _c("run-nonfinite", "run", "06", "a NaN / inf loss, or gradient norms non-finite to the end: the weights "
+       "after it are garbage (a few skipped fp16 GradScaler steps with a finite loss: info, routine)",
        "find the first overflowing module (SFTWatch), bf16/fp32, a lower learning rate"),
     _c("run-zero-loss", "run", "05", "a logged loss of exactly 0.0: a step with no graded token (or NaN "
        "turned into 0)", "drop or shorten the rows whose answer truncation removed"),
