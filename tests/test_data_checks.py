@@ -254,3 +254,131 @@ def test_the_data_checks_start_without_torch(tmp_path):
             "'datasets') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=ROOT)
     assert "EXIT 0" in done.stdout and "HEAVY []" in done.stdout, done.stdout + done.stderr
+
+
+# ---- issue 49, gap 3: user mistakes exit 2 (or are read), never a traceback -------------------------------
+def write_jsonl(path: Path, rows) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_a_non_utf8_byte_is_bad_input_naming_its_line(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "d.jsonl", chats(5))
+    path.write_bytes(path.read_bytes() + '{"text": "café"}\n'.encode("latin-1"))
+    assert main(["--data", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "line 6 is not UTF-8 (byte 0xe9" in err and "Traceback" not in err, err
+
+
+def test_a_gzipped_jsonl_is_read_as_the_loader_reads_it(tmp_path):
+    import gzip
+
+    rows = PLANTED["sharegpt roles"][0]
+    plain = write_jsonl(tmp_path / "d.jsonl", rows)
+    zipped = tmp_path / "d.jsonl.gz"
+    zipped.write_bytes(gzip.compress(plain.read_bytes()))
+    found = data_only(str(zipped)).checks()
+    assert found == data_only(str(plain)).checks() == {"sharegpt-roles", "data-only"}
+
+
+def test_output_piped_to_a_reader_that_closes_early_ends_quietly(tmp_path):
+    """`doctor ... | head -1`: the reader goes away; no BrokenPipeError traceback, the report's exit code."""
+    path = write_jsonl(tmp_path / "d.jsonl", PLANTED["sharegpt roles"][0])
+    for args in (["--data", str(path)], ["--list-checks"]):
+        done = subprocess.Popen([sys.executable, "-m", "course_utils.doctor", *args], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        done.stdout.close()  # the reader is gone before the first write
+        err = done.stderr.read().decode()
+        assert done.wait() == (1 if "--data" in args else 0) and "Traceback" not in err, err
+
+
+# ---- issue 49, gap 4: a data folder is read as datasets.load_dataset(folder) reads it -------------------
+FOLDERS = {  # label -> {relative path: content}
+    "train and more": {"train.jsonl": "J", "more.jsonl": "J", "README.md": "# notes", "make.py": "x = 1"},
+    "csv outnumber jsonl": {"part1.jsonl": "J", "part2.jsonl": "J", "s1.csv": "C", "s2.csv": "C",
+                            "s3.csv": "C"},
+    "parts only": {"part1.jsonl": "J", "part2.jsonl": "J", "README.md": "# notes", "stats.csv": "C"},
+    "train and test": {"train.jsonl": "J", "test.jsonl": "J", "notes.txt": "T"},
+    "split folders": {"train/a.jsonl": "J", "train/b.jsonl": "J", "validation/c.jsonl": "J", "x.jsonl": "J"},
+    "sharded": {"data/train-00000-of-00002.jsonl": "J", "data/train-00001-of-00002.jsonl": "J",
+                "data/test-00000-of-00001.jsonl": "J", "extra.jsonl": "J"},
+    "hidden and gz": {"my_train_set.jsonl.gz": "Z", ".cache/train.jsonl": "J", "__pycache__/x.jsonl": "J"},
+}
+
+
+def make_folder(root: Path, files: dict) -> Path:
+    import gzip
+
+    for name, kind in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        chat = "".join(json.dumps(r) + "\n" for r in chats(4))
+        body = {"J": chat, "C": "prompt,completion\nQ,A\n", "T": "a note\n"}.get(kind, kind)
+        path.write_bytes(gzip.compress(chat.encode()) if kind == "Z" else body.encode())
+    return root
+
+
+def datasets_train_files(folder: Path) -> list[str]:
+    """What load_dataset(folder) loads as its train split, by datasets' own code (load.py's steps)."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+    from datasets.load import _ALL_ALLOWED_EXTENSIONS, infer_module_for_data_files
+    from datasets.packaged_modules import _MODULE_TO_EXTENSIONS
+
+    patterns = get_data_patterns(str(folder))
+    files = DataFilesDict.from_patterns(patterns, base_path=str(folder),
+                                        allowed_extensions=_ALL_ALLOWED_EXTENSIONS)
+    module, _ = infer_module_for_data_files(files)
+    files = files.filter(extensions=_MODULE_TO_EXTENSIONS[module])
+    return [Path(f).relative_to(folder).as_posix() for f in files.get("train", [])]
+
+
+@pytest.mark.parametrize("label", FOLDERS)
+def test_a_folder_loads_the_files_datasets_loads(label, tmp_path):
+    from course_utils.doctor.inputs import folder_files
+
+    folder = make_folder(tmp_path / "d", FOLDERS[label])
+    files, findings = folder_files(folder)
+    assert [p.relative_to(folder).as_posix() for p, _ in files] == datasets_train_files(folder), label
+    finding = findings[0]
+    assert finding.check == "data-folder-files"
+    dropped = {"train and more": "more.jsonl", "csv outnumber jsonl": "part1.jsonl",
+               "split folders": "x.jsonl", "sharded": "extra.jsonl", "parts only": "stats.csv",
+               "train and test": "notes.txt"}.get(label)
+    assert (finding.severity == "warning") == (dropped is not None), finding
+    if dropped:
+        assert dropped in finding.what, finding.what
+
+
+def test_the_folder_command_checks_the_files_that_load_without_torch(tmp_path):
+    folder = make_folder(tmp_path / "d", FOLDERS["train and more"])
+    write_jsonl(folder / "train.jsonl", PLANTED["sharegpt roles"][0])
+    code = ("import sys, runpy\nsys.argv = ['doctor', '--data', sys.argv[1]]\ntry:\n"
+            "    runpy.run_module('course_utils.doctor', run_name='__main__')\nexcept SystemExit as e:\n"
+            "    print('EXIT', e.code)\nprint('HEAVY', sorted(m for m in ('torch', 'transformers', 'trl', "
+            "'datasets') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, cwd=ROOT)
+    assert "EXIT 1" in done.stdout and "HEAVY []" in done.stdout, done.stdout + done.stderr
+    assert all(word in done.stdout for word in ("data-folder-files", "more.jsonl", "sharegpt-roles"))
+
+
+def test_a_folder_without_a_train_split_is_bad_input(tmp_path, capsys):
+    folder = make_folder(tmp_path / "d", {"test.jsonl": "J"})
+    assert main(["--data", str(folder)]) == 2
+    assert "no train split" in capsys.readouterr().err
+
+
+# ---- issue 49, gap 5: copies and contradictions are counted over every row, not from a sample -----------
+def test_copies_in_a_large_file_are_counted_over_every_row_when_sampled(tmp_path):
+    """5,000 rows with 600 exact copies (12 %): a 2,000-row sample holds few of the pairs (~4.5 %), and a
+    binomial interval around that excludes the truth; the file's own count is 600 (a warning)."""
+    rows = [{"messages": [user(f"Question {i}: what is {i} plus {i}?"), assistant(f"{2 * i}.")]}
+            for i in range(4400)]
+    path = write_jsonl(tmp_path / "big.jsonl", rows + rows[:600])
+    finding = next(f for f in data_only(str(path), sample=2000) if f.check == "duplicate-rows")
+    assert finding.severity == "warning" and finding.what.startswith("600 of 5,000 rows (12.0%"), finding.what
+    assert "interval" not in finding.what and "[0, 4400]" in finding.evidence
+    clash = rows + [{"messages": [user(f"Question {i}: what is {i} plus {i}?"), assistant("no idea.")]}
+                    for i in range(300)]
+    finding = next(f for f in data_only(str(write_jsonl(tmp_path / "c.jsonl", clash)), sample=500)
+                   if f.check == "contradicting-answers")
+    assert finding.what.startswith("300 prompt(s) are answered differently in 600 of 4,700"), finding.what

@@ -15,6 +15,7 @@ could not run (``report.EXIT_CODES``).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .. import validate
@@ -70,16 +71,26 @@ def main(argv=None) -> int:
             if fmt == "sarif":
                 raise DoctorInputError("--list-checks prints the catalogue as text, markdown or json — SARIF "
                                        "describes findings, not a list of checks — pick one of those.")
-            print(table(fmt).rstrip("\n"))
-            return 0
+            return _emit(table(fmt).rstrip("\n"), 0)
         _check_ignored(options.ignore)
         report, artifact = _report(options)
     except DoctorInputError as exc:
         print(f"doctor: bad input: {exc}", file=sys.stderr)
         return 2
     report = Report(f for f in report if f.check not in options.ignore)
-    print(formatted(report, fmt, artifact))
-    return report.exit_code
+    return _emit(formatted(report, fmt, artifact), report.exit_code)
+
+
+def _emit(text: str, code: int) -> int:
+    """Print ``text``; a reader that closed the pipe early (``| head``) ends the output quietly, with the
+    same exit status (Python's recipe: stdout to devnull, so the exit's flush raises nothing)."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return code
 
 
 def _check_ignored(ignored: list[str]) -> None:
@@ -125,7 +136,7 @@ def data_only(data, sample: int | None = SAMPLE_ROWS, seed: int = 0) -> Report:
     rows, total = inputs.read_rows(data, sample, seed)
     token = SAMPLED.set(total if len(rows) < total else None)
     try:
-        findings = data_checks.data_findings(rows, inputs.row_form(rows))
+        findings = data_checks.data_findings(rows, inputs.row_form(rows)) + rows.findings
     finally:
         SAMPLED.reset(token)
     skipped = sorted(c.id for c in CHECKS.values() if c.needs == "set-up")

@@ -67,6 +67,9 @@ _ALL = (
     _c("unread-keys", "data", "04", "content in a key the trainer never reads (a 'response' beside "
        "'messages') is silently left out of training", "move the content into the messages (or "
        "prompt/completion), or drop the key"),
+    _c("data-folder-files", "data", "08", "a data folder loads only some of its files (split-named ones, the "
+       "most common extension's): the rest is never trained on", "pass the training file, or name the files "
+       "as the split you mean (train.jsonl)"),
     _c("data-checks", "data", "08", "the data checks could not run (reported as could-not-check)",
        "check the rows by hand; report the set-up"),
     # --- the set-up (--model): templates, stop tokens, labels, padding (lessons 02-05) ---------------------
@@ -201,7 +204,8 @@ _ALL = (
     _c("run-checkpoints", "run", "08", "which trainer_state.json the autopsy read, and where the run ended",
        "nothing: information"),
     # --- the doctor itself ---------------------------------------------------------------------------------
-    _c("sample", "doctor", "08", "the checks ran on a random sample; rates come with 95 % intervals",
+    _c("sample", "doctor", "08", "the checks ran on a random sample; rates come with 95 % intervals (copies "
+       "and contradictions: counted over every row of the file)",
        "--all checks every row"),
     _c("data-only", "doctor", "08", "only the data checks ran: no --model was given",
        "add --model for the set-up checks (templates, labels, lengths, precision)"),

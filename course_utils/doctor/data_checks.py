@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import json
 import re
+import string
 from collections import defaultdict
 
-from .report import Finding, share_of
+from .report import SAMPLED, Finding, share_of
 
 # Turn markers by template family (the first of each is the one a rendering always holds). Tool-call and
 # reasoning tags are content, not turn markers, and are not listed.
@@ -68,7 +69,8 @@ def data_findings(rows, form, tokenizer=None, answerless=()) -> list[Finding]:
         return []
     turns = [_turns(r, form) for r in rows]
     return (markers_findings(rows, form, _family(getattr(tokenizer, "chat_template", None)))
-            + schema_findings(rows, form, answerless) + duplicate_findings(rows, turns)
+            + schema_findings(rows, form, answerless)
+            + duplicate_findings(rows, form, getattr(rows, "counts", None))
             + response_findings(rows, turns, tokenizer) + reasoning_findings(rows, turns))
 
 
@@ -129,8 +131,13 @@ def _text(messages) -> str:
     return "\n".join(f"{m.get('role')}: {_content(m)}" for m in messages if isinstance(m, dict))
 
 
+_PUNCTUATION = str.maketrans(dict.fromkeys(string.punctuation, " "))
+
+
 def _normal(text: str) -> str:
-    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
+    """Lower case, punctuation as spaces, single spaces (ASCII by a table, the rest by the regex)."""
+    text = text.lower().translate(_PUNCTUATION)
+    return " ".join((text if text.isascii() else re.sub(r"[^\w\s]", " ", text)).split())
 
 
 def _rows(ids) -> str:
@@ -270,46 +277,94 @@ def _parts(content: list) -> bool:
 
 
 # --- duplicates and contradictions ------------------------------------------------------------------------
-def duplicate_findings(rows, turns) -> list[Finding]:
-    exact, near, by_prompt = defaultdict(list), defaultdict(list), defaultdict(set)
-    prompt_rows = defaultdict(list)
-    for row, (prompt, answer, _) in zip(rows, turns):
-        clean = {k: v for k, v in row.items() if not k.startswith("_doctor")}
-        exact[json.dumps(clean, sort_keys=True, default=str)].append(row["_doctor_row"])
-        near[_normal(json.dumps(clean, sort_keys=True, default=str, ensure_ascii=False))].append(
-            row["_doctor_row"])
-        if prompt and answer is not None:
-            by_prompt[_normal(prompt)].add(_normal(answer))
-            prompt_rows[_normal(prompt)].append(row["_doctor_row"])
-    n, findings = len(rows), []
-    copies = [ids for ids in exact.values() if len(ids) > 1]
-    near_copies = [ids for ids in near.values() if len(ids) > 1]
-    extra_exact = sum(len(ids) - 1 for ids in copies)
-    extra_near = sum(len(ids) - 1 for ids in near_copies) - extra_exact
-    if extra_exact or extra_near:
-        groups = sorted(near_copies, key=len, reverse=True)[:3]
-        # a few copies are what a small or templated set holds by chance (the course's own arithmetic chats
-        # repeat 0.4-2.5 % of their rows): info; from SEVERE on they reweigh the data (warning)
-        findings.append(Finding(
-            "warning" if extra_exact + extra_near >= SEVERE * n else "info", "duplicate-rows",
-            f"{share_of(extra_exact + extra_near, n)} repeat another row ({extra_exact} exact copies, "
-            f"{extra_near} that differ only in case, spacing or punctuation)",
-            f"largest groups (row ids): {groups}; a repeated row weighs that many times in the loss, and a "
-            f"copy "
-            "across the train/eval split inflates the eval score",
-            "deduplicate: keep one row of each group (on a sample: --all counts every row)", "08"))
-    clashes = [key for key, answers in by_prompt.items() if len(answers) > 1]
-    if clashes:
-        ids = [i for key in clashes for i in prompt_rows[key]]
-        example = [prompt_rows[key][:4] for key in clashes[:3]]
-        findings.append(Finding(
-            "warning", "contradicting-answers",
-            f"{len(clashes)} prompt(s) are answered differently in {share_of(len(ids), n)}",
-            f"groups of row ids with the same prompt and different answers: {example}; the model learns the "
-            f"average of "
-            "the answers", "keep one answer per prompt, or make the prompts say what decides the "
-                           "answer", "08"))
-    return findings
+class RowCounts:
+    """Each row's hashes as the file streams by (``inputs._read_jsonl`` adds every row, sampled or not): exact
+    copies, copies up to case, spacing and punctuation, and prompts answered differently — counted over the
+    whole file. A sample cannot give these: a pair statistic is not binomial (12 % copies in 5,000 rows
+    look like 4.5 % in a sample of 2,000, a copy's twin being rarely drawn with it)."""
+
+    def __init__(self):
+        self.total = self.extra_exact = self.extra_near = 0
+        self.exact, self.near, self.groups = {}, {}, {}  # hash -> first row id; near hash -> a few row ids
+        self.prompts, self.clashes = {}, {}  # prompt hash -> (answer hash, first row id, rows); -> row ids
+
+    def add(self, row: dict, form: str, row_id: int) -> None:
+        self.total += 1
+        if form == "tokenized":
+            return
+        text = json.dumps(row, sort_keys=True, default=str, ensure_ascii=False)
+        prompt, answer, message = _turns(row, form)
+        if prompt is None or answer is None:  # text, or no answer: the whole row, normalised
+            near, key = hash(_normal(text)), None
+        else:  # the prompt and answer normalised, the rest of the row (other keys, later turns) as it is
+            key, value = hash(_normal(prompt)), hash(_normal(answer))
+            turns = row.get("messages") if form == "messages" else None
+            rest = {k: v for k, v in row.items() if k not in ("messages", "prompt", "completion")}
+            later = turns[next(i for i, m in enumerate(turns) if m is message) + 1:] if turns else []
+            near = hash((key, value, json.dumps([rest, later], sort_keys=True, default=str)))
+        exact = hash(text)
+        self.extra_exact += exact in self.exact
+        self.exact.setdefault(exact, row_id)
+        if near in self.near:
+            self.extra_near += 1
+            if near in self.groups or len(self.groups) < 3:
+                ids = self.groups.setdefault(near, [self.near[near]])
+                ids += [row_id] if len(ids) < 6 else []
+        self.near.setdefault(near, row_id)
+        if key is not None and prompt:
+            first, first_id, seen = self.prompts.get(key, (value, row_id, 0))
+            self.prompts[key] = (first, first_id, seen + 1)
+            if value != first or key in self.clashes:
+                ids = self.clashes.setdefault(key, [first_id])
+                ids += [row_id] if len(ids) < 4 else []
+
+
+def duplicate_findings(rows, form: str, counts: RowCounts | None = None) -> list[Finding]:
+    """Copies and contradictions: over every row of the file (``counts``, ``RowCounts``) when ``rows`` are a
+    sample of it, else over ``rows``. Counts only: a pair statistic has no binomial interval."""
+    sampled = SAMPLED.get() is not None
+    if counts is None or counts.total <= len(rows):
+        counts = RowCounts()
+        for row in rows:
+            clean = {k: v for k, v in row.items() if not k.startswith("_doctor")}
+            counts.add(clean, form, row["_doctor_row"])
+    elif sampled:
+        sampled = False  # the file's own counts
+    n = counts.total
+    note = ("in the sample: copies whose twin was not drawn are missed (--all counts every row)" if sampled
+            else "every row counted" if SAMPLED.get() is not None else "")
+
+    def share(k: int, n: int) -> str:
+        return f"{k:,} of {n:,} rows ({k / n:.1%}{'; ' + note if note else ''})"
+
+    return (_duplicates(counts.extra_exact, counts.extra_near - counts.extra_exact,
+                        list(counts.groups.values()), n, share)
+            + _clashes(list(counts.clashes.values()), sum(counts.prompts[k][2] for k in counts.clashes), n,
+                       share))
+
+
+def _duplicates(extra_exact: int, extra_near: int, groups, n: int, share) -> list[Finding]:
+    if not (extra_exact or extra_near):
+        return []
+    # a few copies are what a small or templated set holds by chance (the course's own arithmetic chats
+    # repeat 0.4-2.5 % of their rows): info; from SEVERE on they reweigh the data (warning)
+    return [Finding(
+        "warning" if extra_exact + extra_near >= SEVERE * n else "info", "duplicate-rows",
+        f"{share(extra_exact + extra_near, n)} repeat another row ({extra_exact} exact copies, {extra_near} "
+        "that differ only in case, spacing or punctuation)",
+        f"groups (row ids): {[ids[:6] for ids in groups[:3]]}; a repeated row weighs that many times in the "
+        "loss, and a copy across the train/eval split inflates the eval score",
+        "deduplicate: keep one row of each group", "08")]
+
+
+def _clashes(groups, rows_in: int, n: int, share) -> list[Finding]:
+    if not groups:
+        return []
+    return [Finding(
+        "warning", "contradicting-answers", f"{len(groups)} prompt(s) are answered differently in "
+        f"{share(rows_in, n)}", f"groups of row ids with the same prompt and different answers: "
+        f"{[ids[:4] for ids in groups[:3]]}; the model learns the average of the answers",
+        "keep one answer per prompt, or make the prompts say what decides the answer", "08")]
 
 
 # --- damaged responses ------------------------------------------------------------------------------------

@@ -31,41 +31,209 @@ def read_jsonl(path) -> list[dict]:
     return _read_jsonl(path, sample=None, seed=0)[0]
 
 
-def _read_jsonl(path, sample: int | None, seed: int) -> tuple[list[dict], int]:
+class Rows(list):
+    """The rows ``read_rows`` returns (a list), with what reading them found beside: ``counts`` (the
+    duplicate and contradiction counts over every row of a file, ``data_checks.RowCounts``; None for a
+    list or Dataset) and ``findings`` (the data folder's, ``data-folder-files``)."""
+
+    counts = None
+    findings: list = []
+
+
+def _read_jsonl(path, sample: int | None, seed: int) -> tuple[Rows, int]:
     """``(rows, how many the file holds)``: every row, or a seeded uniform sample of ``sample`` of them
     (reservoir sampling while the file streams by: memory holds the sample, never the file). Every line is
-    parsed and checked, sampled or not: a malformed line is bad input wherever it is."""
+    parsed, checked and counted (``data_checks.RowCounts``: copies and contradictions over the whole file),
+    sampled or not: a malformed line is bad input wherever it is. ``path``: a JSONL file (gzip-compressed
+    too) or a data folder, whose files are those ``datasets.load_dataset(folder)`` would load."""
     import random
 
-    path = _existing_file("data file", path, "the doctor reads the rows you would train on",
-                          "pass the path of a .jsonl file, one JSON object per line")
-    rng, kept, first_form, total = random.Random(seed), [], None, 0
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DoctorInputError(
-                    f"{path}: line {number} is not valid JSON ({exc.msg} at column {exc.colno}) — each line "
-                    "must be one JSON object — fix or remove that line.") from None
-            first_form = _check_form(row, f"{path}: line {number}", first_form)
-            slot = total if sample is None or total < sample else rng.randrange(total + 1)
-            if sample is None or slot < sample:
-                entry = (row, number, total)
-                if slot < len(kept):
-                    kept[slot] = entry
-                else:
-                    kept.append(entry)
-            total += 1
+    from .data_checks import RowCounts
+
+    if isinstance(path, (str, Path)) and Path(path).is_dir():
+        files, folder_findings = folder_files(Path(path))
+    else:
+        files = [(_existing_file("data file", path, "the doctor reads the rows you would train on",
+                                 "pass the path of a .jsonl file (one JSON object per line) or of a data "
+                                 "folder"), "json")]
+        folder_findings = []
+    rng, kept, first_form, total, counts = random.Random(seed), [], None, 0, RowCounts()
+    by_line = len(files) == 1 and files[0][1] == "json"  # a row's id: its line - 1, else its index
+    for row, number, where in _records(files):
+        try:
+            first_form = _check_form(row, where, first_form)
+        except DoctorInputError as exc:  # in a folder, say what it loads
+            folder = f" (In the data folder, {folder_findings[0].what}.)" if folder_findings else ""
+            raise DoctorInputError(f"{exc}{folder}") from None
+        number = number if by_line else total + 1
+        counts.add(row, first_form[0], number - 1)
+        slot = total if sample is None or total < sample else rng.randrange(total + 1)
+        if sample is None or slot < sample:
+            entry = (row, number, total)
+            if slot < len(kept):
+                kept[slot] = entry
+            else:
+                kept.append(entry)
+        total += 1
     if not kept:
         raise DoctorInputError(f"{path} has no rows — there is nothing to check or train on — pass a "
                                "non-empty JSONL file.")
-    kept.sort(key=lambda entry: entry[1])  # file order: TRL's order, and row ids a reader can find
+    kept.sort(key=lambda entry: entry[2])  # file order: TRL's order, and row ids a reader can find
     # _doctor_index: the row's position among the file's rows, where datasets' JSON loader puts it
-    return [{**row, "_doctor_row": number - 1, "_doctor_index": index} for row, number, index in kept], \
-        total
+    rows = Rows({**row, "_doctor_row": number - 1, "_doctor_index": index} for row, number, index in kept)
+    rows.counts, rows.findings = counts, folder_findings
+    return rows, total
+
+
+def _records(files):
+    """``(row, line number, where)`` for each row of ``files`` (``(path, loader)`` pairs, in load order):
+    JSON Lines (gzip by its magic bytes), CSV / TSV through ``csv``, text as one ``{"text": line}`` each."""
+    import csv
+    import gzip
+    import io
+
+    for path, loader in files:
+        with path.open("rb") as raw:
+            zipped = raw.read(2) == b"\x1f\x8b"
+        try:
+            handle = gzip.open(path, "rb") if zipped else path.open("rb")
+            with handle:
+                if loader == "csv":
+                    text = io.TextIOWrapper(handle, encoding="utf-8", newline="")
+                    dialect = "excel-tab" if path.suffix.lower() == ".tsv" else "excel"
+                    for number, row in enumerate(csv.DictReader(text, dialect=dialect), 2):
+                        yield row, number, f"{path}: line {number}"
+                    continue
+                for number, line in enumerate(handle, 1):
+                    line = _decoded(line, path, number)
+                    if loader == "text":
+                        yield {"text": line.rstrip("\r\n")}, number, f"{path}: line {number}"
+                        continue
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise DoctorInputError(
+                            f"{path}: line {number} is not valid JSON ({exc.msg} at column {exc.colno}) — "
+                            "each line must be one JSON object — fix or remove that line.") from None
+                    yield row, number, f"{path}: line {number}"
+        except (gzip.BadGzipFile, EOFError, UnicodeDecodeError, csv.Error) as exc:
+            raise DoctorInputError(f"{path} cannot be read ({type(exc).__name__}: {str(exc)[:120]}) — the "
+                                   "doctor reads UTF-8 JSON Lines, gzip-compressed or not — fix or "
+                                   "re-export the file.") from None
+
+
+def _decoded(line: bytes, path: Path, number: int) -> str:
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        compressed = next((s for s in (".bz2", ".xz", ".zst", ".zip", ".7z") if path.name.endswith(s)), None)
+        hint = (f"decompress the {compressed} file first (the doctor reads plain or gzip-compressed JSONL)"
+                if compressed else "re-save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8), or fix "
+                "that line")
+        raise DoctorInputError(f"{path}: line {number} is not UTF-8 (byte {line[exc.start]:#04x} at column "
+                               f"{exc.start + 1}) — datasets' JSON loader and TRL read UTF-8 only — "
+                               f"{hint}.") from None
+
+
+# --- a data folder, resolved as datasets.load_dataset(folder) resolves it (datasets 4.x, data_files.py) ---
+_SEP = "-._ 0-9"
+_SPLITS = {"train": ("train", "training"), "validation": ("validation", "valid", "dev", "val"),
+           "test": ("test", "testing", "eval", "evaluation")}
+_IGNORED = {"README.md", "config.json", "dataset_info.json", "dataset_infos.json", "dummy_data.zip",
+            "dataset_dict.json"}
+# the loader of each extension (load.py's _EXTENSION_TO_MODULE; "media": its image, audio, video, bio ones)
+_LOADERS = {**dict.fromkeys((".json", ".jsonl", ".ndjson"), "json"), ".csv": "csv", ".tsv": "csv",
+            ".txt": "text", **dict.fromkeys((".parquet", ".geoparquet", ".gpq"), "parquet"),
+            ".arrow": "arrow", ".md": "harbor", ".toml": "harbor", ".eval": "eval", ".xml": "xml",
+            ".tar": "webdataset", ".lance": "lance", ".vortex": "vortex", ".h5": "hdf5", ".hdf5": "hdf5",
+            ".conll": "conll", ".conllu": "conll", ".tsfile": "tsfile", ".zip": "zip"}
+_MEDIA = set("png jpg jpeg gif bmp tif tiff webp ico jfif apng wav mp3 flac ogg opus aiff mp4 mkv mov avi "
+             "webm m4v mpg mpeg flv wmv pdf fa fasta fna ffn faa frn afa gb gbk genbank fq fastq pdb ent cif "
+             "mmcif ply stl glb gltf".split())
+
+
+def _folder_patterns() -> list[dict]:
+    """datasets' default patterns, in the order it tries them: the first group that matches a file wins."""
+    in_dir = ("**/{k}/**", "**/{k}[{s}]*/**", "**/*[{s}]{k}/**", "**/*[{s}]{k}[{s}]*/**")
+    in_name = ("**/{k}[{s}]*", "**/*[{s}]{k}[{s}]*")
+    return [{"logs": ["**/*.eval"]}, {"test": ["**/task.toml", "**/instruction.md"]},
+            *({split: [p.format(k=k, s=_SEP) for k in keys for p in pats] for split, keys in _SPLITS.items()}
+              for pats in (in_dir, in_name)), {"train": ["**"]}]
+
+
+def _glob(pattern: str):
+    """fsspec's glob as a regex on a relative path: ``**/`` any folders (or none), ``*`` within one name."""
+    import re
+
+    parts = re.split(r"(\*\*/|\*\*|\*|\[[^\]]*\])", pattern)
+    table = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*"}
+    return re.compile("".join(table.get(p) or (p if p.startswith("[") else re.escape(p)) for p in parts))
+
+
+def _loaders(name: str) -> list[str]:
+    """The loaders of a file's suffixes (``a.jsonl.gz``: json), as datasets counts them."""
+    suffixes = name.rsplit("/", 1)[-1].split(".")[1:]
+    return [x for s in suffixes if (x := _LOADERS.get("." + s) or ("media" if s.lower() in _MEDIA else None))]
+
+
+def folder_files(folder: Path) -> tuple[list[tuple[Path, str]], list]:
+    """``([(file, loader)], findings)``: the train split's files ``datasets.load_dataset(folder)`` loads
+    (hidden and ``__`` entries skipped, ``README.md`` and the other card files ignored; the first pattern
+    group that matches a file — sharded ``data/{split}-NNNNN-of-NNNNN``, split names in folder names, then in
+    file names, then every file; of the train split, only the files of its most common extension's loader),
+    and the ``data-folder-files`` finding: what loads, and the files left out."""
+    import re
+    from collections import Counter
+
+    from .report import Finding
+
+    every = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()
+                   and not any(part.startswith((".", "__")) for part in p.relative_to(folder).parts))
+    candidates = [f for f in every if f.rsplit("/", 1)[-1] not in _IGNORED]
+    shard = r"-\d{5}-of-\d{5}[^/]*\.[^/]*"
+    sharded = {m.group(1) for f in candidates if (m := re.fullmatch(rf"data/(\w+){shard}", f))}
+    groups = [{s: [re.compile(rf"data/{s}{shard}")] for s in sharded}] if sharded else []
+    groups += [{s: [_glob(p) for p in ps] for s, ps in g.items()} for g in _folder_patterns()]
+    split_files = next(({s: [f for p in ps for f in candidates if p.fullmatch(f) and _loaders(f)]
+                         for s, ps in g.items()} for g in groups
+                        if any(p.fullmatch(f) for ps in g.values() for p in ps for f in candidates)), {})
+    where, train = f"data folder {str(folder)!r}", split_files.get("train")
+    if not train:
+        raise DoctorInputError(f"{where} has no train split datasets would load (splits: "
+                               f"{ {s: fs[:3] for s, fs in split_files.items()} }; files: {every[:8]}) — "
+                               "trl sft trains on the folder's 'train' split — put the rows in train.jsonl "
+                               "(or pass the file you train on as --data).")
+    counts = Counter((ext, f) for f in train
+                     for ext in {"." + x.lower() for x in f.split("/")[-1].split(".")[1:]})
+    by_ext = Counter(ext for ext, _ in counts)
+    favourites = (".parquet", ".lance", ".vortex", ".arrow", ".jsonl", ".json", ".csv")
+    ranked = sorted(by_ext, key=lambda e: (by_ext[e], *(e == x for x in favourites), e), reverse=True)
+    loader = next(_loaders("x" + e)[0] for e in ranked if _loaders("x" + e))
+    extensions = "|".join(re.escape(e) for e, name in _LOADERS.items() if name in (loader, "zip"))
+    keep = [f for f in train if re.fullmatch(rf".*({extensions})(\..+)?", f)]
+    if loader not in ("json", "csv", "text"):
+        raise DoctorInputError(f"{where} loads as datasets' {loader!r} files ({train[:4]}) — the doctor "
+                               "reads JSON Lines, CSV and text rows — export the rows you train on as JSONL "
+                               "(Dataset.to_json) and pass that file.")
+    others = {s: fs for s, fs in split_files.items() if s != "train" and fs}
+    left_out = [f for f in every if f not in keep and not any(f in fs for fs in others.values())]
+    data_left = [f for f in left_out if set(_loaders(f)) & {"json", "csv", "text", "parquet", "arrow"}]
+    more = f" and {len(left_out) - 8} more" if len(left_out) > 8 else ""
+    finding = Finding(
+        "warning" if data_left else "info", "data-folder-files",
+        f"the folder's train split is {len(keep)} {loader} file(s) {keep[:6]}"
+        + (f"; {len(data_left)} data file(s) in the folder are never loaded: {data_left[:6]}" if data_left
+           else ""),
+        f"datasets.load_dataset(folder), what trl sft does with a folder, takes the files its split-name "
+        f"patterns match (every file when none does), then of the train split only those of its most common "
+        f"extension's loader ({loader}); other splits: { {s: fs[:3] for s, fs in others.items()} or 'none'}; "
+        f"left out: {left_out[:8]}{more} (README.md, scripts and notes are not training data); the doctor "
+        "checks the files that load",
+        "pass the training file itself (--data FILE, data_files=...), or name the files so that the ones you "
+        "mean are the train split (train.jsonl, or data/train-00000-of-00001.jsonl)", "08")
+    return [(folder / f, loader) for f in keep], [finding]
 
 
 def _check_form(row, where: str, first):
@@ -289,7 +457,7 @@ def row_form(rows) -> str:
     return "text"
 
 
-def read_rows(data, sample: int | None = None, seed: int = 0) -> tuple[list[dict], int]:
+def read_rows(data, sample: int | None = None, seed: int = 0) -> tuple[Rows, int]:
     """``(rows, how many the data holds)``: all rows, or a seeded sample of ``sample``; each row carries its
     index in the data as ``_doctor_row`` (the row ids the findings quote)."""
     import random
@@ -308,7 +476,14 @@ def read_rows(data, sample: int | None = None, seed: int = 0) -> tuple[list[dict
         random.Random(seed).sample(range(total), sample))
     rows = [data[i] for i in picked]  # a Dataset reads only these rows
     _check_rows(rows, lambda i: f"row {picked[i]}")
-    return [{**dict(r), "_doctor_row": i} for i, r in zip(picked, rows)], total
+    out = Rows({**dict(r), "_doctor_row": i} for i, r in zip(picked, rows))
+    if isinstance(data, (list, tuple)) and len(rows) < total:  # in memory: count copies over every row
+        from .data_checks import RowCounts
+
+        out.counts, form = RowCounts(), row_form(rows)
+        for i, row in enumerate(data):
+            out.counts.add(row if isinstance(row, dict) else {}, form, i)
+    return out, total
 
 
 def validate_model(model) -> None:

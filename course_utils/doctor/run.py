@@ -6,6 +6,7 @@ and return the ``Report``.
 from __future__ import annotations
 
 import types
+from pathlib import Path
 
 from .. import internals
 from ..quiet import no_progress_bars
@@ -59,6 +60,9 @@ def diagnose(model, data, config=None, *, max_length: int | None = None, forward
     source, model_obj, tokenizer = inputs.model_source_and_tokenizer(model)
     args, flags = trl_view.sft_args(config, max_length)
     form = inputs.row_form(rows)
+    if isinstance(data, (str, Path)) and Path(data).is_dir():  # a folder: the file it loads, or its rows
+        files = inputs.folder_files(Path(data))[0]
+        data = str(files[0][0]) if len(files) == 1 and files[0][1] == "json" else list(rows)
     setup = types.SimpleNamespace(data=data, config=config, precision=flags, source=source,
                                   model=model_obj, forward=forward, peft=peft, num_processes=num_processes,
                                   max_load_gb=max_load_gb, trainer=trainer_cls)
@@ -67,12 +71,14 @@ def diagnose(model, data, config=None, *, max_length: int | None = None, forward
     try:
         with no_progress_bars():
             report = _run_checks(rows, form, tokenizer, args, setup)
+        report = Report(sorted(report + rows.findings, key=lambda f: SEVERITIES.index(f.severity)))
     finally:
         SAMPLED.reset(token)
     if sampled:
         report.append(Finding("info", "sample", f"checked a random sample of {len(rows):,} of {total:,} rows "
-                              f"(seed {seed})", "counts and row ids are the sample's; each rate is quoted "
-                              "with its 95 % interval for all the rows",
+                              f"(seed {seed})", "counts and row ids are the sample's, each rate quoted "
+                              "with its 95 % interval for all the rows — but copies and contradictions, "
+                              "counted over every row of the file",
                               "--all (sample=None) checks every row: exact counts, in time proportional to "
                               "the rows (README: the doctor at scale)"))
     return report
