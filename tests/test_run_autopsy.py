@@ -197,3 +197,26 @@ def test_the_watch_and_the_autopsy_share_the_nonfinite_rule():
     assert "run_rules.judge(" in inspect.getsource(watch.SFTWatch.verdicts)
     assert "run_rules.judge(" in inspect.getsource(autopsy_module.autopsy)
     assert "Verdict(" not in inspect.getsource(watch) + inspect.getsource(autopsy_module)
+
+
+# ---- issue 49, gap 6: a stale top-level trainer_state.json does not hide a later checkpoint -----------
+def test_the_newest_state_is_read_and_named_when_the_top_level_one_is_stale(tmp_path):
+    """The top-level state of an earlier run (global_step 10, healthy) beside checkpoint-20 of the run that
+    went NaN: the checkpoint is read (its global_step is higher), and the report says which file and why."""
+    write_run(tmp_path, PLANTED["run-nonfinite"], step_dirs=(20,))
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 10, "log_history": HEALTHY[:10]}))
+    path, _ = find_state(tmp_path)
+    assert path == tmp_path / "checkpoint-20" / "trainer_state.json"
+    report = autopsy(tmp_path)
+    assert "run-nonfinite" in report.checks("error")
+    note = next(f for f in report if f.check == "run-checkpoints")
+    assert "checkpoint-20" in note.what and "(global_step 10) is older" in note.evidence, note
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 20, "log_history": HEALTHY}))
+    assert find_state(tmp_path)[0] == tmp_path / "trainer_state.json"  # a tie: save_state's, after training
+
+
+@pytest.mark.parametrize("entries", [[], [{"step": 10, "eval_loss": 1.0}]], ids=["empty", "only eval"])
+def test_a_log_without_a_training_step_is_could_not_check(entries, tmp_path, capsys):
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 0, "log_history": entries}))
+    assert main(["--run", str(tmp_path)]) == 3
+    assert "run-log" in capsys.readouterr().out

@@ -40,15 +40,24 @@ def autopsy(output_dir, config: dict | None = None) -> Report:
     findings = [Finding(v.severity, v.id, v.what, v.evidence, v.fix, v.lesson)
                 for v in (run_rules.judge(log, max_grad_norm or 0, fp16=fp16) if log else [])]
     logged = sum("loss" in e for e in log)
+    if not logged:  # nothing trained was logged: no rule has a step to judge
+        findings.append(Finding(
+            "could-not-check", "run-log", f"{state_path} logs no training step ({len(log)} entries, "
+            f"{sum('eval_loss' in e for e in log)} evaluations): the run rules had nothing to judge",
+            "the Trainer writes a log entry every logging_steps optimizer steps; a run saved before its "
+            "first log, or one that logged only evaluations, leaves none", "log training steps "
+            "(logging_steps=1 for per-step verdicts) and read a state saved after them", "08"))
     ended = state.get("global_step")
+    top = Path(output_dir) / STATE if Path(output_dir).is_dir() else None
+    stale = (f"; the top-level {STATE} (global_step {_global_step(top):g}) is older than this one: read "
+             f"{state_path.parent.name}'s" if top and top.is_file() and top != state_path else "")
     planned = state.get("max_steps")
     findings.append(Finding(
         "info", "run-checkpoints", f"read {state_path} ({logged} logged training steps, "
         f"{sum('eval_loss' in e for e in log)} evaluations); the run ended at step {ended}"
         + (f" of {planned}" if planned else ""),
-        f"checkpoints found: {checkpoints or 'none'}; max_grad_norm={max_grad_norm} ({source}); the rules "
-        f"are "
-        "SFTWatch's (course_utils.run_rules)",
+        f"checkpoints found: {checkpoints or 'none'}{stale}; max_grad_norm={max_grad_norm} ({source}); the "
+        "rules are SFTWatch's (course_utils.run_rules)",
         "log every step (logging_steps=1) for per-step verdicts; a run stopped before max_steps stopped "
         "early "
         "(SFTWatch, a crash, or a time limit)", "08"))
@@ -57,8 +66,10 @@ def autopsy(output_dir, config: dict | None = None) -> Report:
 
 
 def find_state(output_dir) -> tuple[Path, list[str]]:
-    """``(the trainer_state.json to read, the checkpoint directories found)``: the top-level state, else the
-    checkpoint with the highest step (its history is the longest)."""
+    """``(the trainer_state.json to read, the checkpoint directories found)``: of the top-level state and
+    the last checkpoint's (the highest N of checkpoint-N), the one with the highest global_step — a
+    top-level state from an earlier run (or an earlier save_state) is older than a later checkpoint; on a
+    tie, the top-level one (save_state after training)."""
     if not isinstance(output_dir, (str, Path)) or not str(output_dir).strip():
         raise DoctorInputError(f"--run must be a path, got {output_dir!r} — the autopsy reads the Trainer's "
                                "output directory — pass e.g. --run outputs/my-run.")
@@ -75,13 +86,22 @@ def find_state(output_dir) -> tuple[Path, list[str]]:
     numbered = sorted((int(m.group(1)), p) for p in path.iterdir()
                       if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)) and (p / STATE).is_file())
     names = [p.name for _, p in numbered]
-    if (path / STATE).is_file():
-        return path / STATE, names
-    if numbered:
-        return numbered[-1][1] / STATE, names
+    last = [numbered[-1][1] / STATE] if numbered else []
+    candidates = [c for c in (path / STATE, *last) if c.is_file()]
+    if candidates:
+        return max(candidates, key=lambda c: (_global_step(c), c.parent == path)), names
     raise DoctorInputError(f"no {STATE} in {path} nor in a checkpoint-N/ below it — the Trainer writes it at "
                            "each save (save_strategy='steps'/'epoch') and on trainer.save_state() — save "
                            "checkpoints, or call trainer.save_state() after training.")
+
+
+def _global_step(path: Path) -> float:
+    """The state's global_step (-1 when unreadable: the other candidate wins, or reading it says why)."""
+    try:
+        step = json.loads(path.read_text(encoding="utf-8")).get("global_step")
+    except (OSError, ValueError, AttributeError):
+        return -1
+    return step if isinstance(step, (int, float)) and not isinstance(step, bool) else -1
 
 
 def _read_state(path: Path) -> dict:

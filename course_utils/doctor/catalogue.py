@@ -201,6 +201,8 @@ _ALL = (
     _c("run-eval-rising", "run", "08", "eval loss rising while train loss falls: memorising the training "
                                        "rows",
        "keep the best checkpoint, fewer epochs, more (deduplicated) data"),
+    _c("run-log", "run", "08", "the run's log history holds no training step: the run rules had nothing to "
+       "judge (could-not-check)", "log training steps (logging_steps) and read a state saved after them"),
     _c("run-checkpoints", "run", "08", "which trainer_state.json the autopsy read, and where the run ended",
        "nothing: information"),
     # --- the doctor itself ---------------------------------------------------------------------------------
