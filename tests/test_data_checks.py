@@ -382,3 +382,34 @@ def test_copies_in_a_large_file_are_counted_over_every_row_when_sampled(tmp_path
     finding = next(f for f in data_only(str(write_jsonl(tmp_path / "c.jsonl", clash)), sample=500)
                    if f.check == "contradicting-answers")
     assert finding.what.startswith("300 prompt(s) are answered differently in 600 of 4,700"), finding.what
+
+
+# ---- issue 49, gap 7: every family TRL ships a template for is known by its turn markers ----------------
+TRL_TEMPLATES = sorted((Path(__import__("trl").__file__).parent / "chat_templates").glob("*.jinja"))
+VLM = ("vl", "llava", "idefics", "smolvlm")  # image-text templates: their rows are not text-only chats
+
+
+def test_every_text_template_trl_ships_maps_to_a_family_in_source_and_rendered(tokenizer):
+    from trl import chat_template_utils
+
+    from course_utils.doctor.data_checks import _family
+
+    texts = [p for p in TRL_TEMPLATES if not any(v in p.stem for v in VLM)]
+    assert len(texts) > 40, texts
+    chat = [user("Q1"), assistant("A1")]
+    for path in texts:
+        source = path.read_text(encoding="utf-8")
+        rendered = tokenizer.apply_chat_template(chat, chat_template=source, tokenize=False, bos_token="<s>")
+        assert _family(source) is not None and _family(rendered) == _family(source), (path.stem, rendered)
+    strings = [v for k, v in vars(chat_template_utils).items() if k.endswith("_chat_template")
+               and isinstance(v, str) and not any(x in k for x in VLM)]
+    assert strings and all(_family(s) for s in strings)
+
+
+@pytest.mark.parametrize("family,render", [
+    ("Gemma 4", lambda q, a: f"<bos><|turn>user\n{q}<turn|>\n<|turn>model\n{a}<turn|>\n"),
+    ("Cohere", lambda q, a: f"<BOS_TOKEN><|START_OF_TURN_TOKEN|><|USER_TOKEN|>{q}<|END_OF_TURN_TOKEN|>"
+                            f"<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>{a}<|END_OF_TURN_TOKEN|>")])
+def test_gemma4_and_cohere_text_is_found_rendered(family, render):
+    finding = checks([{"text": render(f"Q{i}", f"A{i}")} for i in range(20)])["rendered-markers"]
+    assert family in finding.what, finding.what

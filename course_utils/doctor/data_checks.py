@@ -42,6 +42,10 @@ FAMILY_MARKERS = {
     "Phi-3 / Zephyr": ("<|user|>", "<|assistant|>", "<|end|>"),
     "DeepSeek": ("<｜User｜>", "<｜Assistant｜>", "<｜begin▁of▁sentence｜>"),
     "gpt-oss (harmony)": ("<|start|>", "<|message|>", "<|channel|>"),
+    "Gemma 4": ("<|turn>", "<turn|>"),
+    "Cohere": ("<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>"),
+    "GLM-4": ("[gMASK]<sop>", "<|user|>", "<|assistant|>"),
+    "Muse (harmony-like)": ("<|start|>", "<|message|>", "<|eot|>"),
 }
 # top-level keys beside the row's form that TRL never reads (it passes only `tools` and `chat_template_kwargs`
 # to the template): what is in them is not trained on. A reasoning field inside a message is read by the
