@@ -413,3 +413,57 @@ def test_every_text_template_trl_ships_maps_to_a_family_in_source_and_rendered(t
 def test_gemma4_and_cohere_text_is_found_rendered(family, render):
     finding = checks([{"text": render(f"Q{i}", f"A{i}")} for i in range(20)])["rendered-markers"]
     assert family in finding.what, finding.what
+
+
+# ---- issue 49, gap 8: a cap is found at any length, not only the longest -------------------------------
+FILL = ("it depends on several factors that interact in surprising ways and people often overlook the "
+        "simplest explanation which is usually the right one when you look closely at the evidence").split()
+
+
+def capped_rows(tokenizer, mode: str, n=100, seed=11):
+    """``n`` chats: natural answers of 3-60 words; "tokens": a third cut at 64 tokens and ten human-written
+    ones much longer (the cap is not the longest length); "words": a third cut at 40 words (a cap in another
+    tokenizer's tokens); "none": the control, natural lengths only."""
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        text = " ".join(rng.choice(FILL) for _ in range(rng.randint(3, 60))) + "."
+        if mode == "tokens" and i % 3 == 0:
+            long = " ".join(rng.choice(FILL) for _ in range(150))
+            text = tokenizer.decode(tokenizer(long, add_special_tokens=False)["input_ids"][:64])
+        elif mode == "tokens" and i % 10 == 1:
+            text = " ".join(rng.choice(FILL) for _ in range(120)) + "."
+        elif mode == "words" and i % 3 == 0:
+            text = " ".join(rng.choice(FILL) for _ in range(40))
+        rows.append({"messages": [user(f"Question {i}: explain topic {i}."), assistant(text)]})
+    return rows
+
+
+@pytest.mark.parametrize("mode,length", [("tokens", "64 tokens"), ("words", "40 words")])
+def test_a_cap_below_the_longest_length_or_in_words_is_found(tokenizer, mode, length):
+    finding = checks(capped_rows(tokenizer, mode), tokenizer)["response-length-cap"]
+    assert f"exactly {length}" in finding.what and finding.severity == "error", finding.what
+
+
+def test_natural_lengths_without_a_cap_report_no_cap(tokenizer):
+    for seed in range(5):
+        assert "response-length-cap" not in checks(capped_rows(tokenizer, "none", seed=seed), tokenizer)
+    for label, rows in HEALTHY.items():
+        assert "response-length-cap" not in checks(rows, tokenizer), label
+
+
+# ---- issue 49, gap 9: top-level keys TRL never reads, the family's own reasoning field aside -------------
+@pytest.mark.parametrize("key", ["system", "reasoning", "thinking", "rationale", "explanation", "solution"])
+def test_a_top_level_key_trl_never_reads_is_unread(key):
+    rows = [{**r, key: f"{key} of row {i}"} for i, r in enumerate(chats(20))]
+    finding = checks(rows)["unread-keys"]
+    assert repr(key) in finding.what and finding.severity == "warning", finding.what
+    assert ("'role': 'system'" if key == "system" else "reasoning_content") in finding.fix, finding.fix
+
+
+def test_reasoning_fields_templates_read_inside_messages_are_not_unread():
+    rows = [{"messages": [user(f"Q{i}"), assistant(f"{2 * i}", reasoning_content=f"{i}+{i}", thinking="t")],
+             "tools": [], "chat_template_kwargs": {"enable_thinking": True}} for i in range(20)]
+    assert "unread-keys" not in checks(rows)

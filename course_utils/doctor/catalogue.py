@@ -42,8 +42,9 @@ _ALL = (
                                              "whitespace)"),
     _c("contradicting-answers", "data", "08", "one prompt with different answers teaches their average",
        "keep one answer per prompt, or make the prompts differ by what decides the answer"),
-    _c("response-length-cap", "set-up", "02", "many answers of exactly the longest length were cut by a "
-       "generation cap: the model learns to stop mid-sentence", "drop or regenerate the capped answers"),
+    _c("response-length-cap", "set-up", "02", "many distinct answers of one length (the longest, or far "
+       "above the lengths around it and ending mid-sentence; in tokens or words) were cut by a generation "
+       "cap: the model learns to stop mid-sentence", "drop or regenerate the capped answers"),
     _c("response-empty", "data", "02", "an empty answer teaches the model to stop at once",
        "drop the rows or write the answers"),
     _c("response-looping", "data", "02", "an answer that repeats itself teaches the model to loop",

@@ -62,6 +62,9 @@ REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 THINK = re.compile(r"<think>(.*?)</think>", re.S)
 LOOP_MIN_WORDS, LOOP_DISTINCT = 40, 0.3  # an answer of 40+ words whose 4-grams are < 30 % distinct loops
 CAP_MIN_TOKENS, CAP_MIN_SHARE, CAP_MIN_LENGTHS = 16, 0.02, 5
+# a length held by more distinct answers than its neighbours (within CAP_WINDOW) make likely at p < CAP_P
+CAP_WINDOW, CAP_P = 10, 1e-6
+ENDINGS = tuple(".!?。！？…\"')]}`*>|")  # how a finished answer ends; a cut one ends mid-sentence
 SEVERE = 0.10  # a share of damaged rows from which a finding is an error, not a warning
 EXAMPLES = 8
 
@@ -421,21 +424,57 @@ def _copies(prompt, answer: str) -> bool:
 
 
 def _length_cap_findings(answered, tokenizer) -> list[Finding]:
-    lengths = {i: len(tokenizer(answer, add_special_tokens=False)["input_ids"])
-               for i, _, answer, _ in answered}
-    longest = max(lengths.values())
-    capped = [i for i, length in lengths.items() if length == longest]
-    distinct = len({_normal(answer) for i, _, answer, _ in answered if lengths[i] == longest})
-    n = len(lengths)  # copies of one answer share its length: only distinct answers cut at one length count
-    if (longest < CAP_MIN_TOKENS or distinct < max(3, CAP_MIN_SHARE * n) or len(capped) == n
-            or len(set(lengths.values())) < CAP_MIN_LENGTHS):
-        return []
-    return [Finding(
+    """A generation cap: many distinct answers of one length (tokens of the model's tokenizer, or words for a
+    cap in another tokenizer's tokens), either the longest length, or a length far above what the lengths
+    around it hold, whose answers end mid-sentence."""
+    tokens = {i: len(tokenizer(a, add_special_tokens=False)["input_ids"]) for i, _, a, _ in answered}
+    words = {i: len(a.split()) for i, _, a, _ in answered}
+    found = [f for f in (_cap(answered, tokens, "tokens"), _cap(answered, words, "words")) if f]
+    return [max(found, key=lambda f: f[0])[1]] if found else []
+
+
+def _cap(answered, lengths: dict, unit: str):
+    """``(rows, finding)`` for the most-held capped length in ``unit``, or None."""
+    n, distinct = len(lengths), defaultdict(set)  # copies of one answer share its length: distinct ones count
+    for i, _, answer, _ in answered:
+        distinct[lengths[i]].add(_normal(answer))
+    counts = {length: len(answers) for length, answers in distinct.items()}
+    if len(counts) < CAP_MIN_LENGTHS:
+        return None
+    floor, longest, best = max(3, CAP_MIN_SHARE * n), max(counts), None
+    for length, held in counts.items():
+        if length < CAP_MIN_TOKENS or held < floor:
+            continue
+        around = [counts.get(length + d, 0) for d in range(-CAP_WINDOW, CAP_WINDOW + 1) if d]
+        expected = max(sum(around) / len(around), 0.5)
+        cut = [a for i, _, a, _ in answered if lengths[i] == length and a.rstrip()[-1:] not in ENDINGS]
+        peak = (_poisson_tail(held, expected) < CAP_P / len(counts)
+                and len(cut) >= 0.5 * sum(lengths[i] == length for i in lengths))
+        if ((length == longest and unit == "tokens") or peak) and (best is None or held > best[1]):
+            best = (length, held, expected, length == longest)
+    if best is None:
+        return None
+    length, held, expected, is_longest = best
+    capped = [i for i, value in lengths.items() if value == length]
+    where = ("the longest length: answers of natural length rarely share it" if is_longest else
+             f"{held / expected:.0f}x the ~{expected:.1f} distinct answers each length within {CAP_WINDOW} "
+             f"{unit} of it holds, and most of them end mid-sentence")
+    return len(capped), Finding(
         _severity(len(capped), n), "response-length-cap",
-        f"{share_of(len(capped), n)} have answers of exactly {longest} tokens, the longest length",
-        f"{_rows(capped)}; answers of natural length rarely share their longest length: these were cut by a "
-        f"generation cap (max_new_tokens={longest}?) and end mid-sentence — the model learns to stop there",
-        "drop or regenerate the capped answers (a larger max_new_tokens)", "02")]
+        f"{share_of(len(capped), n)} have answers of exactly {length} {unit} ({held} distinct answers)",
+        f"{_rows(capped)}; {where}: these were cut by a generation cap "
+        + (f"(max_new_tokens={length}?)" if unit == "tokens" else "(in another tokenizer's tokens, or words)")
+        + " and end mid-sentence — the model learns to stop there",
+        "drop or regenerate the capped answers (a larger max_new_tokens)", "02")
+
+
+def _poisson_tail(k: int, mean: float) -> float:
+    """P(X >= k) for X ~ Poisson(mean): how unlikely a length holding k answers is when its neighbours hold
+    ``mean`` each."""
+    import math
+
+    return sum(math.exp(-mean + j * math.log(mean) - math.lgamma(j + 1))
+               for j in range(k, k + 60 + int(mean)))
 
 
 # --- reasoning present in only some rows ------------------------------------------------------------------
