@@ -16,7 +16,7 @@ Each rule states what lessons 01, 05 and 06 measure, and draws its threshold fro
 - ``run-grad-spike``      a gradient norm ten times the median of the steps before it (lesson 06)
 - ``run-loss-diverging`` / ``run-loss-flat``  the last quarter of the logged loss against the first
 - ``run-lr-zero``         a learning rate of 0 on most logged steps: nothing trains
-- ``run-eval-rising``     eval loss rising while the train loss falls (memorising the training rows)
+- ``run-eval-rising``     eval loss rising (by 1 % or more of its best) while the train loss falls
 
 No torch here: the autopsy reads JSON and needs none.
 """
@@ -35,6 +35,7 @@ TREND_POINTS = 8       # logged losses needed to call a trend (a quarter is then
 FLAT = 0.01            # relative change of the loss, first quarter to last, below which it is flat
 DIVERGING = 0.10       # relative rise of the loss, first quarter to last, above which it diverges
 EVAL_POINTS = 3        # eval losses needed to call a rise
+EVAL_RISE = 0.01       # relative rise of the eval loss over its best below which it is noise, not a rise
 
 
 @dataclass(frozen=True)
@@ -245,13 +246,15 @@ def _eval_rising(losses, evals) -> Verdict | None:
         return None
     best = min(range(len(evals)), key=lambda i: evals[i][1])
     after = evals[best:]
-    rising = len(after) >= EVAL_POINTS and all(b[1] > a[1] for a, b in zip(after, after[1:]))
+    rising = (len(after) >= EVAL_POINTS and all(b[1] > a[1] for a, b in zip(after, after[1:]))
+              and after[-1][1] >= after[0][1] * (1 + EVAL_RISE))
     train = [v for s, v in losses if after[0][0] <= s <= after[-1][0] and math.isfinite(v)]
     if not rising or len(train) < 2 or train[-1] >= train[0]:
         return None
     return Verdict("run-eval-rising", "warning",
                    f"eval loss rose on the last {len(after) - 1} evaluations while the training loss fell",
-                   f"eval loss {after[0][1]:.4g} at step {after[0][0]} -> "
-                   f"{after[-1][1]:.4g} at step {after[-1][0]}; train loss {train[0]:.4g} -> {train[-1]:.4g}",
+                   f"eval loss {after[0][1]:.4g} at step {after[0][0]} -> {after[-1][1]:.4g} at step "
+                   f"{after[-1][0]} ({after[-1][1] / after[0][1] - 1:+.1%}; a rise is {EVAL_RISE:.0%} or "
+                   f"more); train loss {train[0]:.4g} -> {train[-1]:.4g}",
                    f"keep the checkpoint of step {after[0][0]} (load_best_model_at_end), train fewer epochs, "
                    "or add data; check for duplicated rows (the doctor's data checks)", "08")

@@ -467,3 +467,32 @@ def test_reasoning_fields_templates_read_inside_messages_are_not_unread():
     rows = [{"messages": [user(f"Q{i}"), assistant(f"{2 * i}", reasoning_content=f"{i}+{i}", thinking="t")],
              "tools": [], "chat_template_kwargs": {"enable_thinking": True}} for i in range(20)]
     assert "unread-keys" not in checks(rows)
+
+
+# ---- issue 49, gap 10: loops as repeated chunks and in text without spaces; a row about markers --------
+@pytest.mark.parametrize("loop", [
+    " ".join([" ".join(FILL[:20]) + "."] * 3),  # a paragraph three times: its 4-grams are ~35 % distinct
+    "我认为答案是这样的。" * 40,  # no spaces: characters are the units
+])
+def test_a_paragraph_repeated_three_times_or_a_loop_without_spaces_is_looping(loop):
+    rows = chats(30) + [{"messages": [user(f"Story {i}"), assistant(loop)]} for i in range(4)]
+    assert checks(rows)["response-looping"].severity == "error"
+
+
+def test_natural_chinese_and_a_list_are_not_looping():
+    text = ("光合作用是植物利用阳光、水和二氧化碳制造葡萄糖并释放氧气的过程。"
+            "叶绿素吸收光能，驱动这一反应。")
+    steps = " ".join(f"Step {i}: mix {i} cups of flour with {i + 1} eggs and stir for {i * 2} minutes."
+                     for i in range(1, 8))
+    rows = chats(30) + [{"messages": [user(f"Q{i}"), assistant(t)]} for i, t in enumerate([text, steps])]
+    assert "response-looping" not in checks(rows)
+
+
+def test_one_row_about_chatml_markers_is_info_not_an_error(tokenizer):
+    about = "Each turn starts with <|im_start|> and ends with <|im_end|>."
+    rows = chats(39) + [{"messages": [user("How does ChatML mark turns?"), assistant(about)]}]
+    assert checks(rows)["rendered-markers"].severity == "info"
+    llama = [{"messages": [m if m["role"] != "assistant" else assistant(
+        "Llama 3 writes <|start_header_id|>user<|end_header_id|> and ends turns with <|eot_id|>.")
+        for m in r["messages"]]} for r in rows[-1:]]
+    assert checks(rows[:-1] + llama, tokenizer)["rendered-markers"].severity == "warning"  # foreign, one row

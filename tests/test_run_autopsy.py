@@ -220,3 +220,11 @@ def test_a_log_without_a_training_step_is_could_not_check(entries, tmp_path, cap
     (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 0, "log_history": entries}))
     assert main(["--run", str(tmp_path)]) == 3
     assert "run-log" in capsys.readouterr().out
+
+
+def test_eval_loss_noise_under_one_percent_is_not_a_rise():
+    noise = log(FALLING, evals=[(5, 1.3), (10, 1.3005), (15, 1.301), (20, 1.3012)])
+    assert "run-eval-rising" not in {v.id for v in run_rules.judge(noise)}
+    rise = log(FALLING, evals=[(5, 1.3), (10, 1.31), (15, 1.32), (20, 1.33)])
+    verdict = next(v for v in run_rules.judge(rise) if v.id == "run-eval-rising")
+    assert "(+2.3%" in verdict.evidence, verdict.evidence

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 import string
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from .report import SAMPLED, Finding, share_of
 
@@ -61,6 +61,7 @@ ROLE_ALIASES = {"human": "user", "prompter": "user", "gpt": "assistant", "bot": 
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 THINK = re.compile(r"<think>(.*?)</think>", re.S)
 LOOP_MIN_WORDS, LOOP_DISTINCT = 40, 0.3  # an answer of 40+ words whose 4-grams are < 30 % distinct loops
+LOOP_CHUNK = 8  # ... or whose 8-word chunks mostly recur 3+ times (a paragraph repeated)
 CAP_MIN_TOKENS, CAP_MIN_SHARE, CAP_MIN_LENGTHS = 16, 0.02, 5
 # a length held by more distinct answers than its neighbours (within CAP_WINDOW) make likely at p < CAP_P
 CAP_WINDOW, CAP_P = 10, 1e-6
@@ -176,14 +177,18 @@ def markers_findings(rows, form, model_family) -> list[Finding]:
     for family, ids in found.items():
         foreign = model_family is not None and family != model_family
         where = "'text'" if form == "text" else "message content"
+        few = len(ids) < SEVERE * len(rows)  # a few rows may be about the format (a tutorial), not rendered
+        severity = ("error", "warning", "info")[(not foreign) + few]
         findings.append(Finding(
-            "error" if foreign else "warning", "rendered-markers",
+            severity, "rendered-markers",
             f"{share_of(len(ids), len(rows))} hold {family} turn markers in their {where}: text already "
-            "rendered with a chat template",
+            "rendered with a chat template" + (", or text about the format" if few else ""),
             f"{_rows(ids)}; markers {list(FAMILY_MARKERS[family][:2])}; the model's template is "
             + (f"{model_family}: the rows teach a format the model is never prompted with" if foreign else
                f"{model_family or 'not known here (no --model)'}: rendered again, each row holds the markers "
-               "twice (and a second bos where the template writes one)"),
+               "twice (and a second bos where the template writes one)")
+            + (f"; under {SEVERE:.0%} of the rows: read them — a row that explains the markers is fine"
+               if few else ""),
             "store the raw conversation ({\"messages\": [{\"role\", \"content\"}]}) and let TRL apply the "
             "model's own template; strip the markers from content", "04"))
     return findings
@@ -391,10 +396,11 @@ def response_findings(rows, turns, tokenizer=None) -> list[Finding]:
             "drop those rows or write their answers", "02"))
     if looping:
         findings.append(Finding(
-            _severity(len(looping), n), "response-looping", f"{share_of(len(looping), n)} have an answer "
-                                                            f"that "
-            "repeats itself", f"{_rows(looping)}: fewer than {LOOP_DISTINCT:.0%} of the answer's 4-word "
-            "sequences are distinct (a generation loop in synthetic data); the model learns to loop",
+            _severity(len(looping), n), "response-looping",
+            f"{share_of(len(looping), n)} have an answer that repeats itself",
+            f"{_rows(looping)}: fewer than {LOOP_DISTINCT:.0%} of the answer's 4-word sequences "
+            f"(4-character, in text without spaces) are distinct, or most of its {LOOP_CHUNK}-word chunks "
+            "recur 3+ times (a generation loop in synthetic data); the model learns to loop",
             "drop or regenerate those answers", "02"))
     if copies:
         findings.append(Finding(
@@ -408,11 +414,20 @@ def response_findings(rows, turns, tokenizer=None) -> list[Finding]:
 
 
 def _loops(answer: str) -> bool:
-    words = answer.split()
-    if len(words) < LOOP_MIN_WORDS:
+    """Words — or characters, in text written without spaces (Chinese, Japanese) — of 40+ units: 4-grams
+    < 30 % distinct (a phrase looping), or a chunk of 8 units that recurs 3+ times over half the answer (a
+    paragraph repeated)."""
+    units = answer.split()
+    if len(units) * 8 < len(answer):  # few spaces: characters are the units
+        units = [c for c in answer if not c.isspace()]
+    if len(units) < LOOP_MIN_WORDS:
         return False
-    grams = [tuple(words[i:i + 4]) for i in range(len(words) - 3)]
-    return len(set(grams)) < LOOP_DISTINCT * len(grams)
+    grams = [tuple(units[i:i + 4]) for i in range(len(units) - 3)]
+    if len(set(grams)) < LOOP_DISTINCT * len(grams):
+        return True
+    chunks = [tuple(units[i:i + LOOP_CHUNK]) for i in range(len(units) - LOOP_CHUNK + 1)]
+    seen = Counter(chunks)
+    return sum(seen[c] >= 3 for c in chunks) >= 0.5 * len(chunks)
 
 
 def _copies(prompt, answer: str) -> bool:
