@@ -92,3 +92,21 @@ def test_markdown_is_a_table_that_escapes_pipes():
     text = formatted(REPORT, "markdown")
     assert text.startswith("**SFT doctor:** 1 error(s)") and "exit status 1" in text
     assert "3 rows use \\| pipes" in text and text.count("\n| ") == 4
+
+
+def test_sarif_points_at_the_first_quoted_rows_line_and_a_runs_state_file(tmp_path, capsys):
+    """Issue 49: a data finding quoting row ids gets region.startLine (a row's id is its line - 1 in
+    --data FILE); --run findings point at the trainer_state.json the autopsy read, not the directory."""
+    rows = [{"messages": [{"role": "user", "content": f"Q{i}"}, {"role": "gpt", "content": f"A{i}"}]}
+            for i in range(4)]
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n" + "".join(json.dumps(r) + "\n" for r in rows))  # a blank first line
+    run = tmp_path / "run" / "checkpoint-4"
+    run.mkdir(parents=True)
+    log = [{"step": s, "loss": float("nan"), "grad_norm": 1.0, "learning_rate": 1e-5} for s in range(1, 5)]
+    (run / "trainer_state.json").write_text(json.dumps({"global_step": 4, "log_history": log}))
+    assert main(["--data", str(data), "--run", str(tmp_path / "run"), "--format", "sarif"]) == 1
+    results = {r["ruleId"]: r["locations"][0]["physicalLocation"]
+               for r in json.loads(capsys.readouterr().out)["runs"][0]["results"]}
+    assert results["sharegpt-roles"] == {"artifactLocation": {"uri": str(data)}, "region": {"startLine": 2}}
+    assert results["run-nonfinite"] == {"artifactLocation": {"uri": str(run / "trainer_state.json")}}

@@ -101,23 +101,25 @@ def _check_ignored(ignored: list[str]) -> None:
                                    "from --list-checks.")
 
 
-def _report(options) -> tuple[Report, str | None]:
-    """The findings the options ask for, and the file they are about (SARIF's location)."""
+def _report(options) -> tuple[Report, dict]:
+    """The findings the options ask for, and the files they are about (SARIF's locations: the data file, the
+    run's trainer_state.json)."""
     if not (options.run or options.data):
         raise DoctorInputError("nothing to check — the doctor checks a set-up (--model and --data), the data "
                                "alone (--data) or a finished run (--run OUTPUT_DIR) — pass one of these "
                                "(--list-checks lists the checks).")
-    report = Report()
+    report, artifact = Report(), {"data": options.data}
     if options.run:
         from . import inputs
-        from .autopsy import autopsy
+        from .autopsy import autopsy, find_state
 
         report += autopsy(options.run, inputs.read_config(options.config))
+        artifact["run"] = str(find_state(options.run)[0])  # the state file the autopsy read
         if not options.data:
-            return report, options.run
+            return report, artifact
     sample = None if options.all else options.sample
     if options.model is None:
-        return report + data_only(options.data, sample, options.seed), options.data
+        return report + data_only(options.data, sample, options.seed), artifact
     from .run import diagnose  # TRL, transformers and torch: only for a whole set-up
 
     kwargs = {} if options.max_load_gb is None else {"max_load_gb": options.max_load_gb}
@@ -125,7 +127,7 @@ def _report(options) -> tuple[Report, str | None]:
                        forward=not options.no_forward, peft_config=options.peft_config,
                        num_processes=options.num_processes, sample=sample, seed=options.seed,
                        trainer=options.trainer, **kwargs)
-    return Report(sorted(report, key=lambda f: SEVERITIES.index(f.severity))), options.data
+    return Report(sorted(report, key=lambda f: SEVERITIES.index(f.severity))), artifact
 
 
 def data_only(data, sample: int | None = SAMPLE_ROWS, seed: int = 0) -> Report:

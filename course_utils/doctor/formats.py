@@ -10,6 +10,8 @@ file (or the run's trainer_state.json), and each rule carrying the catalogue's w
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 from .catalogue import CHECKS
 from .report import LESSONS, SEVERITIES, Report
@@ -19,8 +21,9 @@ SARIF_LEVELS = {"error": "error", "could-not-check": "warning", "warning": "warn
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 
 
-def formatted(report: Report, fmt: str = "text", artifact: str | None = None) -> str:
-    """``report`` in ``fmt`` (one of ``FORMATS``); ``artifact``: the file the findings are about (SARIF)."""
+def formatted(report: Report, fmt: str = "text", artifact=None) -> str:
+    """``report`` in ``fmt`` (one of ``FORMATS``); ``artifact``: the file the findings are about (SARIF; or
+    ``{"data": path, "run": path}``)."""
     if fmt == "json":
         return report.to_json()
     if fmt == "markdown":
@@ -48,17 +51,27 @@ def markdown_table(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def sarif(report: Report, artifact: str | None = None) -> str:
+def sarif(report: Report, artifact=None) -> str:
+    """``artifact``: the file the findings are about, or ``{"data": path, "run": path}`` (a run's findings at
+    its trainer_state.json, the others at the data file). A finding that quotes row ids of a JSONL file
+    (``--data FILE``: a row's id is its line - 1) points at the first one's line (``region.startLine``)."""
     used = sorted({f.check for f in report})
     rules = [{"id": check, "shortDescription": {"text": CHECKS[check].why if check in CHECKS else check},
               "help": {"text": CHECKS[check].fix if check in CHECKS else ""},
               "properties": {"lesson": CHECKS[check].lesson if check in CHECKS else ""}} for check in used]
+    where = artifact if isinstance(artifact, dict) else {"data": artifact, "run": artifact}
     results = []
     for f in report:
         result = {"ruleId": f.check, "ruleIndex": used.index(f.check), "level": SARIF_LEVELS[f.severity],
                   "message": {"text": f"{f.what}. Evidence: {f.evidence}. Fix: {f.fix}"}}
-        if artifact:
-            result["locations"] = [{"physicalLocation": {"artifactLocation": {"uri": artifact}}}]
+        run = f.check in CHECKS and CHECKS[f.check].needs == "run"
+        uri = where.get("run" if run else "data") or where.get("data") or where.get("run")
+        if uri:
+            location = {"artifactLocation": {"uri": str(uri)}}
+            first = re.search(r"row ids\)?:? \[\[?(\d+)", f.evidence)
+            if first and not run and Path(uri).is_file():
+                location["region"] = {"startLine": int(first.group(1)) + 1}
+            result["locations"] = [{"physicalLocation": location}]
         results.append(result)
     log = {"$schema": SARIF_SCHEMA, "version": "2.1.0",
            "runs": [{"tool": {"driver": {"name": "sft-doctor", "rules": rules}},
