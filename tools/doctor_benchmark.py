@@ -84,17 +84,21 @@ SFTTrainer(model, args=SFTConfig(**config), train_dataset=rows, processing_class
 """
 
 
-def timed(command: list[str], repeat: int = 1) -> float:
-    """The fastest of ``repeat`` wall times of ``command`` in a fresh process (exit 0 or 1 expected)."""
+def timed(command: list[str], repeat: int = 1, any_exit: bool = False) -> float:
+    """The fastest of ``repeat`` wall times of ``command`` in a fresh process (exit 0 or 1 expected; a peer
+    tool, ``any_exit``, may exit with its own codes: a finding is not a failure of the timing)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     best = float("inf")
     for _ in range(repeat):
         start = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
         best = min(best, time.perf_counter() - start)
-        if done.returncode not in (0, 1):
+        if done.returncode not in (0, 1) and not any_exit:
             raise SystemExit(f"{command[:4]}... exited {done.returncode}: {done.stderr[-800:]}")
     return best
+
+
+START_TARGET = 1.5  # issue 49: the data checks' cold start, at most this many times the fastest peer's
 
 
 def start_benchmark(tmp: Path, config: Path, peers: list[str], repeat: int) -> None:
@@ -108,17 +112,23 @@ def start_benchmark(tmp: Path, config: Path, peers: list[str], repeat: int) -> N
     rows = [("doctor --data (data checks, no model)", timed([*doctor, "--data", str(small)], repeat)),
             ("doctor --model --data (whole set-up)",
              timed([*doctor, "--model", "tiny-qwen", "--data", str(small), "--config", str(config)], repeat))]
-    rows += [(f"peer: {peer}", timed(shlex.split(peer.format(data=small)), repeat)) for peer in peers]
+    rows += [(f"peer: {peer}", timed(shlex.split(peer.format(data=small)), repeat, any_exit=True))
+             for peer in peers]
     print(f"cold start on 50 rows (best of {repeat}):")
     for name, seconds in rows:
         print(f"  {name:<48} {seconds:>6.2f} s")
     if peers:
         fastest = min(seconds for name, seconds in rows if name.startswith("peer"))
-        print(f"  doctor --data / fastest peer: {rows[0][1] / fastest:.2f}x")
+        ratio = rows[0][1] / fastest
+        print(f"  doctor --data / fastest peer: {ratio:.2f}x — target <= {START_TARGET}x: "
+              f"{'PASS' if ratio <= START_TARGET else 'FAIL'}")
+    else:
+        print(f"  no --peer given: the cold-start target (<= {START_TARGET}x the fastest peer) is not "
+              "checked")
     every = timed([*doctor, "--model", "tiny-qwen", "--data", str(large), "--config", str(config), "--all"])
     trl = timed([sys.executable, "-c", TRL_PREPARES, str(large), str(config), str(tmp / "trl-out")])
     print(f"4,000 rows: doctor --all {every:.1f} s, TRL's own preparation {trl:.1f} s "
-          f"(doctor / TRL = {every / trl:.2f}x)")
+          f"(doctor / TRL = {every / trl:.2f}x) — target <= 1x: {'PASS' if every <= trl else 'FAIL'}")
 
 
 def main(argv=None) -> int:
