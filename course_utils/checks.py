@@ -37,10 +37,12 @@ learner's copy never holds the answer (``tests/test_giveaway.py`` enforces it).
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import pickle
 import random
+import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -273,9 +275,50 @@ def _open(value):
     return pickle.loads(value) if isinstance(value, _Sealed) else value
 
 
-def _call(fn, args: tuple, kwargs: dict):
-    """The learner's function, called from a frame that holds only its inputs."""
-    return fn(*args, **kwargs)
+class UsedFinishedForm(Exception):
+    """The learner's function called a helper that is the exercise's finished answer (``out_of_reach``)."""
+
+    def __init__(self, helper: str):
+        super().__init__(helper)
+        self.helper = helper
+
+    def message(self) -> str:
+        return (f"your function calls {self.helper}, the course's finished form of this exercise — the "
+                "exercise is to write that step yourself; the helper is yours to use after it")
+
+
+def _code_of(helper):
+    """The code object a call of ``helper`` runs (a function, a method, a class's ``__call__``)."""
+    target = inspect.unwrap(helper) if callable(helper) else helper
+    if isinstance(target, type):
+        target = target.__call__
+    target = getattr(target, "__func__", target)
+    return getattr(target, "__code__", None)
+
+
+def _call(fn, args: tuple, kwargs: dict, out_of_reach: Sequence[Callable] = ()):
+    """The learner's function, called from a frame that holds only its inputs. ``out_of_reach``: helpers
+    that are the exercise's answer; a profile hook notes a call of any of them (by the identity of its code
+    object, however it was imported) and ``UsedFinishedForm`` is raised once the function returns."""
+    if not out_of_reach:
+        return fn(*args, **kwargs)
+    watched = {id(code): getattr(helper, "__qualname__", repr(helper))
+               for helper in out_of_reach if (code := _code_of(helper)) is not None}
+    used: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call" and id(frame.f_code) in watched:
+            used.append(watched[id(frame.f_code)])
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        sys.setprofile(previous)
+    if used:
+        raise UsedFinishedForm(used[0])
+    return result
 
 
 def _as_hints(hint: str | Hints) -> Hints | None:
@@ -292,8 +335,12 @@ def _first_hint(hint: str | Hints) -> str:
 def run_check(name: str, fn: Callable, cases: Sequence[Case], *,
               compare: Callable[[object, object], str | None] = close,
               diagnose: Callable[[object, Case], str | None] | None = None,
-              hint: str | Hints = "", quiet: bool = False) -> CheckResult:
+              hint: str | Hints = "", quiet: bool = False,
+              out_of_reach: Sequence[Callable] = ()) -> CheckResult:
     """Call ``fn`` on every case; report the first failure with a targeted hint.
+
+    ``out_of_reach``: the course helpers that are this exercise's finished answer (and its reference in
+    ``answers/``); an answer that calls one fails with a message saying why (``_call``).
 
     ``diagnose(got, case)`` may return a sentence naming the misconception behind a wrong answer;
     ``hint`` (a ``Hints`` with levels, or a plain sentence) is the general advice shown when no
@@ -318,7 +365,9 @@ def run_check(name: str, fn: Callable, cases: Sequence[Case], *,
         del case
         where = f"case {i}/{total}" + (f" ({label})" if label else "")
         try:
-            got = _call(fn, args, kwargs)
+            got = _call(fn, args, kwargs, out_of_reach)
+        except UsedFinishedForm as used:
+            return _report(name, False, f"❌ {where}: {used.message()}", quiet)
         except NotImplementedError:
             return _report(name, False, "⏳ not implemented yet: replace the `raise NotImplementedError` "
                            "with your code, then run this cell again.", quiet)
@@ -406,8 +455,10 @@ def _grade(answer: tuple, truth: Diagnosis, evidence_ok, misconceptions) -> tupl
 def check_diagnosis(name: str, fn: Callable, make_case: Callable[[int], tuple[object, Diagnosis]], *,
                     seeds: Sequence[int], evidence_ok: Callable[[object, Diagnosis], bool] | None = None,
                     misconceptions: dict[tuple[str, str], str] | None = None,
-                    hint: str | Hints = "", quiet: bool = False) -> CheckResult:
-    """Grade a diagnosis function on freshly generated broken artefacts.
+                    hint: str | Hints = "", quiet: bool = False,
+                    out_of_reach: Sequence[Callable] = ()) -> CheckResult:
+    """Grade a diagnosis function on freshly generated broken artefacts (``out_of_reach``: as in
+    ``run_check``).
 
     ``make_case(seed)`` returns ``(artefact, truth)``; the learner's ``fn(artefact)`` must return a
     ``Diagnosis`` whose ``cause`` equals ``truth.cause`` and whose ``evidence`` passes
@@ -438,7 +489,10 @@ def check_diagnosis(name: str, fn: Callable, make_case: Callable[[int], tuple[ob
     for i in order:
         artefact, sealed = _drawn(make_case, seeds[i])
         try:
-            answer = _call(fn, (artefact,), {})
+            answer = _call(fn, (artefact,), {}, out_of_reach)
+        except UsedFinishedForm as used:
+            verdicts[i] = _BROKEN, used.message()
+            continue
         except NotImplementedError:
             return _report(name, False, "⏳ not implemented yet: replace the `raise NotImplementedError` "
                            "with your code, then run this cell again.", quiet)

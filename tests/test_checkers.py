@@ -13,6 +13,7 @@ import gc
 import importlib
 import inspect
 import pkgutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -372,3 +373,34 @@ def test_plain_turns_look_alikes_into_builtins(value, expected):
 def test_plain_refuses_an_object_it_cannot_compare_honestly():
     with pytest.raises(checks.NotPlain, match="not a plain value"):
         checks.plain(AlwaysEqual())
+
+
+def _finished_helper(x):
+    """Stands for a course helper that is an exercise's answer."""
+    return x + 1
+
+
+def test_a_helper_out_of_reach_fails_however_it_is_reached(capsys):
+    """Issue 43: a helper that is the exercise's finished form fails the check whether the learner calls it
+    directly, through another name or nested in their own code; the profile hook is gone afterwards."""
+    alias = _finished_helper
+
+    def direct(x):
+        """Calls the helper."""
+        return alias(x)
+
+    def nested(x):
+        """Calls it two levels down."""
+        return (lambda y: direct(y))(x)
+
+    def own(x):
+        """Writes the step itself."""
+        return x + 1
+
+    cases = [checks.Case((1,), 2), checks.Case((5,), 6)]
+    for answer in (direct, nested):
+        result = checks.run_check("toy", answer, cases, out_of_reach=(_finished_helper,), quiet=True)
+        assert not result and "finished form of this exercise" in result.message, result.message
+        assert "_finished_helper" in result.message
+    assert checks.run_check("toy", own, cases, out_of_reach=(_finished_helper,), quiet=True)
+    assert sys.getprofile() is None, "the checker restores the profile it found"

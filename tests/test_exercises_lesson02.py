@@ -42,8 +42,9 @@ def hard_coded_im_end(tokenizer, generation_config):
 
 
 def only_the_end_of_turn(tokenizer, generation_config):
-    """Drops the tokenizer's eos: a plain-text continuation no longer stops."""
-    return [end_of_turn_id(tokenizer)]
+    """Drops the tokenizer's eos: a plain-text continuation no longer stops (the reference's last id is the
+    end of turn)."""
+    return [lesson02.stop_ids_for_generate(tokenizer, generation_config)[-1]]
 
 
 def the_turn_opener(tokenizer, generation_config):
@@ -156,10 +157,11 @@ def _all_ones_mask(examples, pad, eos):
 
 def _never_appends(examples, pad, eos):
     """Masks by position, but leaves a row tokenized without its eos without one."""
-    from course_utils.padding import collate_padded
-
-    return collate_padded([{"input_ids": e["input_ids"], "labels": e.get("labels", e["input_ids"])}
-                           for e in examples], pad)
+    width = max(len(e["input_ids"]) for e in examples)
+    rows = [(list(e["input_ids"]), list(e.get("labels", e["input_ids"]))) for e in examples]
+    return {"input_ids": torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in rows]),
+            "attention_mask": torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows]),
+            "labels": torch.tensor([labels + [-100] * (width - len(labels)) for _, labels in rows])}
 
 
 def _always_appends(examples, pad, eos):
@@ -191,7 +193,7 @@ WRONG = [
     ("stop_token_ids", hard_coded_im_end, "you hard-coded <|im_end|>"),
     ("stop_token_ids", only_the_end_of_turn, "keep the tokenizer's eos"),
     ("stop_token_ids", the_turn_opener, "turn *opener*"),
-    ("stop_token_ids", lesson00s_stop_token_ids, "generation_config already stops on"),
+    ("stop_token_ids", lesson00s_stop_token_ids, "finished form of this exercise"),
     ("diagnosis_exercise", always_wrong_stop_ids, "no reply contains the end-of-turn token"),
     ("diagnosis_exercise", always_stop_token_not_graded, "the model DOES write the end-of-turn token"),
     ("diagnosis_exercise", _never_pad_eos, "masks labels by pad id"),
@@ -338,7 +340,47 @@ def _wraps_collate_padded(examples, pad, eos):
 
 # Shortcuts a learner has: exercise 1, lesson 00's course_utils.eos.stop_token_ids; exercise 2, the settings
 # alone, and the public generator's runs.
+def _end_of_turn_id_or_nothing(tokenizer, generation_config):
+    """The audit's shortcut (issue 43): the config's ids + data.end_of_turn_id, its ValueError (no id closes a
+    turn) caught — the case the helper gets wrong, covered by a try."""
+    ids = generation_config.eos_token_id
+    ids = [ids] if isinstance(ids, int) else list(ids or [tokenizer.eos_token_id])
+    try:
+        eot = end_of_turn_id(tokenizer)
+    except ValueError:
+        return ids
+    return ids if eot in ids else ids + [eot]
+
+
+def _append_eos_then(collate):
+    def wrapper(examples, pad, eos):
+        rows = []
+        for e in examples:
+            ids, labels = list(e["input_ids"]), list(e.get("labels", e["input_ids"]))
+            if ids[-1] != eos:
+                ids, labels = ids + [eos], labels + [eos]
+            rows.append({"input_ids": ids, "labels": labels})
+        return collate(rows, pad)
+    return wrapper
+
+
+def _append_eos_then_collate_right(examples, pad, eos):
+    """The audit's shortcut (issue 43): append the missing eos, then the course's data.collate_right."""
+    from course_utils.data import collate_right
+    return _append_eos_then(collate_right)(examples, pad, eos)
+
+
+def _append_eos_then_collate_padded(examples, pad, eos):
+    """The audit's shortcut (issue 43): append the missing eos, then padding.collate_padded."""
+    from course_utils.padding import collate_padded
+    return _append_eos_then(collate_padded)(examples, pad, eos)
+
+
 SHORTCUTS = [("stop_token_ids", "lesson 00's eos.stop_token_ids, called as it is", lesson00s_stop_token_ids),
+             ("stop_token_ids", "data.end_of_turn_id with its ValueError caught", _end_of_turn_id_or_nothing),
+             ("collate_keep_eos", "append the eos, then data.collate_right", _append_eos_then_collate_right),
+             ("collate_keep_eos", "append the eos, then padding.collate_padded",
+              _append_eos_then_collate_padded),
              ("diagnosis_exercise", "the generate() settings and special tokens, never a reply or a label",
               _settings_only),
              ("diagnosis_exercise", "match the shown runs over seeds", _match_shown_runs),

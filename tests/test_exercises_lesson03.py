@@ -165,7 +165,7 @@ WRONG = [
     ("block_mask", _inverted, "True must mean"),
     ("block_mask", _boundary_off_by_one, "block boundaries are off"),
     ("block_mask", _three_dims, "add the head dimension"),
-    ("block_mask", _segments_and_block_causal_mask, "the window is missing"),
+    ("block_mask", _segments_and_block_causal_mask, "finished form of this exercise"),
     ("block_mask", _window_off_by_one, "the window is off by one"),
 ]
 
@@ -287,8 +287,18 @@ def _the_notebooks_row(position_ids, sliding_window=None):
     return lesson03.block_mask_from_position_ids(shown, sliding_window)
 
 
+def _segments_helpers_with_a_window_band(position_ids, sliding_window=None):
+    """The audit's shortcut (issue 43): the two padding helpers, plus a two-line window band."""
+    mask = _segments_and_block_causal_mask(position_ids)
+    if sliding_window:
+        i = torch.arange(position_ids.shape[1])
+        mask = mask & ((i[:, None] - i[None, :]) < sliding_window)
+    return mask
+
+
 SHORTCUTS = [
     ("block_mask", "packed_segments + block_causal_mask (issue 43)", _segments_and_block_causal_mask),
+    ("block_mask", "the helpers plus a window band (issue 43)", _segments_helpers_with_a_window_band),
     ("block_mask", "allowed_attention on the course model (issue 43)", _transformers_inferred_mask),
     ("padding_diagnosis", "match the shown incidents over seeds", _match_shown_incidents),
     ("padding_diagnosis", "pads first means a leak, mask or not", _pads_first_means_a_leak),

@@ -206,7 +206,27 @@ def _always_equal_object(setup):
     return Diagnosis(_AlwaysEqual("clean"))
 
 
+def _packing_leak_probe(model, a, b):
+    """The audit's shortcut (issue 43): packing_arch.packing_leak, the lesson's finished probe."""
+    from course_utils.packing_arch import packing_leak
+    return packing_leak(model, "flattening", features=[{"input_ids": a}, {"input_ids": b}]).max_delta
+
+
+def _packing_leak_verdict(setup):
+    """The audit's shortcut (issue 43): the collator read off the batch's keys, then packing_leak."""
+    from course_utils.checks import Diagnosis
+    from course_utils.packing_arch import packing_leak
+    keys = set(setup["batch"])
+    collator = "padded" if "attention_mask" in keys else "trl" if "cu_seq_lens_q" in keys else "flattening"
+    positions = setup["batch"].get("position_ids")
+    rows = positions.shape[0] if positions is not None and positions.dim() == 3 else None
+    leak = packing_leak(setup["model"], collator, features=setup["features"], position_rows=rows)
+    return Diagnosis(leak.verdict)
+
+
 SHORTCUTS = [
+    ("packing_probe", "packing_arch.packing_leak (issue 43)", _packing_leak_probe),
+    ("packing_verdict", "packing_arch.packing_leak's verdict (issue 43)", _packing_leak_verdict),
     ("packing_probe", "lesson 03's packed_drift on the default call", _lesson03_drift_on_a_cached_call),
     ("packing_probe", "a number read off the notebook's table", _the_notebooks_table_value),
     ("packing_verdict", "always leaks", _always_leaks),

@@ -15,6 +15,7 @@ from __future__ import annotations
 from .. import validate
 from ..checks import Case, Hints, check_diagnosis, fresh_seeds, run_check
 from ..data import IGNORE_INDEX, end_of_turn_id, is_graded, tokenize_chat
+from ..tour import graded_labels
 from .answers import lesson00 as _answers
 
 # ------------------------------------------------------------------------------------------------
@@ -168,4 +169,5 @@ def check_assistant_only_labels(fn, tokenizer):
                    "Print tokenizer.convert_ids_to_tokens(input_ids) for one example, find '<|im_start|>' "
                    "followed by 'assistant', and the next '<|im_end|>'.",
                    "walk the tokens; after <|im_start|> + assistant (+ newline) set labels[i] = input_ids[i] "
-                   "up to and including the next <|im_end|>; -100 everywhere else."))
+                   "up to and including the next <|im_end|>; -100 everywhere else."),
+        out_of_reach=(tokenize_chat, graded_labels))

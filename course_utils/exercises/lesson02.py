@@ -24,7 +24,9 @@ from trl.chat_template_utils import gemma_chat_template, llama3_chat_template, p
 
 from .. import validate
 from ..checks import Case, Hints, check_diagnosis, fresh_seeds, run_check
-from ..data import IGNORE_INDEX, is_graded
+from ..data import IGNORE_INDEX, collate_right, end_of_turn_id, is_graded
+from ..eos import stop_token_ids
+from ..padding import collate_padded
 from .answers import lesson02 as answers
 
 # ------------------------------------------------------------------------------------------------
@@ -144,7 +146,8 @@ def check_stop_token_ids(fn, tokenizer):
         raise ValueError("the tokenizer has no chat_template — the first case is this tokenizer's own chat "
                          "format — pass the course tokenizer (load_course_model()[1]).")
     return run_check("stop_token_ids", fn, _stop_cases(tokenizer), compare=_compare_stop_ids,
-                     diagnose=_diagnose_stop_ids, hint=STOP_IDS_HINTS)
+                     diagnose=_diagnose_stop_ids, hint=STOP_IDS_HINTS,
+                     out_of_reach=(end_of_turn_id, stop_token_ids))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -343,4 +346,5 @@ def check_collate_keep_eos(fn):
     """
     validate.function("fn", fn)
     return run_check("collate_keep_eos", fn, _collate_cases(), compare=_compare_collate,
-                     diagnose=_diagnose_collate, hint=COLLATE_HINTS)
+                     diagnose=_diagnose_collate, hint=COLLATE_HINTS,
+                     out_of_reach=(collate_right, collate_padded))

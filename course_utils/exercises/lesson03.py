@@ -13,6 +13,7 @@ import torch
 
 from .. import validate
 from ..checks import Case, Diagnosis, Hints, check_diagnosis, fresh_seeds, run_check
+from ..padding import allowed_attention, block_causal_mask, packed_segments
 from .answers.lesson03 import INCIDENT_CAUSES
 from .answers.lesson03 import block_mask_from_position_ids as _reference_mask
 from .answers.lesson03 import padding_incident_case as _incident_case  # knows the truth
@@ -194,4 +195,5 @@ def check_block_mask(fn):
                                  "window keeps the keys with query - key < sliding_window.",
                          answer="example = (position_ids == 0).cumsum(-1); mask = (example[:, :, None] == "
                                 "example[:, None, :]) & causal (tril); with a window also & (query - key < "
-                                "sliding_window); return mask[:, None]."))
+                                "sliding_window); return mask[:, None]."),
+                     out_of_reach=(block_causal_mask, packed_segments, allowed_attention))

@@ -16,6 +16,7 @@ import torch
 from .. import validate
 from ..checks import Case, Hints, check_diagnosis, fresh_seeds, run_check
 from ..model import course_seed
+from ..packing_arch import packing_leak
 from .answers.lesson12 import SETUPS, VERDICTS
 from .answers.lesson12 import probe_case as _probe_case  # knows the truth
 from .answers.lesson12 import setup_case as _setup_case  # knows the truth
@@ -103,7 +104,8 @@ def check_packing_probe(fn):
                                 "list(range(len(b)))]); packed = model(input_ids=ids, position_ids=pos, "
                                 "use_cache=False).logits[0, len(a):]; alone = "
                                 "model(input_ids=torch.tensor([b]), use_cache=False).logits[0]; return "
-                                "float((packed - alone).abs().max())."))
+                                "float((packed - alone).abs().max())."),
+                     out_of_reach=(packing_leak,))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -152,4 +154,5 @@ def check_packing_verdict(fn):
                            "(section 6).",
                    answer="try model(**batch, use_cache=False) except ValueError -> 'raises'; else max |Δ| "
                           "of B vs B alone above ~1e-3 x the logit scale -> 'leaks', else 'clean'; return "
-                          "Diagnosis(verdict)."))
+                          "Diagnosis(verdict)."),
+        out_of_reach=(packing_leak,))
