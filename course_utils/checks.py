@@ -486,6 +486,7 @@ def check_diagnosis(name: str, fn: Callable, make_case: Callable[[int], tuple[ob
     order = list(range(total))
     fresh_random().shuffle(order)
     verdicts: dict[int, tuple[int, str]] = {}  # case index -> (how telling, what was wrong): wrong cases only
+    causes: set[str] = set()  # the causes graded so far: a pass needs two or more
     for i in order:
         artefact, sealed = _drawn(make_case, seeds[i])
         try:
@@ -502,10 +503,16 @@ def check_diagnosis(name: str, fn: Callable, make_case: Callable[[int], tuple[ob
             continue
         del artefact
         answer = _plain_answer(answer)  # plain values, read before the truth is opened
-        wrong = _grade(answer, _open(sealed), evidence_ok, misconceptions)
-        del answer  # the learner's own answer, gone before the next call
+        truth = _open(sealed)
+        causes.add(truth.cause)
+        wrong = _grade(answer, truth, evidence_ok, misconceptions)
+        del answer, truth  # the learner's answer and the truth, gone before the next call
         if wrong:
             verdicts[i] = wrong
+    if not verdicts and len(causes) < 2:  # a narrowed draw (a patched seed source): a constant would pass
+        return _report(name, False, f"❌ {name}: every case drawn had the same cause, so this run proves "
+                       "nothing — the checker's cases were narrowed; run it again as the lesson gives it.",
+                       quiet)
     if not verdicts:
         return _report(name, True, f"✅ {name}: all {total} cases pass.", quiet)
     first = min(verdicts, key=lambda i: (verdicts[i][0], i))

@@ -404,3 +404,26 @@ def test_a_helper_out_of_reach_fails_however_it_is_reached(capsys):
         assert "_finished_helper" in result.message
     assert checks.run_check("toy", own, cases, out_of_reach=(_finished_helper,), quiet=True)
     assert sys.getprofile() is None, "the checker restores the profile it found"
+
+
+def test_a_narrowed_draw_cannot_certify_a_constant_answer(capsys):
+    """Issue 43: a learner who patches the seed source so every case has one cause gets no tick for the
+    constant answer that then fits every case."""
+    def one_cause(seed):
+        return {"seed": seed}, Diagnosis("healthy", None)
+
+    def constant(artefact):
+        """The same cause for everything."""
+        return Diagnosis("healthy", None)
+
+    result = checks.check_diagnosis("toy", constant, one_cause, seeds=[1, 2, 3], quiet=True)
+    assert not result and "same cause" in result.message
+
+    def two_causes(seed):
+        return {"seed": seed}, Diagnosis("healthy" if seed % 2 else "broken", None)
+
+    def reads_it(artefact):
+        """Reads the cause from the seed, as a correct diagnosis reads the artefact."""
+        return Diagnosis("healthy" if artefact["seed"] % 2 else "broken", None)
+
+    assert checks.check_diagnosis("toy", reads_it, two_causes, seeds=[1, 2, 3], quiet=True)
