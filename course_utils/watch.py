@@ -184,6 +184,7 @@ class SFTWatch(TrainerCallback):
         self._handles: list = []
         self._step = 0
         self._max_grad_norm = None
+        self._fp16 = None                    # the run's fp16 flag, known once training begins
         self._trainable: list = []           # (name, parameter) the optimizer updates
         self._n_micro = 0                    # training forwards so far (micro_batches lags until read)
         self._graded: list = []              # this step's graded-token counts, still on the device
@@ -255,6 +256,7 @@ class SFTWatch(TrainerCallback):
                              "second train() would mix its numbers with the first run's — give each run its "
                              "own watch: trainer.add_callback(SFTWatch()).")
         self._max_grad_norm = args.max_grad_norm or 0  # None or 0: the Trainer does not clip
+        self._fp16 = bool(getattr(args, "fp16", False))  # run_rules: a GradScaler skips steps under fp16
         self._trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         self._handles.append(model.register_forward_pre_hook(self._count_graded, with_kwargs=True))
         if self.locate:
@@ -440,7 +442,7 @@ class SFTWatch(TrainerCallback):
         applied = [s["clipped"] for s in self.steps if not s["skipped"]]
         if not log + self.evals:
             return []  # nothing logged yet: no rule has a step to judge
-        return run_rules.judge(log + self.evals, self._max_grad_norm, clipped=applied)
+        return run_rules.judge(log + self.evals, self._max_grad_norm, clipped=applied, fp16=self._fp16)
 
     def summary(self) -> dict:
         return {"steps": len(self.steps), "micro_batches": len(self.micro_batches),
