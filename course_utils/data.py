@@ -80,6 +80,19 @@ def graded(labels):
     return [is_graded(label) for label in labels[1:]]
 
 
+def graded_positions(labels) -> list[int]:
+    """The positions whose label carries loss, unshifted (``is_graded`` at each position): what a report
+    quotes of one of TRL's prepared label lists — the first is the prompt's length in tokens. One pass,
+    no call per token, for the doctor's ``--all`` over thousands of rows."""
+    if hasattr(labels, "tolist"):
+        labels = labels.tolist()
+    if isinstance(labels, (str, bytes)) or not isinstance(labels, Sequence) or (
+            labels and not isinstance(labels[0], int)):
+        raise TypeError(f"labels must be a list of ints or a 1-D tensor, got {type(labels).__name__} — one "
+                        "label per position — pass example['labels'].")
+    return [i for i, label in enumerate(labels) if label != IGNORE_INDEX]  # is_graded, inlined
+
+
 def n_graded(labels) -> int:
     """How many tokens carry loss in ``labels`` (one row or a batch): see ``graded`` for the rule."""
     mask = graded(labels)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import difflib
 
 from .. import internals
-from ..data import is_graded
+from ..data import graded_positions, is_graded
 from . import trl_view
 from .report import Finding, share_of
 
@@ -25,7 +25,7 @@ def rows_without_answer(rows, form) -> list[int]:
         return [r["_doctor_row"] for r in rows if not r["completion"]]
     if form == "tokenized":  # labels all -100, or a mask without a 1: nothing graded even before truncation
         return [r["_doctor_row"] for r in rows
-                if ("labels" in r and not any(is_graded(t) for t in r["labels"]))
+                if ("labels" in r and not graded_positions(r["labels"]))
                 or any(c in r and not any(r[c]) for c in ("completion_mask", "assistant_masks"))]
     return []
 
@@ -141,7 +141,7 @@ def stop_token_findings(tokenizer, prepared, eot, args, chat_template) -> list[F
     if eot is None or prepared is None:
         return []
     rows = prepared["labels"]
-    graded = sum(eot in [t for t in labels if is_graded(t)] for labels in rows)  # unshifted: TRL's labels
+    graded = sum(eot in labels for labels in rows)  # a label equal to a token id is graded (not -100)
     token = tokenizer.convert_ids_to_tokens(eot)
     template_ok = (not args.assistant_only_loss
                    or is_chat_template_stop_token_trained(tokenizer, chat_template=chat_template))

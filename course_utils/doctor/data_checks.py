@@ -442,7 +442,8 @@ def _length_cap_findings(answered, tokenizer) -> list[Finding]:
     """A generation cap: many distinct answers of one length (tokens of the model's tokenizer, or words for a
     cap in another tokenizer's tokens), either the longest length, or a length far above what the lengths
     around it hold, whose answers end mid-sentence."""
-    tokens = {i: len(tokenizer(a, add_special_tokens=False)["input_ids"]) for i, _, a, _ in answered}
+    ids = tokenizer([a for _, _, a, _ in answered], add_special_tokens=False)["input_ids"]  # one batch call
+    tokens = {i: len(row) for (i, _, _, _), row in zip(answered, ids)}
     words = {i: len(a.split()) for i, _, a, _ in answered}
     found = [f for f in (_cap(answered, tokens, "tokens"), _cap(answered, words, "words")) if f]
     return [max(found, key=lambda f: f[0])[1]] if found else []

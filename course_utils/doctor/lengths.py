@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from .. import validate
-from ..data import is_graded
+from ..data import graded_positions
 from . import trl_view
 from .report import Finding, share_of
 
@@ -16,13 +16,6 @@ from .report import Finding, share_of
 __all__ = ["empty_batch_probability"]
 
 ERROR_SHARE = 0.01  # fully truncated rows: an error from 1 % of the data, a warning below
-
-
-def _graded_positions(labels) -> list[int]:
-    """Positions of one of TRL's prepared label lists that are not -100. Unshifted on purpose, unlike
-    ``data.graded``: the report quotes these positions (the first one is the prompt's length in tokens),
-    and column 0 is never a target in a chat row anyway."""
-    return [i for i, t in enumerate(labels) if is_graded(t)]
 
 
 def empty_batch_probability(n_rows: int, n_empty: int, batch_size: int) -> float:
@@ -47,7 +40,7 @@ def truncation_findings(prepared, tokenizer, args, chat_template, completion_onl
     if args.packing and args.packing_strategy in ("wrapped", "bfd_split"):
         return _packed_apart_findings(prepared, args)  # these strategies cut no token
     max_length, batch = args.max_length, args.per_device_train_batch_size
-    graded = {r: _graded_positions(lab) for r, lab in zip(prepared["_doctor_row"], prepared["labels"])}
+    graded = {r: graded_positions(lab) for r, lab in zip(prepared["_doctor_row"], prepared["labels"])}
     first = {r: pos[0] for r, pos in graded.items() if pos}
     findings = _answer_cut_findings(graded, args)
     prompts = sorted(first.values())
@@ -75,7 +68,7 @@ def truncation_findings(prepared, tokenizer, args, chat_template, completion_onl
                   f"process{'es' if num_processes > 1 else ''}")
     if args.packing:
         packed = trl_view.prepare(tokenizer, tokenized, args, chat_template, completion_only_loss)
-        empty_rows = sum(not _graded_positions(lab) for lab in packed["labels"])
+        empty_rows = sum(not graded_positions(lab) for lab in packed["labels"])
         p_step = empty_batch_probability(len(packed), empty_rows, step_rows)
         path = (f"packing={args.packing_strategy}: TRL keeps them, and {empty_rows} of {len(packed)} packed "
                 "rows have no graded token; SFTTrainer divides by the graded tokens of the whole optimizer "
@@ -126,7 +119,7 @@ def _packed_apart_findings(prepared, args) -> list[Finding]:
     ``max_length`` is split across packed rows: the part of its answer past the cut trains without the
     start of its prompt."""
     max_length = args.max_length
-    long_rows = [(r, _graded_positions(lab)) for r, lab in zip(prepared["_doctor_row"], prepared["labels"])
+    long_rows = [(r, graded_positions(lab)) for r, lab in zip(prepared["_doctor_row"], prepared["labels"])
                  if len(lab) > max_length]
     apart = [r for r, pos in long_rows if pos and pos[-1] >= max_length]
     if not apart:
