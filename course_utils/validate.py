@@ -21,33 +21,92 @@ def _did_you_mean(value, known: Iterable) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def integer(name: str, value, *, minimum: int = 1, why: str = "it is a count", fix: str = "") -> int:
-    """``value`` as an ``int`` >= ``minimum`` (bools are refused: ``True`` is not a count); ``fix`` replaces
-    the generic "pass e.g. name=1" (a command-line flag, a typical value)."""
+def _as_text_number(value):
+    """The number a string spells (``"3"``, ``" 0.5 "``), else ``None``: the fix then names it."""
+    if not isinstance(value, str):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return int(number) if number.is_integer() and "." not in value and "e" not in value.lower() else number
+
+
+def _example(name: str, example) -> str:
+    return f", e.g. {name}={example!r}" if example is not None else ""
+
+
+def integer(name: str, value, *, minimum: int = 1, why: str = "it is a count", fix: str = "",
+            example: int | None = None) -> int:
+    """``value`` as an ``int`` >= ``minimum`` (bools are refused: ``True`` is not a count). The fix names the
+    valid range, and ``example`` where the caller knows a real value (``fix`` replaces it all: a
+    command-line flag, a value to look up). A number written as text or an integral float is named as
+    such, with the int to pass."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        spelled = _as_text_number(value)
+        if not fix and isinstance(spelled, int) and spelled >= minimum:
+            fix = f"pass the number itself, {name}={spelled}, not the text {value!r}"
+        elif (not fix and isinstance(value, float) and not isinstance(value, bool) and value.is_integer()
+              and value >= minimum):
+            fix = f"pass an int, {name}={int(value)}"
         raise ValueError(f"{name}={value!r} must be an integer >= {minimum} — {why} — "
-                         f"{fix or f'pass e.g. {name}={max(minimum, 1)}'}.")
+                         f"{fix or f'pass an integer >= {minimum}{_example(name, example)}'}.")
     return value
 
 
-def positive_int(name: str, value, *, why: str = "it is a count", fix: str = "") -> int:
+def positive_int(name: str, value, *, why: str = "it is a count", fix: str = "",
+                 example: int | None = None) -> int:
     """An integer >= 1 (steps, accumulation steps, batch sizes, ranks…)."""
-    return integer(name, value, minimum=1, why=why, fix=fix)
+    return integer(name, value, minimum=1, why=why, fix=fix, example=example)
+
+
+# No tokenizer ships more than about 262k tokens (Gemma 3: 262,144); an id far beyond that indexes no
+# embedding row of any model, whichever tokenizer it was meant for.
+MAX_VOCAB = 2 ** 20
+
+
+def token_id(name: str, value, *, vocab_size: int | None = None, why: str = "it is a token id",
+             fix: str = "") -> int:
+    """A token id: an int >= 0 and below ``vocab_size`` (``len(tokenizer)``, or the model's embedding rows)
+    where the caller has one. Without it only ids no vocabulary holds (>= ``MAX_VOCAB``) can be refused:
+    ids alone cannot tell 600 from a real id of a larger vocabulary."""
+    spelled = _as_text_number(value)
+    from_tokenizer = ("pass an id the tokenizer gives (tokenizer.pad_token_id, "
+                      "tokenizer.convert_tokens_to_ids(token))")
+    # text that spells an id: integer() names the int to pass
+    fix = fix or ("" if isinstance(spelled, int) and spelled >= 0 else from_tokenizer)
+    integer(name, value, minimum=0, why=why, fix=fix)
+    limit = vocab_size if vocab_size is not None else MAX_VOCAB
+    if value >= limit:
+        where = (f"the vocabulary has {vocab_size} tokens (ids 0 to {vocab_size - 1})"
+                 if vocab_size is not None
+                 else f"no tokenizer has {MAX_VOCAB:,} tokens or more (the largest ship about 262k)")
+        raise ValueError(f"{name}={value!r} is beyond the vocabulary — {where}, so no token has this id and "
+                         "it would index an embedding row that does not exist — "
+                         f"{fix}.")
+    return value
 
 
 def number(name: str, value, *, minimum: float | None = None, positive: bool = False,
-           allow_none: bool = False, why: str = "", fix: str = "") -> float | None:
+           allow_none: bool = False, why: str = "", fix: str = "",
+           example: float | None = None) -> float | None:
     """A finite real number (``positive``: > 0; ``minimum``: >= it); ``None`` where allowed. NaN and
-    infinities are refused: every comparison with NaN is False, so a NaN tolerance passes any check."""
+    infinities are refused: every comparison with NaN is False, so a NaN tolerance passes any check. The
+    fix names the valid range, and ``example`` where the caller knows a real value."""
     if value is None and allow_none:
         return None
     ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
           and (not positive or value > 0) and (minimum is None or value >= minimum))
     if not ok:
-        rule = "> 0" if positive else (f">= {minimum}" if minimum is not None else "finite")
+        rule = " > 0" if positive else (f" >= {minimum}" if minimum is not None else "")
         none = " or None" if allow_none else ""
-        raise ValueError(f"{name}={value!r} must be a finite number {rule}{none}"
-                         f"{' — ' + why if why else ''} — {fix or f'pass e.g. {name}=1.0'}.")
+        spelled = _as_text_number(value)
+        if not fix and spelled is not None and math.isfinite(spelled) and (not positive or spelled > 0) and (
+                minimum is None or spelled >= minimum):
+            fix = f"pass the number itself, {name}={spelled}, not the text {value!r}"
+        raise ValueError(f"{name}={value!r} must be a finite number{rule}{none}"
+                         f"{' — ' + why if why else ''} — "
+                         f"{fix or f'pass a finite number{rule}{_example(name, example)}'}.")
     return float(value)
 
 
@@ -96,24 +155,33 @@ def strings(name: str, value, *, allow_empty: bool = False) -> list[str]:
     return list(value)
 
 
+def _real(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def fraction(name: str, value, *, why: str = "it is a share of a whole") -> float:
     """A number in [0, 1]. A value in (1, 100] is refused as the percentage it probably is."""
-    number(name, value, why=why)
-    if not 0 <= value <= 1:
-        hint = (f" — it looks like a percentage: pass {name}={value / 100:g}" if 1 < value <= 100
-                else f" — pass e.g. {name}=0.9")
-        raise ValueError(f"{name}={value!r} must be a fraction between 0 and 1 — {why}{hint}.")
+    if not _real(value) or not 0 <= value <= 1:
+        spelled = _as_text_number(value)
+        hint = (f"it looks like a percentage: pass {name}={value / 100:g}"
+                if _real(value) and 1 < value <= 100
+                else f"pass the number itself, {name}={spelled:g}, not the text {value!r}"
+                if spelled is not None and 0 <= spelled <= 1
+                else f"pass a number from 0 to 1, e.g. {name}=0.9")
+        raise ValueError(f"{name}={value!r} must be a fraction between 0 and 1 — {why} — {hint}.")
     return float(value)
 
 
 def percentage(name: str, value, *, why: str = "it is a percentile, 0 to 100") -> float:
     """A number in [0, 100]. A value strictly between 0 and 1 is refused as the fraction it probably is
     (``q=0.85`` for the 85th percentile would silently give the 1st)."""
-    number(name, value, why=why)
-    if not 0 <= value <= 100 or 0 < value < 1:
-        hint = (f" — it looks like a fraction: pass {name}={value * 100:g}" if 0 < value < 1
-                else f" — pass e.g. {name}=90")
-        raise ValueError(f"{name}={value!r} must be a percentage between 0 and 100 — {why}{hint}.")
+    if not _real(value) or not 0 <= value <= 100 or 0 < value < 1:
+        spelled = _as_text_number(value)
+        hint = (f"it looks like a fraction: pass {name}={value * 100:g}" if _real(value) and 0 < value < 1
+                else f"pass the number itself, {name}={spelled:g}, not the text {value!r}"
+                if spelled is not None and (spelled == 0 or 1 <= spelled <= 100)
+                else f"pass a number from 0 to 100, e.g. {name}=90")
+        raise ValueError(f"{name}={value!r} must be a percentage between 0 and 100 — {why} — {hint}.")
     return float(value)
 
 

@@ -2,6 +2,7 @@
 what/why/fix errors for the slips learners make most (un-collated batch, zero steps, wrong pair)."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -120,12 +121,58 @@ def test_helpers_leave_library_state_as_they_found_it(course):
 
 
 def test_validate_messages_name_the_argument():
-    with pytest.raises(ValueError, match=r"^steps=0 must be an integer >= 1 — .* — pass e.g. steps=1\.$"):
+    with pytest.raises(ValueError, match=r"^steps=0 must be an integer >= 1 — .* — pass an integer >= 1\.$"):
         validate.positive_int("steps", 0)
     with pytest.raises(ValueError, match="'sum' is not one of"):
         validate.choice("normalise", "sum", ("mean", "token"))
     with pytest.raises(TypeError, match="must be a torch.Tensor"):
         validate.tensor("labels", [1, 2])
+
+
+@pytest.mark.parametrize("call, says, never", [
+    # the default fix names the valid range, not a made-up value (stop_id=1 is <|im_start|>, lr=1.0 diverges)
+    (lambda: validate.integer("stop_id", -3, minimum=0, why="it is a token id"), "pass an integer >= 0",
+     "=1"),
+    (lambda: validate.number("lr", -1.0, positive=True), "pass a finite number > 0.", "=1.0"),
+    (lambda: validate.number("beta", 2.0, minimum=3), "pass a finite number >= 3.", "=1.0"),
+    # a caller that knows a real value gives it
+    (lambda: validate.number("lr", 0.0, positive=True, example=2e-5),
+     "pass a finite number > 0, e.g. lr=2e-05", "=1.0"),
+    (lambda: validate.positive_int("steps", 0, example=100), "e.g. steps=100", "=1."),
+    # a number written as text, or an integral float, is named with the value to pass
+    (lambda: validate.integer("n", "3"), "pass the number itself, n=3, not the text '3'", "e.g."),
+    (lambda: validate.integer("n", 4.0), "pass an int, n=4", "e.g."),
+    (lambda: validate.number("eps", "1e-8", minimum=0), "eps=1e-08, not the text", "e.g."),
+    # no bound: no "finite number finite"
+    (lambda: validate.number("x", float("nan"), why="it is a length"),
+     "must be a finite number — it is a length", "finite number finite"),
+    # NaN, text and bools reach the range's own message and hint
+    (lambda: validate.fraction("p", float("nan")),
+     "fraction between 0 and 1 — it is a share of a whole — pass a number from 0 to 1", "finite number"),
+    (lambda: validate.fraction("p", "0.5"), "pass the number itself, p=0.5", "finite number"),
+    (lambda: validate.fraction("p", 50), "looks like a percentage: pass p=0.5", "finite number"),
+    (lambda: validate.percentage("q", float("nan")), "percentage between 0 and 100", "finite number"),
+    (lambda: validate.percentage("q", True), "pass a number from 0 to 100", "finite number"),
+    (lambda: validate.percentage("q", 0.85), "looks like a fraction: pass q=85", "finite number"),
+])
+def test_validate_fixes_name_the_range_or_a_real_value(call, says, never):
+    with pytest.raises(ValueError) as error:
+        call()
+    assert says in str(error.value) and never not in str(error.value), str(error.value)
+
+
+@pytest.mark.parametrize("value, vocab_size, says", [
+    (10 ** 7, None, "no tokenizer has 1,048,576 tokens or more"),
+    (523, 523, "the vocabulary has 523 tokens (ids 0 to 522)"),
+    (-1, None, "must be an integer >= 0"),
+    ("5", 523, "pass the number itself, pad_id=5"),
+    (True, None, "must be an integer >= 0"),
+])
+def test_validate_token_id_refuses_ids_no_vocabulary_holds(value, vocab_size, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        validate.token_id("pad_id", value, vocab_size=vocab_size)
+    assert validate.token_id("pad_id", 522, vocab_size=523) == 522
+    assert validate.token_id("pad_id", 151643) == 151643, "ids alone: a real id of a large vocabulary passes"
 
 
 def test_graded_hints_give_the_answer_last_and_only_when_asked(capsys):
