@@ -44,10 +44,18 @@ def is_graded(label):
     a row trains, "the stop token carries loss"); ``graded`` applies it to ``labels[1:]``, the targets
     of the logits. One label gives a bool; a tensor or array gives its mask, element by element.
     """
+    if type(label) is int:  # the common case, first: the doctor reads millions of labels
+        return label != IGNORE_INDEX
     if isinstance(label, bool) or not (isinstance(label, numbers.Real) or hasattr(label, "dtype")):
         raise TypeError(f"label={label!r:.60} is a {type(label).__name__}, not a token id — a label is a "
                         f"token id or {IGNORE_INDEX} (ignored) — pass an element of example['labels'], or a "
                         "tensor of them.")
+    dtype = getattr(label, "dtype", None)
+    floating = getattr(dtype, "is_floating_point", False) or getattr(dtype, "kind", None) in ("f", "c")
+    if floating or (dtype is None and not isinstance(label, numbers.Integral)):
+        raise TypeError(f"label={label!r:.60} is not an integer — a label is a token id or {IGNORE_INDEX} "
+                        "(ignored), and a fraction is neither — pass an element of example['labels'], or an "
+                        "integer tensor of them.")
     return label != IGNORE_INDEX
 
 
@@ -99,13 +107,7 @@ def n_graded(labels) -> int:
     return int(mask.sum()) if hasattr(mask, "sum") else sum(mask)
 
 
-def _check_choice(name: str, value, allowed: Sequence) -> None:
-    validate.choice(name, value, allowed, why="the course only ships these toy tasks and forms, so it can "
-                    "build them offline and deterministically")
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    validate.integer(name, value, minimum=minimum)
+_TOY = "the course only ships these toy tasks and forms, so it can build them offline and deterministically"
 
 
 def filler_text(rng: random.Random, n_words: int) -> str:
@@ -145,13 +147,11 @@ def make_messages(
 
     Deterministic in ``seed``; no system message, so the Qwen2.5 template adds its default one.
     """
-    _check_choice("task", task, TASKS)
-    _check_int("n", n, 1)
-    _check_int("context_words", context_words, 0)
+    validate.choice("task", task, TASKS, why=_TOY)
+    validate.positive_int("n", n, why="it counts conversations", example=200)
+    validate.integer("context_words", context_words, minimum=0, why="it counts filler words", example=20)
     validate.seed("seed", seed)
-    if not isinstance(long_tail, bool):
-        raise TypeError(f"long_tail={long_tail!r} must be True or False — it switches the heavy-tailed "
-                        "prompt lengths on or off — pass long_tail=True.")
+    validate.flag("long_tail", long_tail, why="it switches the heavy-tailed prompt lengths on or off")
     if long_tail and context_words == 0:
         raise ValueError(
             "long_tail=True with context_words=0 gives every prompt a zero-length context — the "
@@ -180,7 +180,7 @@ def make_chat_dataset(task: str = "mixed", n: int = 200, seed: int = 0, *, form:
     """
     from datasets import Dataset
 
-    _check_choice("form", form, ("messages", "prompt_completion"))
+    validate.choice("form", form, ("messages", "prompt_completion"), why=_TOY)
     conversations = make_messages(task, n, seed, context_words, long_tail)
     if form == "messages":
         return Dataset.from_dict({"messages": conversations})
@@ -195,7 +195,7 @@ def pretraining_corpus(n_docs: int = 4000, seed: int = 0) -> list[str]:
     The model thereby knows numbers, words and both tasks, but has never seen ``<|im_start|>`` or
     ``<|im_end|>``: like a base model, it has to learn the chat format (and when to stop) in SFT.
     """
-    _check_int("n_docs", n_docs, 1)
+    validate.positive_int("n_docs", n_docs, why="it counts documents", example=4000)
     validate.seed("seed", seed)
     rng = random.Random(seed)
     docs = []
@@ -226,7 +226,8 @@ def assistant_char_spans(tokenizer, messages: list[dict], train_on_eos: bool = T
     prefix of its continuation.
     """
     validate.tokenizer("tokenizer", tokenizer)
-    validate.messages("messages", messages)
+    validate.chat("messages", messages)
+    validate.flag("train_on_eos", train_on_eos, why="it decides whether the end-of-turn token carries loss")
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     closing = None if train_on_eos else end_of_turn_token(tokenizer)
     spans = []
@@ -304,9 +305,11 @@ def tokenize_chat(tokenizer, messages: list[dict], max_length: int | None = None
     prompt longer than ``max_length`` loses its whole answer: every label becomes ``-100``.
     """
     validate.tokenizer("tokenizer", tokenizer)
-    validate.messages("messages", messages)
+    validate.chat("messages", messages)
     if max_length is not None:
-        _check_int("max_length", max_length, 1)
+        validate.positive_int("max_length", max_length, why="it is the truncation length in tokens",
+                              fix="pass an integer >= 1, e.g. max_length=512, or None: no truncation")
+    validate.flag("train_on_eos", train_on_eos, why="it decides whether the end-of-turn token carries loss")
     text, spans = assistant_char_spans(tokenizer, messages, train_on_eos)
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     input_ids = encoding["input_ids"]
@@ -327,7 +330,9 @@ def collate_right(examples: list[dict], pad_token_id: int):
     if not isinstance(examples, (list, tuple)) or not examples:
         raise ValueError("collate_right got no examples — a batch needs at least one — pass a "
                          "non-empty list of tokenize_chat() outputs.")
-    validate.integer("pad_token_id", pad_token_id, minimum=0, why="it is a token id")
+    # only ids at hand: an id no vocabulary holds is refused; one beyond this model's vocabulary but
+    # within another's cannot be told apart (the model's forward pass refuses it)
+    validate.token_id("pad_token_id", pad_token_id, why="it is the token id written at the padded positions")
     for i, e in enumerate(examples):
         if not isinstance(e, dict) or "input_ids" not in e or "labels" not in e:
             raise TypeError(f"examples[{i}] is a {type(e).__name__}, not a tokenized example — the collate "
@@ -349,7 +354,8 @@ def collate_right(examples: list[dict], pad_token_id: int):
 def make_batches(tokenizer, conversations: list[list[dict]], batch_size: int,
                  max_length: int | None = None, train_on_eos: bool = True) -> list[dict]:
     """Tokenize conversations and cut them, in order, into right-padded micro-batches."""
-    _check_int("batch_size", batch_size, 1)
+    validate.positive_int("batch_size", batch_size, why="it counts conversations per micro-batch", example=8)
+    validate.flag("train_on_eos", train_on_eos, why="it decides whether the end-of-turn token carries loss")
     validate.non_empty("conversations", conversations, what="conversations (lists of messages)",
                        fix="pass e.g. make_messages('add', 8).")
     examples = [tokenize_chat(tokenizer, m, max_length, train_on_eos) for m in conversations]

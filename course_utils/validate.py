@@ -237,6 +237,45 @@ def messages(name: str, value) -> list[dict]:
     return value
 
 
+# the roles TRL's chat handling knows; a template compares a role with these exact strings
+CHAT_ROLES = ("system", "user", "assistant", "tool", "developer", "ipython", "function")
+_ROLE_STAND_INS = {"bot": "assistant", "gpt": "assistant", "model": "assistant", "ai": "assistant",
+                   "human": "user", "person": "user", "prompt": "user", "sys": "system"}
+
+
+def _role_fix(role) -> str:
+    if not isinstance(role, str):
+        return f"give each message a 'role', one of {list(CHAT_ROLES)}"
+    if role.strip().lower() in CHAT_ROLES:
+        return f"write it {role.strip().lower()!r} (the comparison is exact)"
+    stand_in = _ROLE_STAND_INS.get(role.strip().lower())
+    return f"rename it {stand_in!r}" if stand_in else f"use one of them{_did_you_mean(role, CHAT_ROLES)}"
+
+
+def chat(name: str, value) -> list[dict]:
+    """One conversation a template can render and grade: ``messages``, and each message a dict with a
+    ``role`` among ``CHAT_ROLES`` and a text ``content`` (``None`` only for an assistant turn that makes
+    ``tool_calls``). A role the template does not know renders, and its answer is never graded."""
+    messages(name, value)
+    for i, message in enumerate(value):
+        role = message.get("role")
+        if role not in CHAT_ROLES:
+            got = "no 'role'" if "role" not in message else f"role {role!r}"
+            raise ValueError(f"{name}[{i}] has {got}, not one of {list(CHAT_ROLES)} — the chat template "
+                             "compares the role with these exact strings, so the turn would render under the "
+                             f"wrong markers and an answer in it would never be graded — {_role_fix(role)}.")
+        content = message.get("content")
+        calls_tools = role == "assistant" and message.get("tool_calls")
+        if isinstance(content, str) or (content is None and calls_tools):
+            continue
+        got = ("no 'content'" if "content" not in message
+               else f"content {content!r:.40} ({type(content).__name__})")
+        raise ValueError(f"{name}[{i}] ({role}) has {got}, not text — the chat template renders each "
+                         "message's content as a string — pass the text, e.g. "
+                         f"{{'role': {role!r}, 'content': '...'}}.")
+    return value
+
+
 def seeds(name: str, value) -> list[int]:
     """A diagnosis checker's seeds: a non-empty list (or range) of seeds. None would draw nothing and a
     checker that grades no case passes any answer."""

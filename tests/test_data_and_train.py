@@ -76,6 +76,65 @@ def test_tokenize_and_collate_bad_input(tokenizer):
         collate_right([], 0)
 
 
+_HI = {"role": "user", "content": "hi"}
+
+
+@pytest.mark.parametrize(("messages", "says"), [
+    ([_HI, {"role": "bot", "content": "4"}], "role 'bot'.*never be graded — rename it 'assistant'"),
+    ([{"role": "", "content": "hi"}, {"role": "assistant", "content": "4"}], "role ''"),
+    ([{"role": "User", "content": "hi"}, {"role": "assistant", "content": "4"}], "write it 'user'"),
+    ([{"x": 1}], "has no 'role'"),
+    ([{"role": "user", "content": 3}, {"role": "assistant", "content": "4"}], r"content 3 \(int\), not text"),
+    ([{"role": "user", "content": None}, {"role": "assistant", "content": "4"}], "content None"),
+    ([{"role": "user"}, {"role": "assistant", "content": "4"}], "has no 'content'"),
+])
+def test_tokenize_chat_refuses_messages_the_template_cannot_grade(tokenizer, messages, says):
+    """An unknown role rendered, and its answer was never graded; a missing role or content was a KeyError or
+    a Jinja error from inside the template."""
+    from course_utils.data import assistant_char_spans
+
+    with pytest.raises(ValueError, match=says):
+        tokenize_chat(tokenizer, messages)
+    with pytest.raises(ValueError, match=says):
+        assistant_char_spans(tokenizer, messages)
+
+
+def test_a_tool_calling_turn_may_have_no_content():
+    from course_utils import validate
+
+    tool_call = {"function": {"name": "add", "arguments": {}}}
+    call = {"role": "assistant", "content": None, "tool_calls": [tool_call]}
+    assert validate.chat("messages", [_HI, call]) == [_HI, call]
+
+
+@pytest.mark.parametrize("value", [None, "yes", 1])
+def test_train_on_eos_is_a_flag(tokenizer, value):
+    from course_utils.data import assistant_char_spans
+
+    conv = make_messages("add", 1)[0]
+    for call in (lambda: tokenize_chat(tokenizer, conv, train_on_eos=value),
+                 lambda: make_batches(tokenizer, [conv], 1, train_on_eos=value),
+                 lambda: assistant_char_spans(tokenizer, conv, train_on_eos=value)):
+        with pytest.raises(TypeError, match="train_on_eos=.* must be True or False"):
+            call()
+
+
+@pytest.mark.parametrize("label", [2.5, 3.0, torch.tensor([1.5, -100.0])])
+def test_is_graded_refuses_a_label_that_is_not_an_integer(label):
+    from course_utils.data import is_graded
+
+    with pytest.raises(TypeError, match="is not an integer"):
+        is_graded(label)
+    assert is_graded(5) and not is_graded(IGNORE_INDEX)
+    assert is_graded(torch.tensor([5, -100])).tolist() == [True, False]
+
+
+def test_collate_right_refuses_a_pad_id_no_vocabulary_holds(tokenizer):
+    example = tokenize_chat(tokenizer, make_messages("add", 1)[0])
+    with pytest.raises(ValueError, match="pad_token_id=10000000 is beyond the vocabulary"):
+        collate_right([example], 10 ** 7)
+
+
 def test_collate_right_pads_labels_with_ignore(tokenizer):
     batch = make_batches(tokenizer, make_messages("mixed", 4, seed=0), batch_size=4)[0]
     pads = batch["attention_mask"] == 0
