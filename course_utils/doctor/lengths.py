@@ -15,6 +15,7 @@ from .report import Finding, share_of
 # What this file offers users (re-exported by ``course_utils.doctor``); its other names serve the package
 __all__ = ["empty_batch_probability"]
 
+RISK_SLACK = 8  # rows whose first graded token is this close to max_length go through TRL's own truncation
 ERROR_SHARE = 0.01  # fully truncated rows: an error from 1 % of the data, a warning below
 
 
@@ -55,8 +56,16 @@ def truncation_findings(prepared, tokenizer, args, chat_template, completion_onl
             "prompts", "05"))
     tokenized = prepared.remove_columns([c for c in prepared.column_names if c not in
                                          ("input_ids", "labels", "_doctor_row")])
-    cut = trl_view.prepare(tokenizer, tokenized, args, chat_template, completion_only_loss, packing=False)
-    dropped = sorted(set(first) - set(cut["_doctor_row"]))
+    # TRL truncates and filters row by row: its own preparation on the rows that can lose every target (the
+    # first graded token near or past max_length; every row under keep_end) drops what it would drop in all
+    ids = tokenized["_doctor_row"]
+    near = max_length - RISK_SLACK
+    keep_start = args.truncation_mode == "keep_start"
+    at_risk = [i for i, r in enumerate(ids) if not keep_start or first.get(r, 0) >= near]
+    kept = set(trl_view.prepare(tokenizer, tokenized.select(at_risk), args, chat_template,
+                                completion_only_loss, packing=False)["_doctor_row"]) if at_risk else set()
+    risky = {ids[i] for i in at_risk}
+    dropped = sorted(r for r in first if r in risky and r not in kept)
     if not dropped:
         return findings
     n = len(first)
