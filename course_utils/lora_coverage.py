@@ -32,6 +32,7 @@ The exercises' checkers are in ``course_utils.exercises.lesson13``; reference an
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import re
 import shutil
@@ -39,6 +40,8 @@ import warnings
 from pathlib import Path
 
 import torch
+
+from . import validate
 
 GROUPS = ("attention", "linear_mixer", "router", "routed_experts", "shared_experts", "dense_mlp")
 TUTORIAL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -109,8 +112,22 @@ FAMILIES = {
 _LINEAR_MIXER = re.compile(r"GatedDeltaNet|Mamba|LinearAttention|ShortConv|DeltaNet|Lightning", re.I)
 
 
+# overrides that count something a model needs at least one of (an expert, a layer, a head, a width)
+_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok", "num_hidden_layers",
+           "num_attention_heads", "num_key_value_heads", "hidden_size", "intermediate_size",
+           "moe_intermediate_size", "head_dim", "vocab_size")
+
+
+def _closest(value, known) -> str:
+    """`` (did you mean 'x'?)`` with the closest of ``known``, or nothing when none is close."""
+    close = difflib.get_close_matches(str(value), sorted(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def tiny_config(model_type: str, **overrides):
-    """A tiny random config of ``model_type`` (one of ``FAMILIES``), built offline; ``overrides`` win."""
+    """A tiny random config of ``model_type`` (one of ``FAMILIES``), built offline; ``overrides`` win. An
+    override must be a field of the family's config (``AutoConfig.for_model`` keeps any keyword as an
+    attribute nothing reads: a typo would change nothing), and a count (``_COUNTS``) at least 1."""
     from transformers import AutoConfig
 
     if not isinstance(model_type, str):
@@ -123,6 +140,19 @@ def tiny_config(model_type: str, **overrides):
             f"no tiny config for model_type {model_type!r} — the lesson measures {sorted(FAMILIES)} — "
             "pick one of those, or build your own with transformers.AutoConfig.for_model(...)."
         )
+    if overrides:
+        defaults = AutoConfig.for_model(model_type)
+        known = {*defaults.to_dict(), *_SMALL, *FAMILIES[model_type]}
+        for key, value in overrides.items():
+            if key not in known and not hasattr(defaults, key):
+                raise ValueError(
+                    f"{key}={value!r} is not a field of {type(defaults).__name__}"
+                    f"{_closest(key, known)} — the config would keep it as an attribute no "
+                    "layer reads, and the model would be built without it — fix the spelling against the "
+                    f"config's fields (AutoConfig.for_model({model_type!r}).to_dict())."
+                )
+            if key in _COUNTS:
+                validate.positive_int(key, value, why="a model needs at least one of each")
     return AutoConfig.for_model(model_type, **{**_SMALL, **FAMILIES[model_type], **overrides})
 
 
@@ -131,7 +161,10 @@ def tiny_moe_or_hybrid(model_type: str, *, seed: int = 0, meta: bool = False, to
     ``tokenizer``: size the vocabulary and set pad/eos ids for it (to train on the course's chats)."""
     from transformers import AutoModelForCausalLM
 
+    seed = validate.seed("seed", seed)
+    validate.flag("meta", meta, why="it builds the model on the meta device (no weights) or with weights")
     if tokenizer is not None:
+        validate.tokenizer("tokenizer", tokenizer)
         overrides = {
             "vocab_size": len(tokenizer),
             "pad_token_id": tokenizer.pad_token_id,
@@ -273,14 +306,38 @@ def lora_coverage(peft_model) -> dict[str, dict]:
     return table
 
 
+_ROW = ("tensors", "adapted", "lora_params")  # a coverage table's row, per group
+
+
+def _coverage_table(table, reader: str) -> dict:
+    """``table`` if it is a coverage table: a non-empty dict of ``{group: {"tensors", "adapted",
+    "lora_params"}}`` (an empty one is what adapter_coverage holds when peft refused the config)."""
+    if not isinstance(table, dict):
+        raise TypeError(
+            f"table must be a coverage table (a dict), got {type(table).__name__} — {reader} reads "
+            "its rows — pass lora_coverage(peft_model) or adapter_coverage(...)['table']."
+        )
+    if not table:
+        raise ValueError(
+            f"table is empty — {reader} reads one row per module group, and an empty table has none (it is "
+            "adapter_coverage's table when peft refused the config) — read adapter_coverage(...)['error'] "
+            "first, or pass lora_coverage(peft_model)."
+        )
+    for group, row in table.items():
+        if group not in GROUPS or not (isinstance(row, dict) and set(_ROW) <= set(row)):
+            raise ValueError(
+                f"table[{group!r}] is not a coverage row — each key is one of {list(GROUPS)} and each row "
+                "holds 'tensors', 'adapted' and 'lora_params' — pass lora_coverage(peft_model) or "
+                "adapter_coverage(...)['table']."
+            )
+    return table
+
+
 def frozen_groups(table: dict, *, include_router: bool = False) -> list[str]:
     """The groups of a coverage table that have weights but no adapter, in ``GROUPS`` order. The router is
     left out unless asked for: recipes often keep it frozen on purpose (the load balance it learned)."""
-    if not isinstance(table, dict):
-        raise TypeError(
-            f"table must be a coverage table (a dict), got {type(table).__name__} — frozen_groups reads "
-            "its rows — pass lora_coverage(peft_model) or adapter_coverage(...)['table']."
-        )
+    _coverage_table(table, "frozen_groups")
+    validate.flag("include_router", include_router, why="it counts a frozen router as a frozen group")
     return [
         g
         for g in GROUPS
@@ -293,11 +350,7 @@ def frozen_groups(table: dict, *, include_router: bool = False) -> list[str]:
 
 def format_table(table: dict) -> str:
     """A coverage table as aligned text (the frozen groups marked)."""
-    if not isinstance(table, dict):
-        raise TypeError(
-            f"table must be a coverage table (a dict), got {type(table).__name__} — format_table "
-            "prints its rows — pass lora_coverage(peft_model) or adapter_coverage(...)['table']."
-        )
+    _coverage_table(table, "format_table")
     lines = [f"{'group':16s} {'adapted':>9s} {'LoRA params':>12s}"]
     for group, row in table.items():
         flag = "  <- no adapter" if row["tensors"] and not row["adapted"] else ""
@@ -374,7 +427,7 @@ def adapter_coverage(model_or_config, lora_config) -> dict:
     table = lora_coverage(peft_model)
     return {
         "table": table,
-        "frozen": frozen_groups(table, include_router=True),
+        "frozen": frozen_groups(table, include_router=True) if table else [],  # a model of no known group
         "rewritten": rewritten,
         "error": None,
     }
@@ -391,14 +444,13 @@ def gradient_by_group(peft_model, input_ids: torch.Tensor) -> dict[str, dict]:
             f"gradient_by_group needs a PeftModel, got {type(peft_model).__name__} — it reads the "
             "LoRA layers' gradients — wrap the model with peft.get_peft_model first."
         )
-    if not (
-        isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and not input_ids.is_floating_point()
-    ):
+    validate.tensor("input_ids", input_ids, ndim=2, integer_dtype=True)
+    if 0 in input_ids.shape:
         raise ValueError(
-            f"input_ids must be a 2-D integer tensor (batch, tokens), "
-            f"got {getattr(input_ids, 'shape', input_ids)!r}"
-            " — it is fed to the model — e.g. torch.randint(vocab_size, (2, 16))."
+            f"input_ids has shape {tuple(input_ids.shape)}: no row or no token — a backward needs a loss "
+            "over at least one token — pass e.g. torch.randint(vocab_size, (2, 16))."
         )
+    validate.ids_fit_model(peft_model, input_ids)
     groups = module_groups(peft_model)
     peft_model.zero_grad(set_to_none=True)
     peft_model(input_ids=input_ids, labels=input_ids).loss.backward()
@@ -450,6 +502,9 @@ def weight_change_by_group(before: dict, model) -> dict[str, float]:
     return {g: change[g] for g in GROUPS if g in change}
 
 
+_PEFT_SWITCHES = ("use_peft", "use_rslora", "use_dora")
+
+
 def lora_config_as_trl_builds(fields):
     """The ``LoraConfig`` that ``trl sft`` builds from the same settings, or None when ``use_peft`` is off.
 
@@ -466,11 +521,26 @@ def lora_config_as_trl_builds(fields):
     elif isinstance(fields, dict) or hasattr(fields, "__dict__"):
         values = dict(fields) if isinstance(fields, dict) else vars(fields)
         known = ModelConfig.__dataclass_fields__
-        wanted = {
-            k: v
-            for k, v in values.items()
-            if k in known and (k.startswith("lora_") or k in ("use_peft", "use_rslora", "use_dora"))
-        }
+        lora_keys = [k for k in known if k.startswith("lora_") or k in _PEFT_SWITCHES]
+        for key in values:
+            if isinstance(key, str) and key.startswith("lora_") and key not in known:
+                raise ValueError(
+                    f"{key!r} is not a trl sft LoRA field{_closest(key, lora_keys)} — trl sft "
+                    "would refuse it, and here it would be left out silently — fix the spelling against "
+                    f"{lora_keys}."
+                )
+        wanted = {k: v for k, v in values.items() if k in lora_keys}
+        for key in _PEFT_SWITCHES:
+            if key in wanted:
+                validate.flag(key, wanted[key], why="trl sft reads it as a switch")
+        if "lora_r" in wanted:
+            validate.positive_int("lora_r", wanted["lora_r"], why="it is the rank of every adapter, and a "
+                                  "rank-0 adapter trains nothing", fix="pass e.g. lora_r=16 (TRL's default)")
+        if "lora_alpha" in wanted:
+            validate.number("lora_alpha", wanted["lora_alpha"], positive=True, why="it scales every "
+                            "adapter's update", fix="pass e.g. lora_alpha=32 (TRL's default)")
+        if "lora_dropout" in wanted:
+            validate.fraction("lora_dropout", wanted["lora_dropout"], why="it is the share of inputs dropped")
         model_args = ModelConfig(**wanted)
     else:
         raise TypeError(
@@ -484,20 +554,16 @@ def lora_config_as_trl_builds(fields):
 # --- the saved adapter -------------------------------------------------------------------------------------
 
 
-def _check_directory(name: str, value) -> None:
-    if not isinstance(value, (str, Path)) or not str(value):
-        raise TypeError(
-            f"{name} must be a directory path (str or Path), got {value!r:.60} — it is read or written as a "
-            "folder — pass e.g. tempfile.mkdtemp()."
-        )
-
-
 def adapter_layout(adapter_dir) -> dict:
     """What a saved adapter holds: ``{"target_modules", "target_parameters", "rank_pattern": from
     adapter_config.json, "tensors": {tensor name: shape}}`` — what a server's LoRA loader has to map."""
     from safetensors import safe_open
 
-    _check_directory("adapter_dir", adapter_dir)
+    if not isinstance(adapter_dir, (str, Path)) or not str(adapter_dir).strip():
+        raise TypeError(
+            f"adapter_dir must be a directory path (str or Path), got {adapter_dir!r:.60} — the adapter is "
+            "read from that folder — pass the directory PeftModel.save_pretrained wrote."
+        )
     path = Path(adapter_dir)
     if not (path / "adapter_config.json").is_file() or not (path / "adapter_model.safetensors").is_file():
         raise ValueError(
@@ -521,23 +587,31 @@ def drop_tensors(adapter_dir, out_dir, contains: str) -> list[str]:
     names."""
     from safetensors.torch import load_file, save_file
 
-    if not isinstance(contains, str) or not contains:
+    if not isinstance(contains, str) or not contains.strip():
         raise ValueError(
             f"contains must be a non-empty string, got {contains!r} — it selects tensor names — "
-            "e.g. 'experts'."
+            "pass e.g. contains='experts'."
         )
-    _check_directory("out_dir", out_dir)
-    layout = adapter_layout(adapter_dir)  # validates the directory
-    out = Path(out_dir)
+    names = sorted(adapter_layout(adapter_dir)["tensors"])  # validates the directory
+    dropped = [k for k in names if contains in k]
+    if not dropped or len(dropped) == len(names):
+        what = ("none of" if not dropped else "every one of") + f" the adapter's {len(names)} tensors"
+        result = "the adapter unchanged" if not dropped else "an adapter with no weights"
+        raise ValueError(
+            f"contains={contains!r} matches {what} (e.g. {names[:1]}) — the copy would be {result}, not "
+            "the adapter with some tensors missing — pass a part of the names of the tensors to drop only, "
+            "e.g. contains='experts'."
+        )
+    # never over the adapter or a folder with files: the copy is written file by file and would replace them
+    out = validate.new_directory("out_dir", out_dir, inputs=[adapter_dir], what="the adapter copy's files")
+    out.mkdir(parents=True, exist_ok=True)
     shutil.copytree(adapter_dir, out, dirs_exist_ok=True)
     state = load_file(str(Path(adapter_dir) / "adapter_model.safetensors"))
-    dropped = sorted(k for k in state if contains in k)
     save_file({k: v for k, v in state.items() if contains not in k}, str(out / "adapter_model.safetensors"))
     config = json.loads((out / "adapter_config.json").read_text())
     if config.get("target_parameters"):
         config["target_parameters"] = [t for t in config["target_parameters"] if contains not in t] or None
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2))
-    del layout
     return dropped
 
 

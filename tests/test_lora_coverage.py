@@ -1,6 +1,7 @@
 """course_utils.lora_coverage (lesson 13): the per-group table on tiny configs, with the installed peft as the
 judge; the TRL-built LoraConfig; the saved adapter's layout; bad input rejected with what/why/fix."""
 
+import re
 import warnings
 
 import pytest
@@ -134,10 +135,84 @@ def test_bad_input_says_what_why_and_how(call, phrase):
         call()
 
 
-def test_gradient_by_group_rejects_float_input():
+@pytest.mark.parametrize("ids, phrase", [
+    (torch.zeros(2, 3), "integer token ids"),
+    ([[1, 2, 3]], "must be a torch.Tensor"),
+    (torch.zeros(4, 0, dtype=torch.long), "no row or no token"),
+    (torch.tensor([[1, 2, 10**6]]), "only 256 embeddings"),
+])
+def test_gradient_by_group_refuses_ids_the_model_cannot_run(ids, phrase):
     model = get_peft_model(lc.tiny_moe_or_hybrid("qwen2_moe"), LoraConfig(target_modules=["q_proj"]))
-    with pytest.raises(ValueError, match="2-D integer tensor"):
-        lc.gradient_by_group(model, torch.zeros(2, 3))
+    with pytest.raises((TypeError, ValueError), match=phrase) as caught:
+        lc.gradient_by_group(model, ids)
+    assert str(caught.value).count(" — ") >= 2, "what — why — fix"
+
+
+# ---- issue 42, part 3: the audit's bad input ------------------------------------------------------------
+ROW = {"tensors": 2, "adapted": 0, "lora_params": 0}
+
+
+@pytest.mark.parametrize("call, phrase", [
+    (lambda: lc.tiny_config("qwen3_moe", num_expertz=4), "did you mean 'num_experts'"),
+    (lambda: lc.tiny_config("qwen3_moe", num_experts=0), "num_experts=0 must be an integer >= 1"),
+    (lambda: lc.tiny_moe_or_hybrid("qwen3_moe", seed=float("nan")), "seed=nan"),
+    (lambda: lc.tiny_moe_or_hybrid("qwen3_moe", seed=None), "seed=None"),
+    (lambda: lc.tiny_moe_or_hybrid("qwen3_moe", seed=2.5), "seed=2.5"),
+    (lambda: lc.tiny_moe_or_hybrid("qwen3_moe", seed="0"), "seed='0'"),
+    (lambda: lc.tiny_moe_or_hybrid("qwen3_moe", meta="yes"), "meta='yes' must be True or False"),
+    (lambda: lc.frozen_groups({}), "table is empty"),
+    (lambda: lc.format_table({}), "table is empty"),
+    (lambda: lc.format_table({"attention": 3}), "is not a coverage row"),
+    (lambda: lc.frozen_groups({"attention": ROW}, include_router=None), "include_router=None"),
+    (lambda: lc.lora_config_as_trl_builds({"use_peft": True, "lora_rank": 8}), "did you mean 'lora_r'"),
+    (lambda: lc.lora_config_as_trl_builds({"use_peft": True, "lora_r": 0}), "lora_r=0"),
+    (lambda: lc.lora_config_as_trl_builds({"use_peft": True, "lora_alpha": float("nan")}), "lora_alpha=nan"),
+    (lambda: lc.lora_config_as_trl_builds({"use_peft": "yes"}), "use_peft='yes'"),
+])
+def test_the_audits_silent_calls_are_refused_with_what_why_fix(call, phrase):
+    with pytest.raises((TypeError, ValueError), match=re.escape(phrase)) as caught:
+        call()
+    assert str(caught.value).count(" — ") >= 2, "what — why — fix"
+
+
+def test_trl_fields_other_than_lora_ones_are_still_ignored():
+    config = lc.lora_config_as_trl_builds({"use_peft": True, "lora_r": 8, "use_cpu": True, "max_length": 3})
+    assert config.r == 8
+
+
+def _adapter(path):
+    """A saved adapter as adapter_layout reads it: its config and three tensors."""
+    from safetensors.torch import save_file
+
+    path.mkdir()
+    names = ["base_model.model.q_proj.lora_A.weight", "base_model.model.experts.lora_A.weight",
+             "base_model.model.experts.lora_B.weight"]
+    save_file({n: torch.zeros(2, 2) for n in names}, str(path / "adapter_model.safetensors"))
+    (path / "adapter_config.json").write_text('{"target_parameters": ["experts.gate_up_proj"]}')
+    return path
+
+
+@pytest.mark.parametrize("out, contains, phrase", [
+    ("adapter", "experts", "inside it or around it"),
+    ("adapter/sub", "experts", "inside it or around it"),
+    (".", "experts", "inside it or around it"),
+    ("busy", "experts", "already holds files"),
+    ("new", "   ", "non-empty string"),
+    ("new", "no_such_tensor", "matches none of"),
+    ("new", ".", "matches every one of"),
+])
+def test_drop_tensors_never_overwrites_nor_writes_a_copy_it_did_not_change(tmp_path, out, contains, phrase):
+    adapter = _adapter(tmp_path / "adapter")
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "tokenizer.json").write_text("mine")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(ValueError, match=phrase) as caught:
+        lc.drop_tensors(adapter, tmp_path / out, contains)
+    assert str(caught.value).count(" — ") >= 2, "what — why — fix"
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "new").exists()
+    assert lc.drop_tensors(adapter, tmp_path / "new", "experts") == sorted(
+        n for n in lc.adapter_layout(adapter)["tensors"] if "experts" in n)
 
 
 def kinds(family, **lora):
