@@ -70,6 +70,15 @@ def micro_batch_loss(summed: torch.Tensor, n_tokens: int, *, normalise: str, acc
     validate.integer("n_tokens", n_tokens, minimum=0, why="it counts the micro-batch's graded tokens")
     validate.integer("step_tokens", step_tokens, minimum=0, why="it counts the graded tokens of the whole "
                      "step, all its micro-batches")
+    value = float(summed.detach().sum()) if summed.numel() else 0.0
+    if value < 0:
+        raise ValueError(f"summed={value:g} is negative — it is a sum of cross-entropies, each -log p >= 0 — "
+                         "pass the summed loss of the micro-batch's graded tokens "
+                         "(losses.summed_ignore_index, or token_losses(model, batch)[0]).")
+    if n_tokens == 0 and value != 0 and math.isfinite(value):
+        raise ValueError(f"summed={value:g} with n_tokens=0 — a sum over no graded token is 0, so the sum "
+                         "and the count come from different micro-batches — pass both from the same one: "
+                         "summed, n_tokens = token_losses(model, batch).")
     if n_tokens > step_tokens:
         raise ValueError(f"n_tokens={n_tokens} is more than step_tokens={step_tokens} — the micro-batch's "
                          "tokens are some of the step's — pass step_tokens = the sum over the step's "
@@ -90,9 +99,10 @@ def _check_train_args(model, micro_batches, accum_steps, steps, normalise, optim
     validate.choice("normalise", normalise, NORMALISATIONS,
                     why="the loop knows these two loss normalisations")
     validate.choice("optimizer", optimizer, ("adamw", "sgd"), why="the lessons compare these two")
-    validate.number("lr", lr, positive=True, why="a learning rate of 0 or less trains nothing or backwards")
+    validate.number("lr", lr, positive=True, why="a learning rate of 0 or less trains nothing or backwards",
+                    example=1e-3)
     validate.number("max_grad_norm", max_grad_norm, positive=True, allow_none=True,
-                    why="clipping to 0 would erase every update; None turns clipping off")
+                    why="clipping to 0 would erase every update; None turns clipping off", example=1.0)
     validate.batches("micro_batches", micro_batches)
 
 
@@ -120,7 +130,15 @@ def train(model, micro_batches: Sequence[dict], *, steps: int, accum_steps: int 
     _check_train_args(model, micro_batches, accum_steps, steps, normalise, optimizer, lr, max_grad_norm)
     validate.number("weight_decay", weight_decay, minimum=0, why="it shrinks every weight by lr x it each "
                     "step: a negative one grows them")
-    validate.number("eps", eps, positive=True, why="it keeps Adam's division by the gradient's scale finite")
+    validate.number("eps", eps, positive=True, why="it keeps Adam's division by the gradient's scale finite",
+                    example=1e-8)
+    if on_step is not None:
+        validate.function("on_step", on_step)
+    if loss_fn is not None:
+        validate.function("loss_fn", loss_fn)
+    validate.flag("skip_empty", skip_empty,
+                  why="it switches the guard that skips micro-batches without targets")
+    validate.flag("progress", progress, why="it switches the progress bar")
     params = [p for p in model.parameters() if p.requires_grad]
     if optimizer == "adamw":
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, eps=eps)
@@ -186,7 +204,14 @@ def clip_rate(records: list[dict]) -> float:
     """Fraction of optimizer steps on which gradient clipping fired."""
     if not isinstance(records, (list, tuple)) or not records:
         raise ValueError("clip_rate got no records — it is a fraction of steps — pass train()'s output.")
-    return sum(r["clipped"] for r in records) / len(records)
+    for i, r in enumerate(records):
+        if not isinstance(r, dict) or not isinstance(r.get("clipped"), (bool, np.bool_)):
+            got = (f"a {type(r).__name__}" if not isinstance(r, dict) else
+                   f"no 'clipped' (keys: {sorted(r, key=str)})" if "clipped" not in r else
+                   f"clipped={r['clipped']!r}")
+            raise ValueError(f"records[{i}] has {got} — clip_rate counts the steps whose record says "
+                             "clipped=True — pass train()'s records (one dict per optimizer step).")
+    return sum(bool(r["clipped"]) for r in records) / len(records)
 
 
 def _progress_callback():
@@ -238,14 +263,17 @@ def make_sft_trainer(model, tokenizer, train_dataset, *, trainer_cls=None, progr
     )
     validate.model("model", model)
     validate.tokenizer("tokenizer", tokenizer)
+    validate.flag("progress", progress, why="it switches the progress bar")
     if not hasattr(train_dataset, "column_names"):
         raise TypeError(f"train_dataset must be a datasets.Dataset, got {type(train_dataset).__name__} — "
                         "SFTTrainer maps and tokenizes it — build one with make_chat_dataset() or "
                         "datasets.Dataset.from_dict(...).")
     validate.sft_config("config", config)  # make_sft_trainer passes its keyword arguments to SFTConfig
     merged = {**defaults, **config}
-    if merged["max_steps"] is not None and merged["max_steps"] != -1:
-        validate.positive_int("max_steps", merged["max_steps"], why="it counts optimizer steps (-1: epochs)")
+    if merged["max_steps"] != -1:
+        validate.positive_int("max_steps", merged["max_steps"], why="it counts optimizer steps",
+                              fix="pass an integer >= 1, e.g. max_steps=20, or -1 to train num_train_epochs "
+                              "epochs instead")
     args = SFTConfig(**merged)
     trainer_cls = trainer_cls or SFTTrainer
     if not (isinstance(trainer_cls, type) and issubclass(trainer_cls, SFTTrainer)):

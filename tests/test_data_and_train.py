@@ -176,6 +176,57 @@ def test_clip_rate_needs_records():
         clip_rate([])
 
 
+@pytest.mark.parametrize(("summed", "n_tokens", "says"), [
+    (-3.0, 3, "summed=-3 is negative"),
+    (12.0, 0, "summed=12 with n_tokens=0"),
+])
+def test_micro_batch_loss_refuses_a_sum_no_micro_batch_gives(summed, n_tokens, says):
+    from course_utils.training import micro_batch_loss
+
+    with pytest.raises(ValueError, match=says):
+        micro_batch_loss(torch.tensor(summed), n_tokens, normalise="token", accum_steps=2,
+                         divide_by_accum=True, step_tokens=8)
+    # an empty micro-batch (sum 0 over 0 tokens) is the failure lessons 05 and 07 show: still computed
+    empty = micro_batch_loss(torch.tensor(0.0), 0, normalise="mean", accum_steps=1, divide_by_accum=True,
+                             step_tokens=0)
+    assert math.isnan(float(empty))
+
+
+@pytest.mark.parametrize(("kwargs", "error", "says"), [
+    ({"on_step": 3}, TypeError, "on_step must be a function"),
+    ({"loss_fn": "mean"}, TypeError, "loss_fn must be a function"),
+    ({"progress": None}, TypeError, "progress=None must be True or False"),
+    ({"progress": "yes"}, TypeError, "progress='yes' must be True or False"),
+    ({"skip_empty": None}, TypeError, "skip_empty=None must be True or False"),
+    ({"lr": 0.0}, ValueError, "e.g. lr=0.001"),
+])
+def test_train_refuses_bad_callbacks_and_flags(course, tokenizer, kwargs, error, says):
+    batches = make_batches(tokenizer, make_messages("add", 2), batch_size=2)
+    with pytest.raises(error, match=says):
+        train(course[0], batches, steps=1, **kwargs)
+
+
+@pytest.mark.parametrize(("records", "says"), [
+    ([{"x": 1}], r"records\[0\] has no 'clipped'"),
+    ([3, 4], r"records\[0\] has a int"),
+    ([{"clipped": "yes"}], "clipped='yes'"),
+])
+def test_clip_rate_refuses_records_that_are_not_train_records(records, says):
+    with pytest.raises(ValueError, match=says):
+        clip_rate(records)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "says"), [
+    ({"max_steps": None}, ValueError, "max_steps=None must be an integer >= 1 .* or -1 to train"),
+    ({"progress": "yes"}, TypeError, "progress='yes' must be True or False"),
+])
+def test_make_sft_trainer_refuses_no_step_count_and_text_flags(course, kwargs, error, says):
+    from course_utils.training import make_sft_trainer
+
+    with pytest.raises(error, match=says):
+        make_sft_trainer(course[0], course[1], make_chat_dataset("add", n=4), **kwargs)
+
+
 def test_close_compares_structures():
     assert close(1.0, 1.0 + 1e-9) is None
     assert close([1, {"a": torch.tensor([1.0])}], [1, {"a": torch.tensor([1.0])}]) is None
