@@ -27,6 +27,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from . import validate
+
 CLIP_TOLERANCE = 1e-4  # relative: clip_grad_norm_ leaves the norm at max_norm * (1 - ~1e-6/norm)
 MOSTLY = 0.5           # "most steps": the share of steps above which a per-step symptom is the run's
 SPIKE = 10.0           # a gradient norm this many times the median of the steps before it is a spike
@@ -36,6 +38,10 @@ FLAT = 0.01            # relative change of the loss, first quarter to last, bel
 DIVERGING = 0.10       # relative rise of the loss, first quarter to last, above which it diverges
 EVAL_POINTS = 3        # eval losses needed to call a rise
 EVAL_RISE = 0.01       # relative rise of the eval loss over its best below which it is noise, not a rise
+LOGGED = ("step", "loss", "grad_norm", "learning_rate", "eval_loss")  # the numbers the rules read
+# max_grad_norm's one check, for the three public rules
+_MAX_GRAD_NORM = dict(minimum=0, why="it is the clip threshold the run trained with (0: no clipping)",
+                      fix="pass TrainingArguments.max_grad_norm, e.g. max_grad_norm=1.0")
 
 
 @dataclass(frozen=True)
@@ -55,17 +61,16 @@ def was_clipped(norm, max_grad_norm) -> bool:
     """Whether ``clip_grad_norm_(max_norm=max_grad_norm)`` scaled a gradient of total norm ``norm`` down.
     True for the pre-clip norm the Trainer logs (``grad_norm``) and for the post-clip norm the watch
     measures (after a clip it equals ``max_grad_norm``, up to ``CLIP_TOLERANCE``)."""
-    _check_max_grad_norm(max_grad_norm)
+    max_grad_norm = validate.number("max_grad_norm", max_grad_norm, **_MAX_GRAD_NORM)
     if not _number(norm):
         raise TypeError(f"norm={norm!r} must be a number — it is the step's gradient norm (the log's "
                         "grad_norm) — pass the logged value; skip steps that logged none.")
-    return (max_grad_norm is not None and max_grad_norm > 0 and _finite(norm)
-            and norm >= max_grad_norm * (1 - CLIP_TOLERANCE))
+    return max_grad_norm > 0 and _finite(norm) and norm >= max_grad_norm * (1 - CLIP_TOLERANCE)
 
 
 def clipping_verdict(clipped: list[bool], max_grad_norm) -> Verdict | None:
     """``run-clipping`` when more than ``MOSTLY`` of the steps clipped (``clipped``: one flag per step)."""
-    _check_max_grad_norm(max_grad_norm)
+    validate.number("max_grad_norm", max_grad_norm, **_MAX_GRAD_NORM)
     flags = isinstance(clipped, (list, tuple)) and all(isinstance(c, bool) for c in clipped)
     if not flags or not clipped:
         raise TypeError(f"clipped={clipped!r:.60} must be a non-empty list of True/False, one per step — the "
@@ -88,33 +93,57 @@ def judge(log: list[dict], max_grad_norm=1.0, clipped: list[bool] | None = None,
     each step when it was measured (the watch's); otherwise each logged ``grad_norm`` is judged with
     ``was_clipped``. ``fp16``: whether the run trained with fp16 mixed precision (its GradScaler skips the
     steps whose gradient overflows), None when it cannot be known. Returns the verdicts that fired, in the
-    order of the module docstring."""
+    order of the module docstring. A log none of whose entries is a logged step (``step`` with ``loss``,
+    ``eval_loss`` or the end-of-training ``train_loss``), a logged number that is not a number (a missing
+    one is None or absent), or more clip flags than the run can have had steps are refused: each would be
+    judged healthy."""
     if not isinstance(log, (list, tuple)) or not log or not all(isinstance(e, dict) for e in log):
         raise ValueError(f"log={log!r:.60} must be a non-empty list of Trainer log entries (dicts) — a run "
                          "is judged on its logged steps — pass trainer.state.log_history, or the log_history "
                          "of trainer_state.json.")
+    _check_logged_numbers(log)
+    max_grad_norm = validate.number("max_grad_norm", max_grad_norm, **_MAX_GRAD_NORM)
+    if fp16 is not None:
+        validate.flag("fp16", fp16, why="it says whether a GradScaler skipped steps",
+                      fix="pass TrainingArguments.fp16, or None when it cannot be known")
     train = [e for e in log if "loss" in e and "step" in e]
     evals = [e for e in log if "eval_loss" in e and "step" in e]
     losses = [(e["step"], e["loss"]) for e in train if _number(e["loss"])]
     norms = [(e["step"], e["grad_norm"]) for e in train if _number(e.get("grad_norm"))]
     rates = [(e["step"], e["learning_rate"]) for e in train if _number(e.get("learning_rate"))]
-    _check_max_grad_norm(max_grad_norm)
     if clipped is None:
         clipped = [was_clipped(n, max_grad_norm) for _, n in norms]
+    elif train and isinstance(clipped, (list, tuple)):  # no more flags than steps the run can have had:
+        steps = sorted({e["step"] for e in train})  # to its last logged step, and less than an interval after
+        interval = max(b - a for a, b in zip([0, *steps], steps))
+        if len(clipped) >= steps[-1] + max(interval, 1):
+            raise ValueError(f"clipped has {len(clipped)} flags but the log's last step is {steps[-1]} "
+                             f"(logged every {interval} step(s) at most) — one flag per optimizer step, and "
+                             "the run had fewer — pass the flags of this run's steps (the watch's), or "
+                             "clipped=None to judge the logged grad_norm.")
     clipping = clipping_verdict(clipped, max_grad_norm) if clipped else None
-    if fp16 not in (True, False, None):
-        raise ValueError(f"fp16={fp16!r} must be True, False or None (not known) — it says whether a "
-                         "GradScaler skipped steps — pass TrainingArguments.fp16.")
     verdicts = [_nonfinite(losses, norms, fp16), _zero_loss(losses), clipping,
                 _grad_spike(norms), _loss_trend(losses), _lr_zero(rates),
                 _eval_rising(losses, [(e["step"], e["eval_loss"]) for e in evals if _number(e["eval_loss"])])]
     return [v for v in verdicts if v is not None]
 
 
-def _check_max_grad_norm(max_grad_norm) -> None:
-    if not _number(max_grad_norm) or max_grad_norm < 0:
-        raise ValueError(f"max_grad_norm={max_grad_norm!r} must be a number >= 0 — it is the clip threshold "
-                         "the run trained with — pass TrainingArguments.max_grad_norm (0 for no clipping).")
+def _check_logged_numbers(log) -> None:
+    """Some entry a logged step, and every logged number a number (None: not logged)."""
+    if not any("step" in e and ({"loss", "eval_loss", "train_loss"} & set(e)) for e in log):
+        keys = sorted({k for e in log for k in e})[:8]
+        raise ValueError(f"no entry of log is a logged step (keys: {keys}) — the rules read each entry's "
+                         "'step' with its 'loss' (or 'eval_loss'), and a log without them would be judged "
+                         "healthy — pass trainer.state.log_history, or the log_history of "
+                         "trainer_state.json.")
+    for i, entry in enumerate(log):
+        for key in LOGGED:
+            value = entry.get(key)
+            if value is not None and not _number(value):
+                raise ValueError(f"log[{i}][{key!r}]={value!r:.40} is not a number — the rules compare the "
+                                 "logged numbers, and a text would be skipped as if nothing was logged — "
+                                 "pass the entries as the Trainer logged them (numbers; None where nothing "
+                                 "was).")
 
 
 def _number(value) -> bool:

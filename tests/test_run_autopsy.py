@@ -5,6 +5,7 @@ afterwards."""
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -228,3 +229,49 @@ def test_eval_loss_noise_under_one_percent_is_not_a_rise():
     rise = log(FALLING, evals=[(5, 1.3), (10, 1.31), (15, 1.32), (20, 1.33)])
     verdict = next(v for v in run_rules.judge(rise) if v.id == "run-eval-rising")
     assert "(+2.3%" in verdict.evidence, verdict.evidence
+
+
+# ---- issue 42, part 3: a log or a threshold the rules cannot judge is refused, never judged healthy -------
+@pytest.mark.parametrize("call, phrase", [
+    (lambda: run_rules.judge(HEALTHY, max_grad_norm=math.nan), "max_grad_norm=nan"),
+    (lambda: run_rules.judge(HEALTHY, max_grad_norm=math.inf), "max_grad_norm=inf"),
+    (lambda: run_rules.judge(HEALTHY, max_grad_norm=None), "max_grad_norm=None"),
+    (lambda: run_rules.was_clipped(2.0, math.nan), "max_grad_norm=nan"),
+    (lambda: run_rules.was_clipped(2.0, math.inf), "max_grad_norm=inf"),
+    (lambda: run_rules.clipping_verdict([True, True, False], math.nan), "max_grad_norm=nan"),
+    (lambda: run_rules.clipping_verdict([True, True, False], math.inf), "max_grad_norm=inf"),
+    (lambda: run_rules.judge([{"x": 1}]), "no entry of log is a logged step"),
+    (lambda: run_rules.judge([{"foo": 1}, {"bar": 2}]), "no entry of log is a logged step"),
+    (lambda: run_rules.judge([{"step": 1, "loss": "x"}, {"step": 2, "loss": "y"}]), "is not a number"),
+    (lambda: run_rules.judge(log([2.0, 1.0], norms=["big", 0.5])), "is not a number"),
+    (lambda: run_rules.judge([{"step": 1, "loss": 2.0, "grad_norm": 1.0}] * 2, clipped=[True] * 5),
+     "clipped has 5 flags"),
+    (lambda: run_rules.judge(HEALTHY, fp16="yes"), "fp16='yes'"),
+])
+def test_what_the_rules_cannot_judge_is_refused_with_what_why_fix(call, phrase):
+    with pytest.raises((TypeError, ValueError), match=re.escape(phrase)) as caught:
+        call()
+    assert str(caught.value).count(" — ") >= 2, "what — why — fix"
+
+
+def test_what_real_logs_hold_is_still_judged():
+    """A step without grad_norm or learning_rate (None), the end-of-training summary without a loss, a log
+    of only evaluations, and the watch's clip flags of steps after the last logged one (logging_steps=10)."""
+    summary = {"step": 20, "train_loss": 1.2, "train_runtime": 3.0}
+    quiet = [{"step": s, "loss": 1.0, "grad_norm": None, "learning_rate": None} for s in (10, 20)]
+    assert run_rules.judge(quiet + [summary]) == []
+    assert run_rules.judge([{"step": 10, "eval_loss": 1.0}]) == []
+    assert run_rules.judge(quiet, clipped=[False] * 25) == []
+    assert run_rules.judge(log(FALLING), max_grad_norm=0) == []
+
+
+def test_the_autopsy_of_a_log_with_text_losses_is_bad_input(tmp_path, capsys):
+    write_run(tmp_path, [{"step": s, "loss": "x"} for s in (1, 2, 3)], step_dirs=(3,))
+    assert main(["--run", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a number" in err and err.count(" — ") >= 2 and "Traceback" not in err, err
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"max_grad_norm": -1.0}))
+    write_run(tmp_path / "ok", HEALTHY)
+    assert main(["--run", str(tmp_path / "ok"), "--config", str(config)]) == 2
+    assert "--config max_grad_norm=-1.0" in capsys.readouterr().err

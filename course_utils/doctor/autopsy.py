@@ -14,13 +14,12 @@ finding says so. No torch, no transformers: reading JSON is all it does.
 from __future__ import annotations
 
 import json
-import math
 import pickletools
 import re
 import zipfile
 from pathlib import Path
 
-from .. import run_rules
+from .. import run_rules, validate
 from .inputs import DoctorInputError
 from .report import Finding, Report
 
@@ -37,9 +36,13 @@ def autopsy(output_dir, config: dict | None = None) -> Report:
     log = state["log_history"]
     max_grad_norm, source = _max_grad_norm(state_path.parent, config or {})
     fp16 = _fp16(state_path.parent, config or {})
-    findings = [Finding(v.severity, v.id, v.what, v.evidence, v.fix, v.lesson)
-                for v in (run_rules.judge(log, max_grad_norm or 0, fp16=fp16) if log else [])]
     logged = sum("loss" in e for e in log)
+    try:  # a log of only a summary or nothing logged: could-not-check below; a text loss: bad input
+        verdicts = (run_rules.judge(log, max_grad_norm or 0, fp16=fp16)
+                    if logged or any("eval_loss" in e for e in log) else [])
+    except ValueError as exc:
+        raise DoctorInputError(f"{state_path}'s log_history cannot be judged: {exc}") from None
+    findings = [Finding(v.severity, v.id, v.what, v.evidence, v.fix, v.lesson) for v in verdicts]
     if not logged:  # nothing trained was logged: no rule has a step to judge
         findings.append(Finding(
             "could-not-check", "run-log", f"{state_path} logs no training step ({len(log)} entries, "
@@ -118,9 +121,13 @@ def _read_state(path: Path) -> dict:
 
 
 def _max_grad_norm(run_dir: Path, config: dict) -> tuple[float, str]:
-    value = config.get("max_grad_norm")
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value), "from --config"
+    if config.get("max_grad_norm") is not None:
+        try:
+            return validate.number("--config max_grad_norm", config["max_grad_norm"], minimum=0, why="it is "
+                                   "the clip threshold the run trained with (0: no clipping)",
+                                   fix="write the run's value, e.g. \"max_grad_norm\": 1.0"), "from --config"
+        except ValueError as exc:
+            raise DoctorInputError(str(exc)) from None
     for candidate in (run_dir / "training_args.bin", run_dir.parent / "training_args.bin"):
         value = pickled_number(candidate, "max_grad_norm")
         if value is not None:
