@@ -39,8 +39,6 @@ from .data import end_of_turn_token, graded, is_graded
 from .generation import (
     _as_list,
     _check_eos_ids,
-    _check_id,
-    _check_token_id,
     _generate,
     _vocab,
     generate_greedy,  # noqa: F401 — lesson 02 teaches it here; it lives in the core
@@ -111,6 +109,10 @@ def _check_record(record) -> dict:
 
 def _check_stop_strings(stop_strings) -> list[str]:
     stop_strings = validate.strings("stop_strings", stop_strings, allow_empty=True)
+    if not stop_strings:
+        raise ValueError("stop_strings is empty — reply() cuts the text at the first stop string, and with "
+                         "none it would show the stop token and whatever the model wrote after it — pass "
+                         "e.g. ('<|im_end|>',), or leave it out for the course's two.")
     if "" in stop_strings:
         raise ValueError("stop_strings holds an empty string — every text 'contains' it, so the cut would be "
                          "meaningless — pass non-empty stop strings, e.g. ('<|im_end|>',).")
@@ -249,7 +251,7 @@ def stop_probability(model, batch: dict, stop_id: int):
     """
     validate.model("model", model)
     validate.batch("batch", batch, need=("input_ids",))
-    _check_token_id("stop_id", stop_id, _vocab(model))
+    validate.token_id("stop_id", stop_id, vocab_size=_vocab(model), owner="the model")
     validate.ids_fit_model(model, batch["input_ids"], name="batch['input_ids']")
     return _stop_probability(model, batch, _last_stop(batch, stop_id, "the batch"), stop_id)
 
@@ -279,7 +281,7 @@ class StopCriterion:
                  prompts: list[str] | None = None, max_new_tokens: int = 40,
                  turn_markers: tuple[str, ...] = ("<|im_start|>",)):
         validate.batch("probe", probe, need=("input_ids",))
-        _check_id("stop_id", stop_id)
+        validate.token_id("stop_id", stop_id)
         level = validate.fraction("level", level, why="both measurements (a mean probability, a stop rate) "
                                   "are fractions of 1")
         if level == 0:
@@ -291,7 +293,7 @@ class StopCriterion:
         if tokenizer is not None:
             validate.tokenizer("tokenizer", tokenizer)
             prompts = validate.strings("prompts", prompts)
-            _check_token_id("stop_id", stop_id, len(tokenizer), owner="the tokenizer")
+            validate.token_id("stop_id", stop_id, vocab_size=len(tokenizer), owner="the tokenizer")
             if tokenizer.pad_token_id is None and len(prompts) > 1:
                 raise ValueError("the tokenizer has no pad token — the prompts are left-padded into one "
                                  "batch — set tokenizer.pad_token (e.g. tokenizer.pad_token = "
@@ -306,7 +308,8 @@ class StopCriterion:
     def _check_model(self, model) -> None:
         """The model must be able to read the probe and the prompts and write the stop id."""
         validate.model("model", model)
-        _check_token_id("the criterion's stop_id", self.stop_id, _vocab(model))
+        validate.token_id("the criterion's stop_id", self.stop_id, vocab_size=_vocab(model),
+                          owner="the model")
         validate.ids_fit_model(model, self.probe["input_ids"], name="the criterion's probe")
         if self.tokenizer is not None:
             validate.model_and_tokenizer(model, self.tokenizer)
@@ -525,10 +528,12 @@ def graded_span_has_stop(batch: dict, stop_id: int) -> list[bool]:
     """The pre-flight check: per row, does a token with id ``stop_id`` carry loss?
 
     Only graded labels count (``data.graded``): the prompt's ``<|im_end|>`` tokens are in ``input_ids``
-    but are not trained.
+    but are not trained. Without a tokenizer only an id no vocabulary holds is refused; an id of another
+    vocabulary, or of a token the rows never hold, reads False for every row — take it from the
+    tokenizer: ``end_of_turn_id(tok)`` for a chat, ``tok.eos_token_id`` for plain text.
     """
     validate.batch("batch", batch, need=("labels",))
-    _check_id("stop_id", stop_id)
+    validate.token_id("stop_id", stop_id)
     labels = batch["labels"]
     return [bool(row.any()) for row in graded(labels) & (labels[:, 1:] == stop_id)]
 
@@ -654,8 +659,10 @@ def train_mask_arms(load_model, conversations, criterion: StopCriterion, *, lr: 
 def eos_labels_kept(batch: dict, eos_id: int) -> tuple[int, int]:
     """``(kept, total)``: of the real eos tokens in ``batch`` (attended, not padding), how many carry a label.
 
-    Lesson 02's pad == eos measurement: a collator that masks labels by pad id keeps none of them."""
+    Lesson 02's pad == eos measurement: a collator that masks labels by pad id keeps none of them. Without a
+    tokenizer only an id no vocabulary holds is refused; an id the rows never hold gives ``(0, 0)``: pass
+    ``tok.eos_token_id``."""
     validate.batch("batch", batch, need=("input_ids", "attention_mask", "labels"))
-    validate.integer("eos_id", eos_id, minimum=0, why="it is the eos token's id")
+    validate.token_id("eos_id", eos_id, why="it is the eos token's id")
     real_eos = (batch["input_ids"] == eos_id) & (batch["attention_mask"] == 1)
     return int(is_graded(batch["labels"][real_eos]).sum()), int(real_eos.sum())

@@ -8,6 +8,9 @@ it imports no lesson.
 
 from __future__ import annotations
 
+import difflib
+import inspect
+
 import torch
 
 from . import validate
@@ -18,24 +21,6 @@ def _vocab(model) -> int:
     return getattr(model, "module", model).get_input_embeddings().num_embeddings
 
 
-def _check_id(name: str, value) -> int:
-    """A token id: an int >= 0 (a token *string* is refused with the call that turns it into an id)."""
-    if isinstance(value, str):
-        raise TypeError(f"{name}={value!r} is a token string, not an id — ids are what the model reads and "
-                        f"writes — pass token_id(tokenizer, {value!r}).")
-    return validate.integer(name, value, minimum=0, why="it is a token id")
-
-
-def _check_token_id(name: str, value, vocab: int, owner: str = "the model") -> int:
-    """A token id ``generate()`` or a probability can use: an int in ``[0, vocab)``."""
-    _check_id(name, value)
-    if value >= vocab:
-        raise ValueError(f"{name}={value} is beyond the {vocab} token ids of {owner} — no such token can "
-                         "ever be written, so nothing would stop on it or be measured — pass an id of this "
-                         "model's tokenizer (token_id(tokenizer, '<|im_end|>')).")
-    return value
-
-
 def _check_eos_ids(name: str, value, vocab: int) -> list[int]:
     """An ``eos_token_id`` for ``generate()``: one id or a non-empty list of ids the model can write."""
     if isinstance(value, (list, tuple)):
@@ -43,11 +28,24 @@ def _check_eos_ids(name: str, value, vocab: int) -> list[int]:
             raise ValueError(f"{name}=[] lists no stop id — generate() would never stop before "
                              f"max_new_tokens — pass ids, e.g. stop_token_ids(tokenizer), or leave {name} "
                              "out to use the model's generation_config.")
-        return [_check_token_id(f"{name}[{i}]", v, vocab) for i, v in enumerate(value)]
+        return [validate.token_id(f"{name}[{i}]", v, vocab_size=vocab, owner="the model")
+                for i, v in enumerate(value)]
     if isinstance(value, torch.Tensor):
         raise TypeError(f"{name} is a tensor — the stop ids are compared one by one — pass a list: "
                         f"{name}=ids.tolist().")
-    return [_check_token_id(name, value, vocab)]
+    return [validate.token_id(name, value, vocab_size=vocab, owner="the model")]
+
+
+def _generate_keywords(model) -> list[str]:
+    """What ``generate()`` takes besides the prompt: ``GenerationConfig``'s fields, its own arguments, and the
+    inputs of the model's forward pass (model kwargs)."""
+    from transformers import GenerationConfig
+
+    own = inspect.signature(type(model).generate).parameters
+    forward = inspect.signature(model.forward).parameters
+    extra = {"assistant_tokenizer", "use_model_defaults"}  # read from generate()'s **kwargs
+    return sorted((set(GenerationConfig().to_dict()) | set(own) | set(forward) | extra)
+                  - {"self", "kwargs", "inputs", "_from_model_config", "transformers_version"})
 
 
 def _check_pair(model, tokenizer) -> None:
@@ -81,11 +79,25 @@ def generate_greedy(model, tokenizer, prompts: list[str], *, max_new_tokens: int
     prompts = validate.strings("prompts", prompts)
     validate.positive_int("max_new_tokens", max_new_tokens, why="it bounds every generation")
     turn_markers = validate.strings("turn_markers", turn_markers, allow_empty=True)
+    empty = [i for i, p in enumerate(prompts) if not p]
+    if empty:
+        raise ValueError(f"prompts[{empty[0]}] is empty — generation continues from a prompt's last "
+                         "token, and an empty prompt has none — pass the prompt text, e.g. "
+                         "chat_prompts(tokenizer, conversations).")
     clash = [k for k in _SET_BY_GENERATE_GREEDY if k in generate_kwargs]
     if clash:
         raise TypeError(f"generate_greedy sets {clash} itself — it generates greedily from the tokenized "
                         "prompts, with the tokenizer's pad id — drop them (max_new_tokens is its own "
                         "argument).")
+    known = _generate_keywords(model)
+    unknown = [k for k in generate_kwargs if k not in known]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], known, n=3, cutoff=0.6)
+        fix = f"use {' or '.join(map(repr, close))}" if close else "drop it"
+        raise TypeError(f"generate_greedy got {unknown} — not a generate() keyword (GenerationConfig's "
+                        "fields, generate()'s own arguments, the model's inputs), so generate() would "
+                        f"refuse it — {fix} (known ones include eos_token_id, repetition_penalty, "
+                        "no_repeat_ngram_size).")
     if "eos_token_id" in generate_kwargs and generate_kwargs["eos_token_id"] is not None:
         _check_eos_ids("eos_token_id", generate_kwargs["eos_token_id"], _vocab(model))
     if tokenizer.pad_token_id is None and len(prompts) > 1:

@@ -65,25 +65,27 @@ def positive_int(name: str, value, *, why: str = "it is a count", fix: str = "",
 MAX_VOCAB = 2 ** 20
 
 
-def token_id(name: str, value, *, vocab_size: int | None = None, why: str = "it is a token id",
-             fix: str = "") -> int:
-    """A token id: an int >= 0 and below ``vocab_size`` (``len(tokenizer)``, or the model's embedding rows)
-    where the caller has one. Without it only ids no vocabulary holds (>= ``MAX_VOCAB``) can be refused:
-    ids alone cannot tell 600 from a real id of a larger vocabulary."""
+def token_id(name: str, value, *, vocab_size: int | None = None, owner: str = "the vocabulary",
+             why: str = "it is a token id", fix: str = "") -> int:
+    """A token id: an int >= 0 and below ``vocab_size`` (``len(tokenizer)``, or the model's embedding rows:
+    ``owner`` says which) where the caller has one. Without it only ids no vocabulary holds (>= ``MAX_VOCAB``)
+    can be refused: ids alone cannot tell 600 from a real id of a larger vocabulary. A token *string* is
+    refused with the call that turns it into an id."""
     spelled = _as_text_number(value)
+    if isinstance(value, str) and spelled is None:
+        raise TypeError(f"{name}={value!r} is a token string, not an id — ids are what the model reads and "
+                        f"writes — pass token_id(tokenizer, {value!r}).")
     from_tokenizer = ("pass an id the tokenizer gives (tokenizer.pad_token_id, "
                       "tokenizer.convert_tokens_to_ids(token))")
     # text that spells an id: integer() names the int to pass
-    fix = fix or ("" if isinstance(spelled, int) and spelled >= 0 else from_tokenizer)
-    integer(name, value, minimum=0, why=why, fix=fix)
+    fix_int = fix or ("" if isinstance(spelled, int) and spelled >= 0 else from_tokenizer)
+    integer(name, value, minimum=0, why=why, fix=fix_int)
     limit = vocab_size if vocab_size is not None else MAX_VOCAB
     if value >= limit:
-        where = (f"the vocabulary has {vocab_size} tokens (ids 0 to {vocab_size - 1})"
-                 if vocab_size is not None
-                 else f"no tokenizer has {MAX_VOCAB:,} tokens or more (the largest ship about 262k)")
-        raise ValueError(f"{name}={value!r} is beyond the vocabulary — {where}, so no token has this id and "
-                         "it would index an embedding row that does not exist — "
-                         f"{fix}.")
+        where = (f"the {vocab_size} token ids of {owner} (0 to {vocab_size - 1})" if vocab_size is not None
+                 else f"any vocabulary (no tokenizer has {MAX_VOCAB:,} tokens; the largest ship about 262k)")
+        raise ValueError(f"{name}={value!r} is beyond {where} — no token has this id, so nothing can write "
+                         f"it, stop on it or embed it — {fix or from_tokenizer}.")
     return value
 
 

@@ -162,8 +162,8 @@ def test_validate_fixes_name_the_range_or_a_real_value(call, says, never):
 
 
 @pytest.mark.parametrize("value, vocab_size, says", [
-    (10 ** 7, None, "no tokenizer has 1,048,576 tokens or more"),
-    (523, 523, "the vocabulary has 523 tokens (ids 0 to 522)"),
+    (10 ** 7, None, "is beyond any vocabulary (no tokenizer has 1,048,576 tokens"),
+    (523, 523, "beyond the 523 token ids of the vocabulary (0 to 522)"),
     (-1, None, "must be an integer >= 0"),
     ("5", 523, "pass the number itself, pad_id=5"),
     (True, None, "must be an integer >= 0"),

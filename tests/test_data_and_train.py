@@ -131,7 +131,7 @@ def test_is_graded_refuses_a_label_that_is_not_an_integer(label):
 
 def test_collate_right_refuses_a_pad_id_no_vocabulary_holds(tokenizer):
     example = tokenize_chat(tokenizer, make_messages("add", 1)[0])
-    with pytest.raises(ValueError, match="pad_token_id=10000000 is beyond the vocabulary"):
+    with pytest.raises(ValueError, match="pad_token_id=10000000 is beyond any vocabulary"):
         collate_right([example], 10 ** 7)
 
 

@@ -233,6 +233,35 @@ def test_reply_refuses_one_string_for_the_stop_strings():
     _refused(TypeError, "pass one of them", reply, [record])
 
 
+def test_reply_refuses_no_stop_strings():
+    """An empty list cut nothing: the reply came back with the stop token and what followed it."""
+    record = {"text": "4<|im_end|>", "stopped": True}
+    _refused(ValueError, "stop_strings is empty", reply, record, stop_strings=[])
+
+
+@pytest.mark.parametrize(("helper", "name"), [("graded_span_has_stop", "stop_id"),
+                                              ("eos_labels_kept", "eos_id")])
+def test_stop_ids_beyond_any_vocabulary_are_refused(helper, name):
+    """Only ids at hand: 10**7 indexes no vocabulary (every row read False, or (0, 0), before)."""
+    import course_utils.eos as eos
+
+    batch = {"input_ids": torch.tensor([[5, 9, 0]]), "attention_mask": torch.tensor([[1, 1, 1]]),
+             "labels": torch.tensor([[5, 9, -100]])}
+    _refused(ValueError, f"{name}=10000000 is beyond any vocabulary", getattr(eos, helper), batch, 10 ** 7)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "says"), [
+    ({"prompts": [""]}, ValueError, r"prompts\[0\] is empty"),
+    ({"max_tokens": 5}, TypeError, "got \\['max_tokens'\\] — not a generate.*use 'max_new_tokens'"),
+    ({"eos_token_id": 600}, ValueError, "eos_token_id=600 is beyond the 523 token ids of the model"),
+])
+def test_generate_greedy_refuses_empty_prompts_and_unknown_keywords(course, kwargs, error, says):
+    model, tok = course
+    args = {"prompts": ["hi"], "max_new_tokens": 2, **kwargs}
+    _refused(error, says, generate_greedy, model, tok, **args)
+    assert generate_greedy(model, tok, ["hi"], max_new_tokens=2, repetition_penalty=1.1)  # a real keyword
+
+
 def test_stop_criterion_refuses_a_percentage_level(course):
     from course_utils import make_batches, make_messages
 
