@@ -37,10 +37,10 @@ class Outcome:
     value: float
     threshold: float
     higher_is_better: bool
-    margin: float  # value - threshold when higher is better, else threshold - value; NaN fails
+    margin: float  # value - threshold when higher is better, else threshold - value
 
     def __bool__(self) -> bool:
-        return self.margin >= 0  # False for a NaN margin: a NaN measurement never passes
+        return self.margin >= 0
 
     def __str__(self) -> str:
         sign = ">=" if self.higher_is_better else "<="
@@ -49,7 +49,7 @@ class Outcome:
                 f"(margin {self.margin:+.4g}) {verdict}")
 
 
-def _number(argument: str, value, allow_nan: bool) -> float:
+def _number(argument: str, value) -> float:
     try:  # a Python/numpy number or a one-element tensor; bools are facts, not measurements
         number = None if isinstance(value, (bool, str)) else float(value)
     except (TypeError, ValueError, RuntimeError):
@@ -59,11 +59,6 @@ def _number(argument: str, value, allow_nan: bool) -> float:
             f"{argument}={value!r} is not a number — an outcome claim compares one measurement with a "
             "threshold; a yes/no fact is an exact claim — pass a float (e.g. a rate), or assert the "
             "fact directly."
-        )
-    if not allow_nan and not math.isfinite(number):
-        raise ValueError(
-            f"{argument}={value!r} is not finite — a threshold must be a number the value can be "
-            "compared with — derive it from a finite measurement of the run."
         )
     return number
 
@@ -90,7 +85,9 @@ def report_outcome(name: str, value, threshold, *, higher_is_better: bool = True
     (default: ``$COURSE_NOTEBOOK``, which the robustness runner sets). Prints the claim with its
     margin when it fails (``verbose=None``, the default), always (``verbose=True``, or
     ``$COURSE_OUTCOMES_VERBOSE=1``) or never (``verbose=False``); appends it as a JSON line to
-    ``$COURSE_OUTCOMES`` when set.
+    ``$COURSE_OUTCOMES`` when set. A NaN or infinite value raises ``ValueError`` after its record (a failed
+    claim) is appended: NaN compares false with any threshold and inf clears every one, so neither is a
+    measurement the claim can be judged on.
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(
@@ -105,10 +102,14 @@ def report_outcome(name: str, value, threshold, *, higher_is_better: bool = True
             f"higher_is_better={higher_is_better!r} is not True/False — it says which side of the "
             "threshold passes — pass True for 'value >= threshold', False for 'value <= threshold'."
         )
-    value = _number("value", value, allow_nan=True)
-    threshold = _number("threshold", threshold, allow_nan=False)
+    value = _number("value", value)
+    threshold = _number("threshold", threshold)
+    if not math.isfinite(threshold):
+        raise ValueError(f"threshold={threshold!r} is not finite — a threshold must be a number the value "
+                         "can be compared with — derive it from a finite measurement of the run.")
     margin = value - threshold if higher_is_better else threshold - value
     outcome = Outcome(name, value, threshold, higher_is_better, margin)
+    finite = math.isfinite(value)
     if verbose is None:  # the learner's view: a claim that holds says nothing; one that fails says why
         verbose = not outcome or os.environ.get("COURSE_OUTCOMES_VERBOSE", "") not in ("", "0")
     if verbose:
@@ -116,18 +117,43 @@ def report_outcome(name: str, value, threshold, *, higher_is_better: bool = True
     path = os.environ.get("COURSE_OUTCOMES")
     if path:
         record = {**_context(lesson), "name": name, "value": value, "threshold": threshold,
-                  "higher_is_better": higher_is_better, "margin": margin, "passed": bool(outcome)}
+                  "higher_is_better": higher_is_better, "margin": margin, "passed": bool(outcome) and finite}
         with open(path, "a", encoding="utf-8") as file:
             file.write(json.dumps(record, allow_nan=True) + "\n")
+    if not finite:
+        raise ValueError(f"value={value!r} for the claim {name!r} is not finite — NaN compares false with "
+                         "any threshold and inf clears every one, so the claim cannot be judged (recorded as "
+                         "failed) — find the step where the measurement stopped being finite (a NaN loss: "
+                         "lesson 06) and measure again.")
     return outcome
 
 
+RECORD_KEYS = ("name", "value", "threshold", "higher_is_better", "margin", "passed")  # one claim's line
+
+
 def read_outcomes(path) -> list[dict]:
-    """The claims ``report_outcome`` appended to ``path`` (one JSON object per line; [] if absent)."""
-    if not isinstance(path, (str, Path)) or not str(path):
+    """The claims ``report_outcome`` appended to ``path`` (one JSON object per line; [] if absent). A
+    directory, or a line that is not such a claim, is refused naming it: the table would miss it."""
+    if not isinstance(path, (str, Path)) or not str(path).strip():
         raise TypeError(f"path={path!r} must be a file path — the claims are read from that file — pass the "
                         "COURSE_OUTCOMES path the robustness runner set.")
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not path.is_file():
+        raise ValueError(f"path={str(path)!r} is a directory, not a file — report_outcome appends the claims "
+                         "to one JSON Lines file — pass that file (the COURSE_OUTCOMES path).")
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if not isinstance(record, dict) or not set(RECORD_KEYS) <= set(record):
+            raise ValueError(f"{path}: line {number} is not a claim report_outcome wrote ({line[:60]!r}) — "
+                             f"each line is one JSON object with {list(RECORD_KEYS)} — pass the "
+                             "COURSE_OUTCOMES file, not another JSON file.")
+        records.append(record)
+    return records

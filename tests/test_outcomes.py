@@ -24,9 +24,29 @@ def test_lower_is_better_flips_the_sign_of_the_margin():
     assert not bad and bad.margin == pytest.approx(-0.3)
 
 
-def test_nan_value_never_passes():
-    outcome = report_outcome("final loss", float("nan"), 1.0, higher_is_better=False, verbose=False)
-    assert not outcome and math.isnan(outcome.margin)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_a_value_that_is_not_finite_is_refused_and_recorded_as_failed(value, monkeypatch, tmp_path):
+    """NaN compares false with any threshold and inf clears every one: the claim cannot be judged (issue 42,
+    part 3: inf passed a higher-is-better claim); the robustness table still gets the failed record."""
+    path = tmp_path / "outcomes.jsonl"
+    monkeypatch.setenv("COURSE_OUTCOMES", str(path))
+    with pytest.raises(ValueError, match="is not finite — .+ — .+") as caught:
+        report_outcome("final loss", value, 1.0, verbose=False)
+    assert "'final loss'" in str(caught.value)
+    (record,) = read_outcomes(path)
+    assert record["passed"] is False and (math.isnan(record["value"]) or math.isinf(record["value"]))
+
+
+def test_read_outcomes_refuses_a_directory_and_a_file_of_something_else(tmp_path):
+    with pytest.raises(ValueError, match="is a directory, not a file — .+ — "):
+        read_outcomes(tmp_path)
+    other = tmp_path / "config.json"
+    other.write_text(json.dumps({"max_length": 128, "per_device_train_batch_size": 2}))
+    with pytest.raises(ValueError, match="line 1 is not a claim report_outcome wrote .+ — .+ — "):
+        read_outcomes(other)
+    other.write_text("{oops\n")
+    with pytest.raises(ValueError, match="line 1 is not a claim"):
+        read_outcomes(other)
 
 
 def test_accepts_tensors_and_prints_the_margin(capsys):
