@@ -184,10 +184,6 @@ def pack(features: list[dict], collator: str = "trl") -> dict:
                          "several samples in one row — pass e.g. two_samples(model.config.vocab_size).")
     rows = [{"input_ids": validate.token_ids(f"features[{i}]['input_ids']", f["input_ids"])}
             for i, f in enumerate(features)]
-    return _pack(rows, collator)
-
-
-def _pack(rows: list[dict], collator: str) -> dict:
     if collator == "flattening":
         from transformers import DataCollatorWithFlattening
 
@@ -268,10 +264,6 @@ def positions_seen(model, batch: dict) -> dict:
         raise ValueError("batch must be a dict with an 'input_ids' tensor — it is passed to the model as "
                          "model(**batch) — pass a collator's output, e.g. pack(two_samples(V), "
                          "'flattening').")
-    return _positions_seen(model, batch)
-
-
-def _positions_seen(model, batch: dict) -> dict:
     rotary, masks = [], []
     hooks = [m.register_forward_pre_hook(lambda mod, args, kwargs: rotary.append(
                  args[1] if len(args) > 1 else kwargs.get("position_ids")), with_kwargs=True)
@@ -351,7 +343,7 @@ def _probe(model, batch: dict, lengths: list[int], collator: str) -> PackingLeak
                   ids[:, a:a + b].to(model.device), use_cache=False).logits[0].float().cpu()
     threshold = ROUND_OFF * max(1.0, float(alone.abs().max()))
     try:
-        seen = _positions_seen(model, batch)
+        seen = positions_seen(model, batch)
         logits = seen.pop("logits")
     except (ValueError, RuntimeError) as error:  # the library's refusal is a result, not a crash
         return PackingLeak(None, None, None, f"{type(error).__name__}: {error}", threshold, "raises")
@@ -469,9 +461,17 @@ def drift_by_token(model, call: dict, b_ids) -> torch.Tensor:
         raise ValueError("call must be the dict of tensors passed to the model (input_ids, position_ids…) — "
                          "the helper runs model(**call, use_cache=False) — pass e.g. {'input_ids': ids, "
                          "'position_ids': pos}.")
-    if b.shape[1] > call["input_ids"].shape[-1]:
-        raise ValueError(f"b_ids has {b.shape[1]} tokens but the packed row {call['input_ids'].shape[-1]} — "
+    validate.ids_fit_model(model, b, name="b_ids")
+    row = call["input_ids"].reshape(-1, call["input_ids"].shape[-1])[0]
+    if b.shape[1] > row.shape[0]:
+        raise ValueError(f"b_ids has {b.shape[1]} tokens but the packed row {row.shape[0]} — "
                          "B is the last sample of the row — pass the ids of the row's last sample.")
+    if row[-b.shape[1]:].tolist() != b[0].tolist():
+        raise ValueError(f"b_ids {b[0].tolist()[:6]} are not the last {b.shape[1]} tokens of the packed row "
+                         f"(it ends {row[-b.shape[1]:].tolist()[:6]}) — the drift compares the row's last "
+                         "sample with itself run alone, and other ids would measure two different texts — "
+                         "pass the ids of the sample packed last (pack(features, ...) puts features[-1] "
+                         "there).")
     packed = model(**_on(model, call), use_cache=False).logits[0, -b.shape[1]:].float().cpu()
     alone = model(input_ids=b.to(model.device), use_cache=False).logits[0].float().cpu()
     return (packed - alone).abs().amax(-1)
@@ -504,6 +504,8 @@ def plot_drift_by_token(curves: dict, threshold: float):
 def leak_table_text(table: dict, threshold: float = 1e-3) -> str:
     """``{(family, attn, collator): max |Δlogit| or an error message}`` as rows of family × attention, one
     column per collator ("ok", "LEAK" above ``threshold``, "raises" for an error)."""
+    threshold = validate.number("threshold", threshold, positive=True, why="a drift above it is a leak",
+                                fix="pass e.g. threshold=1e-3")
     if not isinstance(table, dict) or not table or not all(isinstance(k, tuple) and len(k) == 3
                                                            for k in table):
         raise ValueError("table must map (family, attention, collator) to a drift or an error message — one "

@@ -158,3 +158,21 @@ def test_fits_qwen2_5_vl_says_which_decoders_copy_into_its_language_model():
     assert not fits_qwen2_5_vl(biased), "a Llama with q/k/v/o biases has an o_proj bias Qwen2 lacks"
     with pytest.raises(TypeError, match="torch model"):
         fits_qwen2_5_vl("qwen2")
+
+
+# ---- issue 42, part 3: the display helpers' remaining silent or raw answers -----------------------------
+@pytest.mark.parametrize("threshold", [float("nan"), float("inf"), True, -1.0, 0, None, "0.5"])
+def test_leak_table_text_refuses_a_threshold_it_cannot_compare_with(threshold):
+    with pytest.raises((TypeError, ValueError), match="threshold=.* — .+ — ") as caught:
+        P.leak_table_text({("qwen3", "sdpa", "flattening"): 1e-6}, threshold)
+    assert "threshold" in str(caught.value)
+
+
+@pytest.mark.parametrize("b_ids, phrase", [([9, 9], "are not the last 2 tokens"),
+                                           ([10 ** 6, 3], "only 256 embeddings")])
+def test_drift_by_token_refuses_ids_that_are_not_the_rows_last_sample(qwen3, b_ids, phrase):
+    call = {"input_ids": torch.tensor([[1, 2, 3, 4, 5, 6]])}
+    with pytest.raises(ValueError, match=phrase) as caught:
+        P.drift_by_token(qwen3, call, b_ids)
+    assert str(caught.value).count(" — ") >= 2, "what — why — fix"
+    assert P.drift_by_token(qwen3, call, [5, 6]).shape == (2,)
