@@ -84,10 +84,7 @@ def _check_examples(examples, name: str = "examples") -> list[dict]:
 def answer_start(example: dict) -> int:
     """Position of the first label that is not -100: how many tokens of prompt come before the answer.
     Right truncation at ``max_length <= answer_start`` leaves the example with no target at all."""
-    return _answer_start(_check_example(example, "example"))
-
-
-def _answer_start(example: dict) -> int:
+    example = _check_example(example, "example")
     # a position in the row, not a shifted target: this is where the answer begins (it is never column 0)
     for i, label in enumerate(example["labels"]):
         if is_graded(label):
@@ -103,10 +100,6 @@ def percentile(values: Sequence[float], q: float) -> int:
     q = validate.percentage("q", q, why="it is a percentile, 0 to 100")
     for v in values:
         validate.number("values item", v, why="each is a length")
-    return _percentile(values, q)
-
-
-def _percentile(values: Sequence[float], q: float) -> int:
     ordered = sorted(values)
     return int(ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))])
 
@@ -137,15 +130,15 @@ def truncation_report(examples: Sequence[dict], max_length: int) -> dict:
 MODES = ("keep_start", "keep_end")
 
 
-def _check_cut(max_length, mode) -> None:
-    validate.positive_int("max_length", max_length, why="it is the truncation length")
-    validate.choice("mode", mode, MODES, why="TRL knows these two truncation modes")
+_CUT_WHY = "it is the truncation length"
+_MODE_WHY = "TRL knows these two truncation modes"
 
 
 def truncated(example: dict, max_length: int, mode: str = "keep_start") -> dict:
     """``example`` cut to ``max_length`` tokens: ``"keep_start"`` keeps the first ones (TRL's default,
     the answer goes first), ``"keep_end"`` the last ones (TRL's ``truncation_mode="keep_end"``)."""
-    _check_cut(max_length, mode)
+    validate.positive_int("max_length", max_length, why=_CUT_WHY)
+    validate.choice("mode", mode, MODES, why=_MODE_WHY)
     return _truncated(_check_example(example, "example"), max_length, mode)
 
 
@@ -158,7 +151,8 @@ def kept_by_policy(full_examples: Sequence[dict], max_length: int, mode: str = "
     """What a truncation policy keeps of untruncated examples, after TRL's drop of fully masked ones:
     ``examples`` kept and ``graded_tokens`` (targets, ``data.graded``) kept, and the totals before it."""
     full_examples = _check_examples(full_examples, "full_examples")
-    _check_cut(max_length, mode)
+    validate.positive_int("max_length", max_length, why=_CUT_WHY)
+    validate.choice("mode", mode, MODES, why=_MODE_WHY)
     return _kept_by_policy(full_examples, max_length, mode)
 
 
@@ -247,7 +241,8 @@ def truncation_frame(full_examples: Sequence[dict], max_length: int, mode: str, 
     left without a target, supervised tokens kept, micro-batches whose loss is NaN, and the targets per
     micro-batch with the empty ones marked."""
     full_examples = _check_examples(full_examples, "full_examples")
-    _check_cut(max_length, mode)
+    validate.positive_int("max_length", max_length, why=_CUT_WHY)
+    validate.choice("mode", mode, MODES, why=_MODE_WHY)
     validate.positive_int("batch_size", batch_size, why="it is the number of rows per micro-batch")
     if not isinstance(note, str):
         raise TypeError(f"note={note!r} must be a string — it is printed after max_length — pass e.g. "
@@ -317,10 +312,10 @@ def truncation_explorer(full_examples: Sequence[dict], *, percentiles: Sequence[
         for name in start:
             validate.key("start key", name, ("max_length", "mode", "batch_size"),
                          where="the explorer's controls")
-    starts = [_answer_start(e) for e in full_examples]
+    starts = [answer_start(e) for e in full_examples]
     names = {}  # max_length -> where it comes from; a length two percentiles share keeps the first name
     for q in percentiles:
-        names.setdefault(_percentile(starts, q), f" (p{q:g} of answer starts)")
+        names.setdefault(percentile(starts, q), f" (p{q:g} of answer starts)")
     names.setdefault(max(len(e["input_ids"]) for e in full_examples), " (the longest example)")
     lengths = sorted(names)
     return what_if(lambda max_length, mode, batch_size: _truncation_frame(
@@ -449,12 +444,11 @@ def bestfit_rows(examples: Sequence[dict], *, row_capacity: int, n_rows: int, pa
         raise ValueError(f"buffer_size={buffer_size} is above {MAX_BUFFER} — the buffer is refilled to full "
                          "before every pick, so a huge one takes minutes to fill and scan — pass nanochat's "
                          "buffer_size=100 (or a few hundred).")
-    validate.integer("pad_id", pad_id, minimum=0, why="it is the token id that fills the end of a row")
+    # only ids at hand: an id no vocabulary holds is refused (one of another vocabulary cannot be told apart)
+    validate.token_id("pad_id", pad_id, why="it is the token id that fills the end of a row")
     validate.positive_int("render_cap", render_cap, why="it is the render length limit")
-    for name, flag in (("crop", crop), ("drop_untrainable", drop_untrainable)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name}={flag!r} must be True or False — it switches one step of the packer — "
-                            f"pass {name}=True or {name}=False.")
+    validate.flag("crop", crop, why="it switches one step of the packer")
+    validate.flag("drop_untrainable", drop_untrainable, why="it switches one step of the packer")
     cut = min(row_capacity, render_cap) if crop else render_cap
     pool = [(ids[:cut], labels[:cut]) for ids, labels in (_render(e, render_cap) for e in examples)]
     if drop_untrainable:
@@ -512,10 +506,7 @@ def stack_rows(rows: Sequence[dict]) -> dict:
 
 def first_empty_row(rows: Sequence[dict]) -> int:
     """1-based index of the first row without a target; raises if every row carries one."""
-    return _first_empty_row(_check_rows(rows, keys=("targets",)))
-
-
-def _first_empty_row(rows: Sequence[dict]) -> int:
+    _check_rows(rows, keys=("targets",))
     for i, r in enumerate(rows, 1):
         if r["targets"] == 0:
             return i
@@ -546,7 +537,7 @@ def clog_by_batch_size(rows: Sequence[dict], *, device_batch_size: int, rows_per
         raise ValueError("clog_by_batch_size: no step logs an empty micro-batch in these rows — the stream "
                          "is "
                          "too short or never clogs — pack more rows (at least a few steps past the clog).")
-    return {"first_empty_row": _first_empty_row(rows),
+    return {"first_empty_row": first_empty_row(rows),
             "first_empty_micro_batch": empty.index(True) + 1, "first_nan_step": first_nan_step,
             "hidden_empty_micro_batches": sum(e for m, e in enumerate(empty[:first_nan_step * accum])
                                               if m % accum != accum - 1)}
@@ -567,13 +558,18 @@ class NormalisedMomentum(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.95):
         validate.number("lr", lr, positive=True, why="it sets the size of every update")
         validate.fraction("momentum", momentum, why="it is the share of the old direction kept each step")
-        if isinstance(params, torch.Tensor) or not hasattr(params, "__iter__"):
+        if isinstance(params, (torch.Tensor, str, bytes)) or not hasattr(params, "__iter__"):
             raise TypeError(f"params is {type(params).__name__}, not an iterable of parameters — an "
                             "optimiser updates each of them — pass model.parameters() (or [tensor]).")
         params = list(params)
         if not params:
             raise ValueError("params is empty — the optimiser would have nothing to update — pass "
                              "model.parameters() of a model with trainable weights.")
+        for i, param in enumerate(params):
+            if not isinstance(param, (torch.Tensor, dict)):  # a dict is a parameter group
+                raise TypeError(f"params[{i}] is {param!r:.40} ({type(param).__name__}), not a tensor — an "
+                                "optimiser updates tensors in place — pass model.parameters() (or a list "
+                                "of tensors).")
         super().__init__(params, {"lr": lr, "momentum": momentum})
 
     @torch.no_grad()
@@ -690,18 +686,25 @@ def cut_before_end_of_turn(examples: Sequence[dict], end_of_turn_id: int) -> lis
     the answer and never the stop after it — a cause of a model that does not stop (lesson 02) that the
     "drop fully masked rows" filter does not see, since the row keeps targets."""
     examples = _check_examples(examples)
-    validate.integer("end_of_turn_id", end_of_turn_id, minimum=0, why="it is a token id")
-    cut = []
+    validate.token_id("end_of_turn_id", end_of_turn_id, fix="pass end_of_turn_id(tokenizer)")
+    cut, graded_rows = [], 0
     for i, e in enumerate(examples):
         labels = list(e["labels"])
-        graded_at = [j for j, label in enumerate(labels) if label != IGNORE_INDEX]
+        graded_at = [j for j, label in enumerate(labels) if is_graded(label)]
         if not graded_at:
             continue  # fully masked: rows_without_targets' case
+        graded_rows += 1
         start = graded_at[-1]
-        while start > 0 and labels[start - 1] != IGNORE_INDEX:  # back to the start of the last graded run
+        while start > 0 and is_graded(labels[start - 1]):  # back to the start of the last graded run
             start -= 1
         if end_of_turn_id not in labels[start:graded_at[-1] + 1]:
             cut.append(i)
+    if graded_rows and not any(end_of_turn_id in e["input_ids"] for e in examples):
+        # a graded answer follows a prompt whose turns the template closed with this token
+        raise ValueError(f"end_of_turn_id={end_of_turn_id} occurs in none of the examples' input_ids — a "
+                         "chat row's prompt turns end with the template's end-of-turn token, so this is not "
+                         "it (every row would read as cut) — pass end_of_turn_id(tokenizer) of the tokenizer "
+                         "that made the rows.")
     return cut
 
 

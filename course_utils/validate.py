@@ -409,7 +409,8 @@ def ids_fit_model(model, input_ids, *, name: str = "input_ids") -> None:
 
 def model_and_tokenizer(model, tokenizer) -> None:
     """A tokenizer whose ids the model can embed (the pair came from one checkpoint)."""
-    if not hasattr(model, "get_input_embeddings") or not callable(getattr(tokenizer, "encode", None)):
+    if (not hasattr(model, "get_input_embeddings") or not callable(getattr(tokenizer, "encode", None))
+            or not hasattr(tokenizer, "convert_ids_to_tokens")):  # a str has .encode too
         got = f"({type(model).__name__}, {type(tokenizer).__name__})"
         raise TypeError(f"expected (model, tokenizer), got {got}"
                         " — the helper tokenizes text and runs the model — pass load_course_model()'s pair.")

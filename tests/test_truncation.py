@@ -316,6 +316,8 @@ def test_running_mean_keeps_nan_it_is_the_point():
     (lambda m, tok, b: T.trainer_logged_losses(m, tok, [conv(2, 2)], nan_inf_filter=True, steps=0), "steps"),
     (lambda m, tok, b: T.trainer_logged_losses(tok, m, [conv(2, 2)], nan_inf_filter=True, steps=1),
      "model, tokenizer"),
+    (lambda m, tok, b: T.trainer_logged_losses(m, "Qwen/Qwen2.5-0.5B", [conv(2, 2)], nan_inf_filter=True,
+                                               steps=1), "model, tokenizer"),
     (lambda m, tok, b: T.trl_kept_examples(m, tok, [], max_length=8), "non-empty datasets.Dataset"),
     (lambda m, tok, b: T.trl_kept_examples(m, tok, _dataset(), max_length=8, truncation_mode="keep_begin"),
      "truncation modes"),
@@ -348,6 +350,16 @@ def test_rows_without_targets_and_cut_before_end_of_turn_on_hand_made_rows():
     (lambda: T.cut_before_end_of_turn([{"input_ids": [1], "labels": [1]}], -1), "end_of_turn_id"),
     (lambda: T.cut_before_end_of_turn([], 2), "examples"),
     (lambda: T.rows_without_targets([{"input_ids": [1]}]), "labels"),
+    # an id no row holds read every graded row as cut; one no vocabulary holds, too
+    (lambda: T.cut_before_end_of_turn([conv(2, 2)], 10 ** 7),
+     "end_of_turn_id=10000000 is beyond any vocabulary"),
+    (lambda: T.cut_before_end_of_turn([conv(2, 2)], 99), "end_of_turn_id=99 occurs in none of the examples"),
+    (lambda: T.bestfit_rows([conv(2, 2)], row_capacity=8, n_rows=1, pad_id=10 ** 7, render_cap=8),
+     "pad_id=10000000 is beyond any vocabulary"),
+    (lambda: T.bestfit_rows([conv(2, 2)], row_capacity=8, n_rows=1, pad_id=0, render_cap=8, crop="yes"),
+     "crop='yes' must be True or False"),
+    (lambda: T.NormalisedMomentum("some text"), "params is str, not an iterable of parameters"),
+    (lambda: T.NormalisedMomentum([3, 4]), r"params\[0\] is 3 \(int\), not a tensor"),
 ])
 def test_the_row_checks_refuse_bad_input(call, words):
     with pytest.raises((TypeError, ValueError), match=words) as error:
