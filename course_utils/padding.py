@@ -68,9 +68,10 @@ def _examples(examples, need_labels: bool = True) -> list[dict]:
 
 
 def _pad_id(pad_token_id) -> int:
-    return validate.integer("pad_token_id", pad_token_id, minimum=0,
-                            why="it fills the padding positions (a tokenizer without a pad token has "
-                                "pad_token_id None: set tok.pad_token first)")
+    # only ids at hand: an id no vocabulary holds is refused (the helpers with a model check its vocabulary)
+    return validate.token_id("pad_token_id", pad_token_id,
+                             why="it fills the padding positions (a tokenizer without a pad token has "
+                                 "pad_token_id None: set tok.pad_token first)")
 
 
 def _prompts(prompts) -> list[list[int]]:
@@ -96,10 +97,7 @@ def collate_padded(examples: list[dict], pad_token_id: int, side: str = "right")
     """
     validate.choice("side", side, SIDES, why="those are the two padding layouts: 'right' for training, "
                     "'left' for generation")
-    return _collate_padded(_examples(examples), _pad_id(pad_token_id), side)
-
-
-def _collate_padded(examples: list[dict], pad_token_id: int, side: str) -> dict:
+    examples, pad_token_id = _examples(examples), _pad_id(pad_token_id)
     if side == "right":
         return collate_right(examples, pad_token_id)
     width = max(len(e["input_ids"]) for e in examples)
@@ -117,10 +115,7 @@ def collate_left(prompts: list[list[int]], pad_token_id: int) -> dict:
 
     Every prompt then ends in the last column, which is where ``generate`` appends the next token.
     """
-    return _collate_left(_prompts(prompts), _pad_id(pad_token_id))
-
-
-def _collate_left(prompts: list[list[int]], pad_token_id: int) -> dict:
+    prompts, pad_token_id = _prompts(prompts), _pad_id(pad_token_id)
     width = max(len(p) for p in prompts)
     ids = [[pad_token_id] * (width - len(p)) + list(p) for p in prompts]
     mask = [[0] * (width - len(p)) + [1] * len(p) for p in prompts]
@@ -187,6 +182,12 @@ def _packed_segments(position_ids: torch.Tensor) -> list[tuple[int, int]]:
 # Measurements: how much do real tokens' logits move?
 # ------------------------------------------------------------------------------------------------
 
+def _vocab(model) -> int | None:
+    """The ids ``model`` can embed, where it says (a transformers model)."""
+    embeddings = getattr(model, "get_input_embeddings", None)
+    return embeddings().num_embeddings if callable(embeddings) else None
+
+
 def _check_model_ids(model, input_ids) -> None:
     """A course model (anything with an input embedding) and ids it can embed."""
     validate.model("model", model)
@@ -213,12 +214,19 @@ def _alone_logits(model, input_ids) -> torch.Tensor:
     return model(input_ids=ids, use_cache=False).logits[0].float().cpu()
 
 
-def _check_logits_of(batch: dict, logits) -> None:
+def _check_logits_of(model, batch: dict, logits) -> None:
     validate.tensor("logits", logits, ndim=3, integer_dtype=False)
     if logits.shape[:2] != batch["input_ids"].shape:
         raise ValueError(f"logits have shape {tuple(logits.shape)} but the batch "
                          f"{tuple(batch['input_ids'].shape)} — each token's logits are compared with its "
                          "solo run — pass the logits of this batch.")
+    head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
+    config = getattr(model, "config", None)
+    vocab = getattr(head, "out_features", None) or getattr(config, "vocab_size", None) or _vocab(model)
+    if logits.shape[-1] != vocab:
+        raise ValueError(f"logits have {logits.shape[-1]} scores per token but the model scores {vocab} "
+                         "tokens — each token's scores are compared with the model's scores of the example "
+                         "alone — pass model(**batch).logits of this model.")
 
 
 def _drift_per_token(model, batch: dict, logits, spans) -> list[torch.Tensor]:
@@ -251,7 +259,7 @@ def padded_drift(model, batch: dict, logits: torch.Tensor) -> float:
     """
     validate.batch("batch", batch, need=("input_ids", "attention_mask"))
     _check_model_ids(model, batch["input_ids"])
-    _check_logits_of(batch, logits)
+    _check_logits_of(model, batch, logits)
     mask = batch["attention_mask"]
     if not bool(((mask == 0) | (mask == 1)).all()) or int(mask.sum(1).min()) == 0:
         raise ValueError("batch['attention_mask'] must be 0 (pad) or 1 (real token), with a real token in "
@@ -265,7 +273,7 @@ def packed_drift(model, batch: dict, logits: torch.Tensor) -> float:
     validate.batch("batch", batch, need=("input_ids", "position_ids"))
     packed_segments(batch["position_ids"])  # one row, restarting at 0: refused here otherwise
     _check_model_ids(model, batch["input_ids"])
-    _check_logits_of(batch, logits)
+    _check_logits_of(model, batch, logits)
     return max(float(d.max()) for d in _drift_per_token(model, batch, logits, _packed_spans(batch)))
 
 
@@ -284,7 +292,8 @@ def layout_drifts(model, examples: list[dict], pad_id: int) -> dict[str, float]:
         raise ValueError("examples must be a list of at least 2 tokenize_chat() results — padding and "
                          "packing need other rows to sit beside — pass e.g. [tokenize_chat(tok, m) for m in "
                          "chats].")
-    validate.integer("pad_id", pad_id, minimum=0, why="it is the token id that fills the padded positions")
+    validate.token_id("pad_id", pad_id, vocab_size=_vocab(model), owner="the model",
+                      why="it is the token id that fills the padded positions")
     right, left = collate_padded(examples, pad_id, "right"), collate_padded(examples, pad_id, "left")
     packed = collate_packed(examples)
     ids, pos = packed["input_ids"], packed["position_ids"]
@@ -409,6 +418,10 @@ def _attention_categories(allowed: torch.Tensor, example_of: torch.Tensor) -> to
 
 def _check_categories(name: str, cats) -> None:
     validate.tensor(name, cats, ndim=2, integer_dtype=True)
+    if cats.shape[0] != cats.shape[1] or not cats.numel():
+        raise ValueError(f"{name} has shape {tuple(cats.shape)} — it pairs every query of one row with every "
+                         "key of it, a square with at least one cell, or there is nothing to count (0 leaks "
+                         "would be no finding) — pass attention_categories(allowed[row], example_of).")
     if cats.numel() and (int(cats.min()) < BLOCKED or int(cats.max()) > PAD_QUERY):
         raise ValueError(f"{name} holds values outside {BLOCKED}..{PAD_QUERY} — they are the categories "
                          "attention_categories returns — pass its result.")
@@ -501,7 +514,7 @@ def _layout_call(examples, pad_token_id: int, layout: str, attention_mask: bool,
         mask = torch.ones_like(batch["input_ids"])  # what TRL's "wrapped" packing collator returns
         restart = batch["position_ids"]
     else:
-        batch = _collate_padded(examples, pad_token_id, layout)
+        batch = collate_padded(examples, pad_token_id, layout)
         mask = batch["attention_mask"]
         example_of = torch.where(mask == 1, torch.arange(len(examples))[:, None], -1)
         restart = (mask.cumsum(-1) - 1).clamp(min=0)  # each row's first real token at 0, as generate() counts
@@ -662,7 +675,7 @@ def greedy_continuations(model, prompts: list[list[int]], pad_token_id: int, lay
             outs.append(new)
     else:
         if layout == "left":
-            batch = _collate_left(prompts, pad_token_id)
+            batch = collate_left(prompts, pad_token_id)
         else:
             width = max(map(len, prompts))  # the layout generate() warns about: pads after the prompt
             ids = [list(p) + [pad_token_id] * (width - len(p)) for p in prompts]

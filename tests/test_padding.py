@@ -15,6 +15,7 @@ from course_utils.padding import (
     collate_padded,
     differing_tokens,
     greedy_continuations,
+    layout_drifts,
     leak_counts,
     packed_drift,
     packed_segments,
@@ -219,6 +220,13 @@ EX = [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8, 9], "l
      "names 4 tokens"),
     (lambda: attention_categories(torch.ones(3, 3), torch.zeros(3, dtype=torch.long)), "booleans"),
     (lambda: leak_counts(torch.full((2, 2), 9)), "outside"),
+    # nothing to count is no finding of 0 leaks
+    (lambda: leak_counts(torch.zeros(83, 0, dtype=torch.long)), "has shape \\(83, 0\\)"),
+    (lambda: leak_counts(torch.zeros(2, 3, dtype=torch.long)), "a square"),
+    # a pad id no vocabulary holds (only ids at hand)
+    (lambda: collate_padded(EX, 10 ** 7), "pad_token_id=10000000 is beyond any vocabulary"),
+    (lambda: collate_padded(EX, 10 ** 7, side="left"), "pad_token_id=10000000 is beyond any vocabulary"),
+    (lambda: collate_left([[1, 2]], 10 ** 7), "pad_token_id=10000000 is beyond any vocabulary"),
     (lambda: differing_tokens([1, 2], [1, 3]), "one continuation"),
     (lambda: differing_tokens([], []), "non-empty"),
 ])
@@ -252,6 +260,13 @@ def test_plot_needs_panels():
         m, {**collate_padded([EX[0]], 0), "position_ids": torch.tensor([[1, 2, 3]])},
         m(input_ids=torch.tensor([[5, 6, 7]])).logits), "start at 0"),
     (lambda m, tok, ex: padded_drift(m, EX, None), "not a collated batch"),
+    # logits without the vocabulary axis (torch's RuntimeError in the comparison before)
+    (lambda m, tok, ex: padded_drift(m, collate_padded(EX, 0), torch.zeros(2, 3, 0)),
+     "0 scores per token but the model scores 523"),
+    (lambda m, tok, ex: packed_drift(m, collate_packed(EX), torch.zeros(1, 5, 0)), "0 scores per token"),
+    # the model is at hand: its vocabulary decides (IndexError inside the embedding before)
+    (lambda m, tok, ex: layout_drifts(m, EX, 10 ** 7),
+     "pad_id=10000000 is beyond the 523 token ids of the model"),
 ])
 def test_bad_input_on_the_model_is_refused(course, call, phrase):
     model, tok, examples = course
