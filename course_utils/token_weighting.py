@@ -54,9 +54,8 @@ SCHEMES = ("mean", "token")
 MAX_PROCESSES = 8  # run_ddp_grad: each rank is a process with its own course model; the lesson needs 2
 
 
-def _check_scheme(scheme: str) -> None:
-    validate.choice("scheme", scheme, SCHEMES, why="'mean' averages each micro-batch's mean loss, 'token' "
-                    "divides the summed loss by the step's token count")
+_SCHEME_WHY = ("'mean' averages each micro-batch's mean loss, 'token' divides the summed loss by the step's "
+               "token count")
 
 
 def _check_micro_batches(micro_batches) -> None:
@@ -175,11 +174,8 @@ def merge_micro_batches(micro_batches: list[dict], pad_token_id: int = 0) -> dic
     merge correctly too (the pads are dropped, never the real tokens).
     """
     _check_micro_batches(micro_batches)
-    validate.integer("pad_token_id", pad_token_id, minimum=0, why="it is a token id")
-    return _merge_micro_batches(micro_batches, pad_token_id)
-
-
-def _merge_micro_batches(micro_batches: list[dict], pad_token_id: int) -> dict:
+    # only ids at hand: an id no vocabulary holds is refused (full_batch_grad checks the model's)
+    validate.token_id("pad_token_id", pad_token_id, why="it is the token id written at the padded positions")
     rows = []
     for b in micro_batches:
         mask = b.get("attention_mask", torch.ones_like(b["input_ids"])).bool()
@@ -212,12 +208,9 @@ def full_batch_grad(model, micro_batches: list[dict], pad_token_id: int = 0) -> 
     Leaves ``.grad`` cleared (set to None), as it found nothing worth keeping there.
     """
     _check_step(model, micro_batches)
-    validate.integer("pad_token_id", pad_token_id, minimum=0, why="it is a token id")
-    return _full_batch_grad(model, micro_batches, pad_token_id)
-
-
-def _full_batch_grad(model, micro_batches: list[dict], pad_token_id: int) -> torch.Tensor:
-    big = _merge_micro_batches(micro_batches, pad_token_id)
+    validate.token_id("pad_token_id", pad_token_id, vocab_size=model.get_input_embeddings().num_embeddings,
+                      owner="the model", why="it is the token id written at the padded positions")
+    big = merge_micro_batches(micro_batches, pad_token_id)
     model.zero_grad(set_to_none=True)
     summed, n_tokens = token_losses(model, big)
     (summed / n_tokens).backward()
@@ -234,7 +227,7 @@ def accumulated_grad(model, micro_batches: list[dict], scheme: str = "token") ->
     Both come from ``training.micro_batch_loss``, the loss the course's training loop uses. Clears
     ``.grad`` before and after, so the returned vector is this step's gradient alone.
     """
-    _check_scheme(scheme)
+    validate.choice("scheme", scheme, SCHEMES, why=_SCHEME_WHY)
     _check_step(model, micro_batches)
     return _accumulated_grad(model, micro_batches, scheme)
 
@@ -280,12 +273,8 @@ def token_weights(n_tokens: list[int], scheme: str) -> list[float]:
     ``"mean"``: ``1/(K·nᵢ)``; ``"token"``: ``1/N`` with ``N = Σ nᵢ``. Either way the weights of all
     tokens sum to 1 — they differ in *which* tokens get the weight.
     """
-    _check_scheme(scheme)
+    validate.choice("scheme", scheme, SCHEMES, why=_SCHEME_WHY)
     _check_counts(n_tokens)
-    return _token_weights(n_tokens, scheme)
-
-
-def _token_weights(n_tokens: list[int], scheme: str) -> list[float]:
     k, total = len(n_tokens), sum(n_tokens)
     return [1 / (k * n) if scheme == "mean" else 1 / total for n in n_tokens]
 
@@ -296,10 +285,6 @@ def plot_token_weights(n_tokens: list[int], ax=None):
     if ax is not None and not callable(getattr(ax, "axhline", None)):
         raise TypeError(f"ax must be matplotlib Axes, got {type(ax).__name__} — the weights are drawn on "
                         "it — pass ax=None (a new figure) or an Axes from plt.subplots().")
-    return _plot_token_weights(n_tokens, ax)
-
-
-def _plot_token_weights(n_tokens: list[int], ax=None):
     if ax is None:
         import matplotlib.pyplot as plt  # see the note on imports at the top
 
@@ -307,7 +292,7 @@ def _plot_token_weights(n_tokens: list[int], ax=None):
     starts = [sum(n_tokens[:i]) for i in range(len(n_tokens))]
     for scheme, colour in (("mean", "#d62828"), ("token", "#2a9d8f")):
         xs, ys = [], []
-        for start, n, w in zip(starts, n_tokens, _token_weights(n_tokens, scheme)):
+        for start, n, w in zip(starts, n_tokens, token_weights(n_tokens, scheme)):
             xs += [start, start + n]
             ys += [w, w]
         label = ("per-micro-batch mean ÷ K: 1/(K·nᵢ)" if scheme == "mean"
@@ -453,11 +438,11 @@ def accumulation_explorer(model, tokenizer, seed: int = 0, n_chats: int = 8):
         size = n_chats // k
         micro = [collate_right(rows[i: i + size], tokenizer.pad_token_id) for i in range(0, n_chats, size)]
         counts = [count_supervised(b) for b in micro]
-        full = _full_batch_grad(model, micro, tokenizer.pad_token_id)
+        full = full_batch_grad(model, micro, tokenizer.pad_token_id)
         errors = {scheme: _relative_error(_accumulated_grad(model, micro, scheme), full)
                   for scheme in SCHEMES}
         fig, ax = figure(8, 3.4)
-        _plot_token_weights(counts, ax=ax)
+        plot_token_weights(counts, ax=ax)
         ax.set_title(f"per-token weight, K = {k} micro-batches of {size} chats, {order}")
         return (f"supervised tokens per micro-batch: {counts}\n"
                 f"gradient vs the big batch of {n_chats} (relative error): per-micro-batch mean ÷ K "
@@ -569,6 +554,11 @@ def loss_count_ignored(config: dict, *, gradient_accumulation_steps: int = 1,
         raise TypeError(f"config must be a dict (config.json, loaded), got {type(config).__name__} — the "
                         "architectures it names decide the flag — pass json.load(open('config.json')) or "
                         "model.config.to_dict().")
+    if not config.get("architectures") and not config.get("model_type"):
+        raise ValueError(f"config names no model class (keys: {sorted(config, key=str)[:8]}) — the flag is "
+                         "read from the classes its 'architectures' and 'model_type' name, so there is "
+                         "nothing to judge — pass a model's config.json (json.load(open('config.json'))) or "
+                         "model.config.to_dict().")
     validate.positive_int("gradient_accumulation_steps", gradient_accumulation_steps,
                           why="it is the micro-batches per optimizer step")
     validate.positive_int("world_size", world_size, why="it is the number of training processes")
@@ -580,11 +570,18 @@ def loss_count_ignored(config: dict, *, gradient_accumulation_steps: int = 1,
     names = list(config.get("architectures") or [])
     auto_name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type"))
     names += [auto_name] if auto_name else []
-    blind = set()
+    blind, known = set(), 0
     for name in names:
         cls = getattr(transformers, name, None) if isinstance(name, str) else None
+        known += cls is not None
         if cls is not None and not _accepts_loss_kwargs(cls):
             blind.add(name)
+    if not known:  # [] would say "every class counts the tokens" of classes nobody looked at
+        raise ValueError(f"config names no class the installed transformers {transformers.__version__} has "
+                         f"(architectures {config.get('architectures')}, model_type "
+                         f"{config.get('model_type')!r}) — the flag is read from the class, so it cannot be "
+                         "judged — check the spelling, upgrade transformers, or for a remote-code model read "
+                         "its class's accepts_loss_kwargs yourself.")
     return sorted(blind)
 
 

@@ -341,7 +341,8 @@ def test_loss_count_ignored_reads_the_flag_from_the_installed_classes():
     assert tw.loss_count_ignored(gemma4) == [], "one micro-batch on one process: its own count is the step's"
     for healthy in ({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"},
                     {"architectures": ["LlamaForCausalLM"], "model_type": "llama"},
-                    {"model_type": "unknown"}):
+                    {"model_type": "qwen2"},  # the class AutoModelForCausalLM loads for it
+                    {"architectures": ["PeftModelForCausalLM", "Qwen2ForCausalLM"]}):  # one class it knows
         assert tw.loss_count_ignored(healthy, gradient_accumulation_steps=8, world_size=4) == []
 
 
@@ -349,7 +350,40 @@ def test_loss_count_ignored_refuses_bad_input():
     with pytest.raises(TypeError, match="config must be a dict"):
         tw.loss_count_ignored("config.json")
     with pytest.raises(ValueError, match="gradient_accumulation_steps"):
-        tw.loss_count_ignored({}, gradient_accumulation_steps=0)
+        tw.loss_count_ignored({"model_type": "qwen2"}, gradient_accumulation_steps=0)
+
+
+@pytest.mark.parametrize("config, words", [
+    ({}, "config names no model class"),
+    ({"hidden_size": 8}, "config names no model class"),
+    ({"architectures": ["NoSuchForCausalLM"]}, "no class the installed transformers"),
+    ({"model_type": "unknown"}, "no class the installed transformers"),
+])
+def test_loss_count_ignored_refuses_a_config_whose_classes_it_cannot_read(config, words):
+    """[] said "every class counts the tokens" of classes nobody looked at."""
+    with pytest.raises(ValueError, match=words):
+        tw.loss_count_ignored(config, gradient_accumulation_steps=2)
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda b: tw.merge_micro_batches(b, 10 ** 7), "pad_token_id=10000000 is beyond any vocabulary"),
+    (lambda b: tw.token_weights([3, 4], "sum"), "scheme='sum' is not one of"),
+])
+def test_merge_refuses_a_pad_id_no_vocabulary_holds(model_tok, call, words):
+    from course_utils import make_batches, make_messages
+
+    batches = make_batches(model_tok[1], make_messages("add", 4), batch_size=2)
+    with pytest.raises(ValueError, match=words):
+        call(batches)
+
+
+@pytest.mark.parametrize("progress", [None, "yes"])
+def test_train_and_track_progress_is_a_flag(model_tok, progress):
+    from course_utils import make_batches, make_messages
+
+    batches = make_batches(model_tok[1], make_messages("add", 4), batch_size=2)
+    with pytest.raises(TypeError, match="progress=.* must be True or False"):
+        tw.train_and_track(model_tok[0], batches, batches[0], steps=1, progress=progress)
 
 
 @pytest.mark.slow  # three SFTTrainer steps on the course model (~10 s)
