@@ -82,11 +82,21 @@ def mean_ignore_index(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
     return F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX)
 
 
+def _check_flat(flat_logits, flat_labels) -> None:
+    """``[n, vocab]`` float logits and ``[n]`` labels, one label per row (``shifted`` returns such a pair)."""
+    validate.tensor("flat_logits", flat_logits, ndim=2, integer_dtype=False)
+    validate.tensor("flat_labels", flat_labels, ndim=1, integer_dtype=True)
+    if flat_logits.shape[1] == 0 or flat_logits.shape[0] != flat_labels.shape[0]:
+        raise ValueError(f"flat_logits has shape {tuple(flat_logits.shape)} and flat_labels "
+                         f"{tuple(flat_labels.shape)} — each row of scores (one per token of the vocabulary) "
+                         "is compared with one label — pass the pair shifted(logits, labels) returns.")
+    _labels_in_range(flat_labels, flat_logits.shape[1])
+
+
 def per_token_ignore_index(flat_logits: torch.Tensor, flat_labels: torch.Tensor) -> torch.Tensor:
     """Per-token losses ``F.cross_entropy(reduction="none", ignore_index=-100)``: 0 at ignored positions,
     and its backward writes 0 there whatever gradient arrives (that is what keeps NaN out)."""
-    validate.tensor("flat_logits", flat_logits)
-    validate.tensor("flat_labels", flat_labels, integer_dtype=True)
+    _check_flat(flat_logits, flat_labels)
     return F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="none")
 
 
@@ -94,8 +104,7 @@ def per_token_all_positions(flat_logits: torch.Tensor, flat_labels: torch.Tensor
     """Per-token losses at *every* position: ignored labels are replaced by a stand-in id
     (``clamp(min=0)`` only makes -100 a legal index for ``gather``) and left for a mask to remove.
     Its backward passes whatever arrives at an ignored position on to the logits."""
-    validate.tensor("flat_logits", flat_logits)
-    validate.tensor("flat_labels", flat_labels, integer_dtype=True)
+    _check_flat(flat_logits, flat_labels)
     return -flat_logits.log_softmax(-1).gather(-1, flat_labels.clamp(min=0)[:, None])[:, 0]
 
 
@@ -175,5 +184,7 @@ def params_finite(model, *, trainable_only: bool = False) -> bool:
     touched by the optimiser and only the adapters can turn NaN.
     """
     validate.model("model", model)
+    validate.flag("trainable_only", trainable_only, why="it switches between every parameter and the "
+                  "trainable ones")
     return all(bool(torch.isfinite(p).all()) for p in model.parameters()
                if p.requires_grad or not trainable_only)

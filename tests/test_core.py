@@ -175,6 +175,26 @@ def test_validate_token_id_refuses_ids_no_vocabulary_holds(value, vocab_size, sa
     assert validate.token_id("pad_id", 151643) == 151643, "ids alone: a real id of a large vocabulary passes"
 
 
+@pytest.mark.parametrize("per_token", [losses.per_token_ignore_index, losses.per_token_all_positions])
+@pytest.mark.parametrize("flat_logits, flat_labels, says", [
+    (torch.zeros(42, 0), torch.zeros(42, dtype=torch.long), "flat_logits has shape \\(42, 0\\)"),
+    (torch.zeros(42, 9), torch.zeros(0, dtype=torch.long), "flat_labels \\(0,\\)"),  # tensor([]) before
+    (torch.zeros(2, 3, 9), torch.zeros(2, dtype=torch.long), "must have 2 dimensions"),
+    (torch.zeros(2, 9), torch.tensor([1, 12]), "labels hold 12"),
+])
+def test_per_token_losses_refuse_logits_and_labels_that_do_not_pair(per_token, flat_logits, flat_labels,
+                                                                    says):
+    with pytest.raises(ValueError, match=says):
+        per_token(flat_logits, flat_labels)
+    assert per_token(torch.zeros(2, 9), torch.tensor([1, IGNORE_INDEX])).shape == (2,)
+
+
+@pytest.mark.parametrize("value", [None, "yes", 1])
+def test_params_finite_trainable_only_is_a_flag(value):
+    with pytest.raises(TypeError, match="trainable_only=.* must be True or False"):
+        losses.params_finite(torch.nn.Linear(2, 2), trainable_only=value)
+
+
 def test_graded_hints_give_the_answer_last_and_only_when_asked(capsys):
     hints = Hints("Which labels carry loss?", "Look at the token viewer in §2.",
                   "return int((labels != -100).sum())")
