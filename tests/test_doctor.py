@@ -382,13 +382,17 @@ def test_malformed_jsonl_row_exits_2_with_its_line_number(tmp_path, course, caps
 
 
 BAD_CONFIGS = {  # config -> what the message names (SFTConfig accepts every one of them without a word)
-    "max_length -5": ({"max_length": -5}, "config max_length=-5 must be a whole number of tokens >= 1"),
-    "max_length 0": ({"max_length": 0}, "config max_length=0 must be a whole number of tokens >= 1"),
-    "max_length as text": ({"max_length": "64"}, "config max_length='64' must be a whole number"),
-    "max_length as a float": ({"max_length": 64.0}, "config max_length=64.0 must be a whole number"),
-    "batch size 0": ({"per_device_train_batch_size": 0}, "per_device_train_batch_size=0 is below 1"),
+    "max_length -5": ({"max_length": -5}, "config max_length=-5 must be an integer >= 1"),
+    "max_length 0": ({"max_length": 0}, "config max_length=0 must be an integer >= 1"),
+    "max_length as text": ({"max_length": "64"}, "config max_length='64' must be an integer"),
+    "max_length as a float": ({"max_length": 64.0}, "config max_length=64.0 must be an integer"),
+    "batch size 0": ({"per_device_train_batch_size": 0}, "per_device_train_batch_size=0 must be an integer"),
     "gradient_accumulation_steps 0": ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps=0"),
-    "negative learning rate": ({"learning_rate": -1e-5}, "learning_rate=-1e-05 is not a positive number"),
+    "negative learning rate": ({"learning_rate": -1e-5}, "learning_rate=-1e-05 must be a finite number > 0"),
+    "NaN max_grad_norm": ({"max_grad_norm": float("nan")}, "config max_grad_norm=nan must be a finite"),
+    "negative max_grad_norm": ({"max_grad_norm": -1.0}, "config max_grad_norm=-1.0 must be a finite number"),
+    "negative epochs": ({"num_train_epochs": -1}, "config num_train_epochs=-1 must be a finite number >= 0"),
+    "negative weight decay": ({"weight_decay": -0.1}, "config weight_decay=-0.1 must be a finite number"),
     "learning rate as text": ({"learning_rate": "2e-5"}, "learning_rate='2e-5' has type str"),
     "flag as text": ({"packing": "yes"}, "packing='yes' has type str"),
     "flag as a number": ({"fp16": 1}, "fp16=1 has type int"),
@@ -409,7 +413,7 @@ def test_config_values_sftconfig_accepts_but_training_cannot_are_bad_input(name,
 @pytest.mark.parametrize("max_length", [-5, 0, True, 1.5, "64"])
 def test_diagnose_refuses_a_max_length_that_is_not_one(max_length, course):
     """Issue 36: max_length=-5 gave a report ("below most prompts (median 0 tokens)", exit 1)."""
-    with pytest.raises(DoctorInputError, match="max_length=.* must be a whole number of tokens >= 1 — .+ — "):
+    with pytest.raises(DoctorInputError, match="max_length=.* must be an integer >= 1 — .+ — "):
         run(course, rows(8), GOOD, max_length=max_length)
 
 
@@ -477,6 +481,42 @@ def test_bad_input_exits_2_with_what_why_fix(case, tmp_path, course, capsys):
     err = capsys.readouterr().err
     message = err.strip().splitlines()[-1]  # above it: save_pretrained's progress bar from _setup
     assert message.startswith("doctor: bad input:") and message.count(" — ") >= 2 and "Traceback" not in err
+
+
+# ---- issue 42, part 3: what the doctor measured as given, or reported as its own bug -------------------
+@pytest.mark.parametrize("fields, named", [
+    ({"r": 4, "lora_alpha": float("nan")}, "peft config lora_alpha=nan"),
+    ({"r": 4, "bias": "some"}, "peft config bias='some' is not one of ['none', 'all', 'lora_only']"),
+    ({"r": 0}, "peft config r=0 must be an integer >= 1"),
+    ({"r": 4, "lora_dropout": -0.1}, "peft config lora_dropout=-0.1"),
+])
+def test_a_lora_config_peft_would_refuse_later_is_bad_input(fields, named):
+    """LoraConfig(bias='some') is built without a word; peft's NotImplementedError came later (exit 3)."""
+    with pytest.raises(DoctorInputError, match=".+ — .+ — .+") as caught:
+        doctor.read_peft_config(fields)
+    assert named in str(caught.value)
+
+
+@pytest.mark.parametrize("bad_row, named", [
+    ({"messages": []}, "'messages' must be a non-empty list"),
+    ({"text": 3}, "'text' is 3, not a string"),
+])
+def test_a_row_a_check_would_crash_on_is_bad_input_naming_the_row(bad_row, named, course):
+    """An empty conversation (IndexError) and a number for the text (AttributeError) were 'could not
+    check ... report as a doctor bug' findings (exit 3): they are the data's mistakes."""
+    good = rows(4) if "messages" in bad_row else [{"text": f"row {i}"} for i in range(4)]
+    with pytest.raises(DoctorInputError, match=".+ — .+ — .+") as caught:
+        run(course, [*good[:2], bad_row, *good[2:]], GOOD, forward=False)
+    assert "row 2" in str(caught.value) and named in str(caught.value)
+
+
+def test_all_and_sample_together_are_refused(tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows(4)))
+    assert main(["--data", str(data), "--all", "--sample", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "--all and --sample 3" in err and err.count(" — ") >= 2
+    assert main(["--data", str(data), "--all"]) == 0 and main(["--data", str(data), "--sample", "3"]) == 0
 
 
 def test_read_config_rejects_non_objects():

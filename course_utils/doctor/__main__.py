@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-load-gb", type=float, default=None,
                         help="largest checkpoint (GB) the fp16 check loads (default 2)")
     parser.add_argument("--no-forward", action="store_true", help="skip loading weights (fp16 range check)")
-    parser.add_argument("--sample", type=int, default=SAMPLE_ROWS,
+    parser.add_argument("--sample", type=int, default=None,
                         help=f"rows to check, a seeded random sample when the data holds more (default "
                         f"{SAMPLE_ROWS}); rates come with 95%% intervals")
     parser.add_argument("--all", action="store_true", help="check every row (exact counts; slower)")
@@ -108,6 +108,10 @@ def _report(options) -> tuple[Report, dict]:
         raise DoctorInputError("nothing to check — the doctor checks a set-up (--model and --data), the data "
                                "alone (--data) or a finished run (--run OUTPUT_DIR) — pass one of these "
                                "(--list-checks lists the checks).")
+    if options.all and options.sample is not None:
+        raise DoctorInputError(f"--all and --sample {options.sample} were both given — --all checks every "
+                               "row, --sample a random draw of that many, and the doctor will not guess "
+                               "which you meant — pass one of them.")
     report, artifact = Report(), {"data": options.data}
     if options.run:
         from . import inputs
@@ -117,7 +121,7 @@ def _report(options) -> tuple[Report, dict]:
         artifact["run"] = str(find_state(options.run)[0])  # the state file the autopsy read
         if not options.data:
             return report, artifact
-    sample = None if options.all else options.sample
+    sample = None if options.all else SAMPLE_ROWS if options.sample is None else options.sample
     if options.model is None:
         return report + data_only(options.data, sample, options.seed), artifact
     from .run import diagnose  # TRL, transformers and torch: only for a whole set-up

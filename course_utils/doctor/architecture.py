@@ -95,9 +95,10 @@ def lora_coverage_findings(setup) -> list[Finding]:
              "\"experts.down_proj\"]: read the names from model.named_parameters()) with lora_dropout=0"
              if expert else "add the mixer's Linear names to target_modules (or \"all-linear\")")
             + "; check again with lora_coverage.adapter_coverage", "13"))
-    findings.append(Finding("info", "lora-coverage", "what LoRA trains, per module group",
-                            format_table(table),
-                            "print_trainable_parameters() gives one total: this table is per group", "13"))
+    if table:  # empty: the model has no module group the table knows
+        findings.append(Finding("info", "lora-coverage", "what LoRA trains, per module group",
+                                format_table(table), "print_trainable_parameters() gives one total: this "
+                                "table is per group", "13"))
     return findings
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
 from pathlib import Path
 
 from .. import validate
@@ -280,6 +279,9 @@ def _check_row(row, where: str) -> None:
     elif not ("prompt" in row and "completion" in row) and "text" not in row:
         raise DoctorInputError(f"{where} has keys {sorted(row)}{sharegpt_hint(row)} — TRL reads 'messages', "
                                "'prompt'+'completion' or 'text' — rename the columns to one of these forms.")
+    elif "completion" not in row and not isinstance(row["text"], str):  # a 'text' row
+        raise DoctorInputError(f"{where}: 'text' is {row['text']!r:.40}, not a string — TRL tokenizes each "
+                               "row's text as it is — write the row's text as a JSON string.")
     else:
         for column in ("prompt", "completion"):
             if isinstance(row.get(column), list):  # conversational prompt/completion: messages too
@@ -289,12 +291,13 @@ def _check_row(row, where: str) -> None:
 def _check_messages(messages, where: str, hint: str = "") -> None:
     """A list of ``{'role', 'content'}`` objects, and each tool call naming its function. ``hint``: what the
     row looks like instead (a ShareGPT row's ``from``/``value``), said in the error."""
-    ok = isinstance(messages, list) and all(
+    ok = isinstance(messages, list) and messages and all(
         isinstance(m, dict) and isinstance(m.get("role"), str) and m["role"].strip() and "content" in m
         for m in messages)
     if not ok:
-        raise DoctorInputError(f"{where} must be a list of {{'role', 'content'}} objects with a role name"
-                               f"{hint} — the chat template renders such a list — fix that row.")
+        raise DoctorInputError(f"{where} must be a non-empty list of {{'role', 'content'}} objects with a "
+                               f"role name{hint} — the chat template renders such a list (an empty one is no "
+                               "conversation) — fix or remove that row.")
     for i, message in enumerate(messages):
         calls = message.get("tool_calls")
         if calls is None:
@@ -391,6 +394,8 @@ _AT_LEAST_1 = ("per_device_train_batch_size", "gradient_accumulation_steps")
 
 
 def _check_config_value(key: str, value, field) -> None:
+    """``value`` of SFTConfig's type for ``key``, one of its choices, a count >= 1, a float finite and
+    >= 0 (``learning_rate`` > 0): SFTConfig stores a NaN ``max_grad_norm`` or -1 epochs without a word."""
     if key == "max_length":  # one check for it, the argument's and the config's
         validate_max_length(value, "config max_length")
         return
@@ -402,30 +407,34 @@ def _check_config_value(key: str, value, field) -> None:
         raise DoctorInputError(f"config {key}={value!r} has type {type(value).__name__}, but SFTConfig's "
                                f"{key} is {names} — SFTConfig stores it unchecked and training reads it as "
                                f"that type — write it as {names} in the JSON.")
-    choices = field.metadata.get("choices")
-    if choices and value not in choices:
-        hint = _did_you_mean(value, choices)
-        raise DoctorInputError(f"config {key}={value!r} is not one of {choices}{hint} — TRL knows only these "
-                               f"— pass one of them.")
-    if key in _AT_LEAST_1 and value is not None and value < 1:
-        raise DoctorInputError(f"config {key}={value!r} is below 1 — it is a count of tokens or rows, and "
-                               f"nothing trains with {value!r} — pass a positive number (or leave it out for "
-                               "TRL's default).")
-    if key == "learning_rate" and not (math.isfinite(value) and value > 0):
-        raise DoctorInputError(f"config learning_rate={value!r} is not a positive number — a rate <= 0 "
-                               "trains nothing or backwards — pass e.g. 2e-5.")
+    choices, name = field.metadata.get("choices"), f"config {key}"
+    try:
+        if choices:
+            validate.choice(name, value, choices, why="TRL knows only these")
+        if key in _AT_LEAST_1 and value is not None:
+            validate.positive_int(name, value, why="it is a count of rows, and nothing trains with fewer "
+                                  "than one", fix="pass e.g. 8 (or leave it out for TRL's default)")
+        elif float in (kinds or ()) and value is not None:
+            validate.number(name, value, minimum=0, positive=key == "learning_rate",
+                            why="a rate <= 0 trains nothing or backwards" if key == "learning_rate" else
+                            "SFTConfig stores it unchecked, and training reads a NaN, infinite or negative "
+                            "one as a rate, a scale or a count", fix=f"write a finite number (TRL's default: "
+                            f"{field.default!r}), or leave it out")
+    except (TypeError, ValueError) as exc:
+        raise DoctorInputError(str(exc)) from None
 
 
 def validate_max_length(max_length, name: str = "max_length") -> int | None:
     """The one check of a ``max_length``, the argument's (``--max-length``) and the config's."""
     if max_length is None:
         return None
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
-        raise DoctorInputError(f"{name}={max_length!r} must be a whole number of tokens >= 1 — it is the "
-                               "length TRL truncates every row to, and no row fits in it — pass e.g. "
-                               "--max-length 512 (max_length=512), or leave it out for the config's (TRL's "
-                               "default: 1024).")
-    return max_length
+    try:
+        return validate.integer(name, max_length, minimum=1, why="it is the number of tokens TRL "
+                                "truncates every row to, and no row fits in fewer than one", fix="pass e.g. "
+                                "--max-length 512 (max_length=512), or leave it out for the config's (TRL's "
+                                "default: 1024)")
+    except ValueError as exc:
+        raise DoctorInputError(str(exc)) from None
 
 
 def _load_tokenizer(model):
@@ -542,13 +551,19 @@ def read_peft_config(peft_config=None):
             raise DoctorInputError(f"peft config key {key!r} is not a LoraConfig field{hint} — "
                                    "LoraConfig(**it) raises TypeError — fix the spelling against "
                                    "LoraConfig's fields.")
-    for key, kinds in (("r", (int,)), ("lora_alpha", (int, float)), ("lora_dropout", (int, float))):
-        value = peft_config.get(key, 1 if key != "lora_dropout" else 0)
-        if isinstance(value, bool) or not isinstance(value, kinds) or value < 0 or (key == "r" and value < 1):
-            raise DoctorInputError(f"peft config {key}={value!r} is not a {'whole ' if key == 'r' else ''}"
-                                   f"number{' >= 1' if key == 'r' else ' >= 0'} — LoraConfig stores it "
-                                   "unchecked and peft fails when it builds the adapters — write e.g. "
-                                   "{\"r\": 16, \"lora_alpha\": 32, \"lora_dropout\": 0.05}.")
+    why, fix = "LoraConfig stores it unchecked and peft fails (or trains nothing) with it", \
+        'write e.g. {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "bias": "none"}'
+    try:  # LoraConfig(bias="some") is built, and peft raises NotImplementedError when it makes the adapters
+        if "r" in peft_config:
+            validate.positive_int("peft config r", peft_config["r"], why=why, fix=fix)
+        for key in ("lora_alpha", "lora_dropout"):
+            if key in peft_config:
+                validate.number(f"peft config {key}", peft_config[key], minimum=0, why=why, fix=fix)
+        if "bias" in peft_config:
+            validate.choice("peft config bias", peft_config["bias"], ("none", "all", "lora_only"),
+                            why="peft builds the adapters' biases only these ways")
+    except (TypeError, ValueError) as exc:
+        raise DoctorInputError(str(exc)) from None
     try:
         return _peft_config_from(peft_config)
     except (TypeError, ValueError) as exc:
