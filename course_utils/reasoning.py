@@ -146,17 +146,7 @@ def trained_rows(tokenizer, rows: list[dict], **config):
     from .quiet import quiet_libraries
 
     validate.tokenizer("tokenizer", tokenizer)
-    if (
-        isinstance(rows, dict)
-        or not isinstance(rows, Sequence)
-        or not rows
-        or not all(isinstance(r, dict) for r in rows)
-    ):
-        raise ValueError(
-            f"rows must be a non-empty list of dicts in one of TRL's forms, got "
-            f"{type(rows).__name__} — TRL prepares each — pass e.g. "
-            "[{'messages': conversation}, ...]."
-        )
+    _check_trl_rows(rows)
     validate.sft_config("config", config)
     args = SFTConfig(
         **{
@@ -178,6 +168,39 @@ def trained_rows(tokenizer, rows: list[dict], **config):
             chat_template=chat_template,
             completion_only_loss=completion_only,
         )
+
+
+# TRL's dataset forms (SFTTrainer): language modelling, conversational, prompt-completion
+_TRL_FORMS = (("text",), ("messages",), ("prompt", "completion"))
+
+
+def _check_trl_rows(rows) -> list[dict]:
+    """A non-empty list of dicts in one of TRL's forms, every row in the same one. A row in none of them
+    (ShareGPT's ``conversations``, a typo) is prepared by TRL into nothing or fails inside ``datasets``."""
+    if isinstance(rows, (str, bytes, dict)) or not isinstance(rows, Sequence) or not rows or not all(
+            isinstance(r, dict) for r in rows):
+        raise ValueError(f"rows must be a non-empty list of dicts in one of TRL's forms, got "
+                         f"{type(rows).__name__} — TRL prepares each — pass e.g. "
+                         "[{'messages': conversation}, ...].")
+    forms = [next((form for form in _TRL_FORMS if all(k in row for k in form)), None) for row in rows]
+    bad = next((i for i, form in enumerate(forms) if form is None), None)
+    if bad is not None:
+        keys = sorted(rows[bad], key=str)
+        fix = ("convert ShareGPT's 'conversations' [{'from', 'value'}] to 'messages' [{'role', 'content'}] "
+               "(human -> user, gpt -> assistant)" if "conversations" in rows[bad]
+               else "pass e.g. [{'messages': conversation}, ...]")
+        forms_text = " / ".join(map(str, _TRL_FORMS))
+        raise ValueError(f"rows[{bad}] has keys {keys}, none of TRL's forms ({forms_text}) — TRL would "
+                         f"prepare it into nothing, or fail inside datasets — {fix}.")
+    if len(set(forms)) > 1:
+        other = next(i for i, form in enumerate(forms) if form != forms[0])
+        raise ValueError(f"rows[0] is in the form {forms[0]} but rows[{other}] in {forms[other]} — one "
+                         "dataset holds one form, and TRL prepares it by its columns — split them, or "
+                         "convert to one form.")
+    for i, row in enumerate(rows):
+        if forms[0] == ("messages",):
+            validate.chat(f"rows[{i}]['messages']", row["messages"])
+    return list(rows)
 
 
 def _check_row(row) -> tuple[list[int], list[int]]:
@@ -281,6 +304,7 @@ def tool_budget(tokenizer, rows, conversations) -> dict:
     """Over prepared rows and the conversations they came from: tool calls in the data, calls whose
     name and arguments reach the rendering, calls rendered with their arguments as a JSON *string*
     (``"arguments": "{…}"``), and tool replies whose tokens carry loss (the model learns to write them)."""
+    validate.tokenizer("tokenizer", tokenizer)
     rows = _check_rows(rows)
     conversations = _check_conversations(conversations)
     if len(rows) != len(conversations):
@@ -354,6 +378,7 @@ def read_reply(text: str, *, opened: bool = False) -> dict:
             f"text must be a reply string, got {type(text).__name__} — the helper parses it — "
             "pass a generate_greedy record's ['text']."
         )
+    validate.flag("opened", opened, why="it says whether the prompt itself opened the think block")
     body = text.split("<|im_end|>", 1)[0].split("<|endoftext|>", 1)[0]
     stripped = body.lstrip()
     clean = THINK not in body and END_THINK not in body
@@ -394,6 +419,12 @@ def reply_kinds(records) -> dict:
             f"records must be a non-empty list of generate_greedy records, got "
             f"{type(records).__name__} — the helper reads each reply — pass generate_greedy(...)."
         )
+    for i, r in enumerate(records):
+        if not (isinstance(r, str) or (isinstance(r, dict) and isinstance(r.get("text"), str))):
+            got = (f"a dict without a text 'text' (keys: {sorted(r, key=str)})" if isinstance(r, dict)
+                   else f"a {type(r).__name__}")
+            raise ValueError(f"records[{i}] is {got} — the helper reads each reply's text — pass "
+                             "generate_greedy(...)'s records (or the reply strings).")
     read = [read_reply(r["text"] if isinstance(r, dict) else r) for r in records]
     shares = {k: sum(r["kind"] == k for r in read) / len(read) for k in REPLY_KINDS}
     shares["leaked"] = sum(r["leaked"] for r in read) / len(read)
@@ -408,18 +439,67 @@ def reply_to(model, tokenizer, histories, max_new_tokens: int = 48, **render) ->
     ``<|im_end|>`` or ``<|endoftext|>``: ``generate_greedy``'s records."""
     from .generation import generate_greedy
 
+    validate.model("model", model)
+    validate.tokenizer("tokenizer", tokenizer)
     if isinstance(histories, (str, dict)) or not isinstance(histories, Sequence) or not histories:
         raise ValueError(
             f"histories must be a non-empty list of message lists, got {type(histories).__name__} — each is "
             "one prompt to reply to — pass e.g. [conversation[:1] for conversation in chats]."
         )
+    if isinstance(histories[0], dict) and "role" in histories[0]:
+        raise TypeError("histories is one conversation (a list of messages), not a list of them — each item "
+                        "is one prompt to reply to — wrap it: [conversation].")
+    for i, history in enumerate(histories):
+        validate.chat(f"histories[{i}]", history)
     validate.positive_int("max_new_tokens", max_new_tokens, why="it caps each reply")
+    _check_render(tokenizer, render)
     prompts = [
         tokenizer.apply_chat_template(h, tokenize=False, add_generation_prompt=True, **render)
         for h in histories
     ]
     stop = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
     return generate_greedy(model, tokenizer, prompts, max_new_tokens=max_new_tokens, eos_token_id=stop)
+
+
+# apply_chat_template's own arguments a render may pass besides the template's variables
+_RENDER_ARGUMENTS = ("tools", "documents", "chat_template", "continue_final_message")
+
+
+def _template_variables(template: str) -> set[str] | None:
+    """The variables a chat template reads (what ``apply_chat_template``'s extra keywords become), or
+    ``None`` when it cannot be parsed here (then nothing is refused)."""
+    import jinja2
+    import jinja2.meta
+    from jinja2.ext import loopcontrols
+
+    # TRL's training templates mark the graded span with {% generation %}, a tag transformers adds
+    plain = re.sub(r"{%-?\s*(end)?generation\s*-?%}", "", template)
+    try:
+        parsed = jinja2.Environment(extensions=[loopcontrols]).parse(plain)
+        return set(jinja2.meta.find_undeclared_variables(parsed))
+    except jinja2.TemplateError:
+        return None
+
+
+def _check_render(tokenizer, render: dict) -> None:
+    """``render``: keywords the chat template reads (or ``apply_chat_template`` takes). A misspelt one
+    (``enable_thinkin``) is an undefined template variable: silently ignored, the reply rendered
+    without it."""
+    clash = [k for k in ("tokenize", "add_generation_prompt", "conversation") if k in render]
+    if clash:
+        raise TypeError(f"reply_to sets {clash} itself — it renders the text of each history with the "
+                        "generation prompt — drop them.")
+    template = render.get("chat_template") or getattr(tokenizer, "chat_template", None)
+    known = _template_variables(template) if isinstance(template, str) else None
+    if known is None:
+        return
+    allowed = sorted((known | set(_RENDER_ARGUMENTS)) - {"messages", "add_generation_prompt"})
+    unknown = [k for k in render if k not in allowed]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], allowed, n=1, cutoff=0.6)
+        raise TypeError(f"reply_to got {unknown}, which the chat template never reads (it reads {allowed}) — "
+                        "an unknown template argument is silently ignored, so the replies would be rendered "
+                        f"without it — {'use ' + repr(close[0]) if close else 'drop it'}.")
 
 
 def read_tool_call(text: str) -> dict | None:
@@ -532,16 +612,8 @@ def train_on(chat_template: str, rows: list[dict], *, steps: int = 60, batch: in
 
     validate.positive_int("steps", steps, why="it counts optimizer steps")
     validate.positive_int("batch", batch, why="it is the rows per step")
-    if (
-        isinstance(rows, (str, bytes, dict))
-        or not isinstance(rows, Sequence)
-        or not rows
-        or not all(isinstance(r, dict) for r in rows)
-    ):
-        raise ValueError(
-            f"rows must be a non-empty list of dicts in one of TRL's forms, got {type(rows).__name__} "
-            "— the run trains on them — pass e.g. [{'messages': conversation}, ...]."
-        )
+    validate.flag("progress", progress, why="it switches the progress bar")
+    _check_trl_rows(rows)
     validate.sft_config("config", config)
     validate.positive_int("every", every, why="it is the steps between two checks of the criterion")
     if until is not None:

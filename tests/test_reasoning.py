@@ -225,6 +225,67 @@ def test_bad_input_is_refused_with_what_why_fix(call, match):
         call()
 
 
+@pytest.fixture(scope="module")
+def reasoning_pair():
+    return load_reasoning_model(qwen3_chat_template)
+
+
+_HISTORY = [{"role": "user", "content": "What is 2 plus 3?"}]
+_SHAREGPT = [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "4"}]
+
+
+@pytest.mark.parametrize("call, error, match", [
+    # no tokenizer (AttributeError deep inside before)
+    (lambda m, t: reply_to(m, None, [_HISTORY]), TypeError, "tokenizer must be a transformers tokenizer"),
+    (lambda m, t: reply_to(m, "Qwen/Qwen2.5-0.5B", [_HISTORY]), TypeError, "transformers tokenizer"),
+    (lambda m, t: reply_to(m, m, [_HISTORY]), TypeError, "transformers tokenizer"),
+    (lambda m, t: tool_budget(None, [{"input_ids": [1], "labels": [1]}], [_HISTORY]), TypeError,
+     "transformers tokenizer"),
+    # histories that are not a list of conversations
+    (lambda m, t: reply_to(m, t, [3, 4]), ValueError, r"histories\[0\] must be a non-empty list"),
+    (lambda m, t: reply_to(m, t, _HISTORY), TypeError, "one conversation .* wrap it"),
+    (lambda m, t: reply_to(m, t, [[{"role": "user"}]]), ValueError, "has no 'content'"),
+    # a misspelt template argument was silently ignored
+    (lambda m, t: reply_to(m, t, [_HISTORY], enable_thinkin=False), TypeError,
+     "enable_thinkin.*never reads.*use 'enable_thinking'"),
+    (lambda m, t: reply_to(m, t, [_HISTORY], tokenize=True), TypeError, "sets \\['tokenize'\\] itself"),
+    # records and rows
+    (lambda m, t: reply_kinds([{"ids": [1]}]), ValueError, r"records\[0\] is a dict without a text 'text'"),
+    (lambda m, t: reply_kinds([3]), ValueError, r"records\[0\] is a int"),
+    (lambda m, t: trained_rows(t, [{"x": 1}]), ValueError,
+     r"rows\[0\] has keys \['x'\], none of TRL's forms"),
+    (lambda m, t: trained_rows(t, [{"conversations": _SHAREGPT}]), ValueError, "convert ShareGPT's"),
+    (lambda m, t: trained_rows(t, [{"messages": _HISTORY}, {"text": "hi"}]), ValueError,
+     "one dataset holds one"),
+    (lambda m, t: trained_rows(t, [{"messages": [{"role": "bot", "content": "4"}]}]), ValueError,
+     "role 'bot'"),
+    (lambda m, t: read_reply("x", opened=None), TypeError, "opened=None must be True or False"),
+    (lambda m, t: read_reply("x", opened="yes"), TypeError, "opened='yes' must be True or False"),
+])
+def test_reasoning_helpers_refuse_what_they_cannot_read(reasoning_pair, call, error, match):
+    with pytest.raises(error, match=match) as info:
+        call(*reasoning_pair)
+    assert " — " in str(info.value), "what — why — fix"
+
+
+@pytest.mark.parametrize("rows, match", [
+    ([{"x": 1}], "none of TRL's forms"),
+    ([{"conversations": _SHAREGPT}], "convert ShareGPT's"),
+])
+def test_train_on_refuses_rows_and_a_progress_before_loading_a_model(rows, match):
+    from course_utils.reasoning import train_on
+
+    with pytest.raises(ValueError, match=match):
+        train_on(qwen2_5_chat_template, rows)
+    with pytest.raises(TypeError, match="progress=None must be True or False"):
+        train_on(qwen2_5_chat_template, [{"messages": _HISTORY}], progress=None)
+
+
+def test_reply_to_takes_the_template_arguments_it_reads(reasoning_pair):
+    records = reply_to(*reasoning_pair, [_HISTORY], max_new_tokens=2, enable_thinking=False)
+    assert len(records) == 1
+
+
 def test_reply_to_renders_each_history_and_stops_at_the_end_of_turn():
     model, tok = load_reasoning_model(qwen3_chat_template)
     history = [{"role": "user", "content": "What is 2 plus 3?"}]
