@@ -315,6 +315,12 @@ def load_saved(directory, base=None, *, dtype="auto", quantization: str | None =
         raise ValueError(f"quantization={quantization!r} is not known — the course's QLoRA set-up loads the "
                          "base in bitsandbytes nf4 — pass 'nf4' or None.")
     info = saved_files(path)
+    if info["kind"] == "full" and (base is not None or quantization is not None):
+        given = f"base={str(base)!r}" if base is not None else f"quantization={quantization!r}"
+        raise ShipInputError(f"{given} was given, but {str(path)!r} holds a full model — a base (and its "
+                             "quantization) is what an adapter is loaded on; a full model loads alone, and "
+                             "the option would be ignored — leave it out (--base / --trained-base, "
+                             "--trained-quantization), or point at the adapter directory.")
     if not info["has_weights"]:
         raise ShipInputError(f"{str(path)!r} holds no weights file (files: {info['files'][:8]}) — there is "
                              "no model to serve — save with save_pretrained() / trainer.save_model().")
@@ -489,6 +495,7 @@ def _dtype_of(model) -> torch.dtype:
 def precision_of(model) -> str:
     """How ``model``'s weights are stored — ``"4-bit"`` / ``"8-bit"`` or the floating dtype's name: what
     decides the ship check's default tolerances (``PRECISION_TOLERANCE``)."""
+    validate.model("model", model)
     kinds = {type(m).__name__ for m in model.modules()}
     if "Linear4bit" in kinds:
         return "4-bit"
@@ -705,7 +712,7 @@ def ship_report(trained_model, trained_tokenizer, saved_dir, *, base=None, conve
     else:
         validate.non_empty("conversations", conversations, what="conversations (lists of messages)",
                            fix="pass e.g. make_messages('mixed', 16), or leave it out (the course's).")
-        conversations = [validate.messages(f"conversations[{i}]", c) for i, c in enumerate(conversations)]
+        conversations = [_probe_chat(f"conversations[{i}]", c) for i, c in enumerate(conversations)]
     if not getattr(trained_tokenizer, "chat_template", None):
         raise ShipInputError("the trained tokenizer has no chat template — the check renders probe chats "
                              "with it — pass the tokenizer the run trained with.")
@@ -761,6 +768,18 @@ def _base_vocab(path: Path, base) -> int | None:
 # The command line: python -m course_utils.ship --trained DIR --saved DIR [--base DIR] [--json]
 # ------------------------------------------------------------------------------------------------
 
+def _probe_chat(name: str, chat) -> list[dict]:
+    """One probe chat: messages a template renders (``validate.chat``), with a message before the reply —
+    the prompt is the chat without its assistant turns, and an empty prompt renders nothing."""
+    validate.chat(name, chat)
+    if all(m["role"] == "assistant" for m in chat):
+        raise ShipInputError(f"{name} holds only assistant messages — the check prompts both models with the "
+                             "messages before the reply, and this chat has none (the served tokenizer would "
+                             "be blamed for it) — start it with the user's message, e.g. "
+                             '[{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}].')
+    return chat
+
+
 def _read_prompts(path: str) -> list:
     """Probe chats from a JSONL file: one ``{"messages": [...]}`` object (or a bare list) per line."""
     try:
@@ -773,11 +792,16 @@ def _read_prompts(path: str) -> list:
     if not chats or any(not isinstance(c, list) for c in chats):
         raise ShipInputError(f"--prompts {path!r} holds no chats — each line needs a messages list — write "
                              'lines like {"messages": [{"role": "user", "content": "..."}]}.')
-    return chats
+    try:
+        return [_probe_chat(f"--prompts {path!r} chat {i + 1}", c) for i, c in enumerate(chats)]
+    except ValueError as exc:
+        raise ShipInputError(str(exc)) from None
 
 
 def main(argv=None) -> int:
     """Exit 0 when nothing fails, 1 with what differs and the fix, 2 for an input it cannot load."""
+    if argv is not None:
+        validate.strings("argv", argv, allow_empty=True)  # main("--saved d") would parse one letter at a time
     parser = argparse.ArgumentParser(
         prog="python -m course_utils.ship",
         description="Load a saved model as a user or server would and compare it with the trained one.")

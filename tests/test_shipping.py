@@ -14,6 +14,7 @@ import pytest
 from ship_artefacts import FAMILIES, build, family_tokenizer  # noqa: I001 — tests/ is on sys.path
 
 from course_utils import make_batches, make_messages
+from course_utils.model import COURSE_MODEL_DIR
 from course_utils.shipping import (
     LOGIT_TOLERANCE,
     PRECISION_TOLERANCE,
@@ -23,6 +24,7 @@ from course_utils.shipping import (
     logit_drift,
     lora_only_copy,
     main,
+    precision_of,
     saved_files,
     ship_report,
     shipping_explorer,
@@ -245,3 +247,35 @@ def test_embedding_modules_names_each_architectures_rows_and_refuses_what_has_no
         embedding_modules("gpt2")
     with pytest.raises(ValueError, match="causal LM"):
         embedding_modules(torch.nn.Linear(2, 2))
+
+
+# ---- issue 42, part 3: options that would be ignored, and prompts that blamed the saved tokenizer --------
+def _prompts(tmp_path, *chats):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in chats))
+    return str(path)
+
+
+@pytest.mark.parametrize("extra, named", [
+    (lambda tmp: ["--base", str(COURSE_MODEL_DIR)], "holds a full model"),
+    (lambda tmp: ["--trained-quantization", "nf4"], "quantization='nf4' was given"),
+    (lambda tmp: ["--prompts", _prompts(tmp, {"messages": [{"role": "assistant", "content": "4"}]})],
+     "holds only assistant messages"),
+    (lambda tmp: ["--prompts", _prompts(tmp, {"messages": [{"role": "user", "content": 3}]})], "not text"),
+])
+def test_the_command_refuses_what_it_would_ignore_or_blame_on_the_saved_model(extra, named, tmp_path, capsys):
+    full = str(COURSE_MODEL_DIR)
+    assert main(["--trained", full, "--saved", full, "--max-new-tokens", "4", *extra(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert named in err and err.count(" — ") >= 2 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("call, phrase", [
+    (lambda: main("--trained x --saved y"), "is one string, not a list of strings"),
+    (lambda: precision_of(None), "must be a torch model"),
+    (lambda: precision_of("Qwen/Qwen2.5-0.5B"), "must be a torch model"),
+])
+def test_bad_arguments_are_refused_with_what_why_fix(call, phrase):
+    with pytest.raises((TypeError, ValueError), match=phrase) as caught:
+        call()
+    assert str(caught.value).count(" — ") >= 2, "what — why — fix"
