@@ -161,6 +161,13 @@ def learned_vs_control(untrained, step_batches: Sequence[dict],
 
     validate.model("untrained", untrained)
     validate.batches("step_batches", step_batches, need=("input_ids", "labels"))
+    validate.non_empty("losses", losses, what="logged losses (one float per logged step)",
+                       fix="pass e.g. training.logged(trainer), or [r['loss'] for r in records].")
+    for i, value in enumerate(losses):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"losses[{i}] is {value!r:.40} ({type(value).__name__}), not a number — the "
+                            "run's last logged losses are compared with the control's — pass the logged loss "
+                            "of each step, e.g. training.logged(trainer).")
     if len(losses) != len(step_batches) or len(losses) < 2:
         raise ValueError(f"losses has {len(losses)} values and step_batches {len(step_batches)} batches — "
                          "one logged loss per batch, at least two steps — pass the batch of every logged "

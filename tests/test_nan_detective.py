@@ -283,6 +283,28 @@ def test_learned_vs_control_scores_the_untrained_model_on_the_run_batches(course
         nd.learned_vs_control(model, batches, control[:2])  # one loss per batch
 
 
+@pytest.mark.parametrize("losses, error, says", [
+    (None, ValueError, "losses must be a non-empty list"),
+    ("0.5 0.4", ValueError, "losses must be a non-empty list"),
+    ([1.0, "0.4", 0.3], TypeError, r"losses\[1\] is '0.4' \(str\), not a number"),
+])
+def test_learned_vs_control_refuses_losses_that_are_not_numbers(course, losses, error, says):
+    from course_utils import make_batches, make_messages
+
+    model, tok = course
+    batches = make_batches(tok, make_messages(n=12, seed=0), batch_size=4)
+    with pytest.raises(error, match=says):
+        nd.learned_vs_control(model, batches, losses)
+
+
+def test_sft_run_refuses_no_step_count_before_training(course):
+    from course_utils import make_chat_dataset
+
+    model, tok = course
+    with pytest.raises(ValueError, match="max_steps=None must be an integer >= 1"):
+        nd.sft_run(model, tok, make_chat_dataset("add", n=4), max_steps=None)
+
+
 # ---- load dtype: a bf16 checkpoint fully fine-tuned has no float32 master weights ---------------
 
 def test_a_bf16_checkpoint_loads_in_bf16_and_small_updates_round_away(tmp_path):
