@@ -57,6 +57,30 @@ def _check_template(name: str, value) -> str:
     return value
 
 
+def _check_jinja(name: str, template: str) -> str:
+    """A template Jinja can compile (``{% generation %}`` blocks included): transformers would raise its
+    ``TemplateSyntaxError`` only when the template first renders a chat, far from the edit that broke it."""
+    import jinja2
+    from jinja2.ext import Extension
+
+    class Generation(Extension):  # transformers' {% generation %} block (its AssistantTracker), parsed only
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.Scope(body).set_lineno(lineno)
+
+    try:
+        jinja2.Environment(extensions=["jinja2.ext.loopcontrols", Generation]).parse(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ValueError(f"{name} does not compile as Jinja ({exc.message}, line {exc.lineno}) — "
+                         "transformers compiles it when it renders a chat and would raise there — fix that "
+                         "line (a chat template's tags are {% if %}…{% endif %}, {% for %}…{% endfor %}, "
+                         "{% generation %}…{% endgeneration %}).") from None
+    return template
+
+
 def _check_chat(tokenizer, messages) -> None:
     """A tokenizer and one conversation to render with it."""
     validate.tokenizer("tokenizer", tokenizer)
@@ -69,7 +93,7 @@ def _check_chat(tokenizer, messages) -> None:
 def _check_render_template(tokenizer, chat_template) -> None:
     """A template to render with: the one given, else the tokenizer's own."""
     if chat_template is not None:
-        _check_template("chat_template", chat_template)
+        _check_jinja("chat_template", _check_template("chat_template", chat_template))
     elif not getattr(tokenizer, "chat_template", None):
         raise ValueError("the tokenizer has no chat_template and none was passed — a chat is rendered with "
                          "one — pass chat_template=... or use with_template(tokenizer, template).")
@@ -127,7 +151,7 @@ def add_generation_markers(template: str) -> str:
 def with_template(tokenizer, template: str):
     """A copy of ``tokenizer`` carrying ``template`` (the original and its special tokens are untouched)."""
     validate.tokenizer("tokenizer", tokenizer)
-    _check_template("template", template)
+    _check_jinja("template", _check_template("template", template))
     return _with_template(tokenizer, template)
 
 
@@ -148,10 +172,6 @@ def assistant_mask(tokenizer, messages: list[dict], chat_template: str | None = 
     """
     _check_chat(tokenizer, messages)
     _check_render_template(tokenizer, chat_template)
-    return _assistant_mask(tokenizer, messages, chat_template)
-
-
-def _assistant_mask(tokenizer, messages: list[dict], chat_template: str | None) -> dict:
     out = tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=True,
                                         return_dict=True, return_assistant_tokens_mask=True)
     return {"input_ids": list(out["input_ids"]), "assistant_masks": list(out["assistant_masks"])}
@@ -161,8 +181,8 @@ def masked_tokens(tokenizer, input_ids, mask) -> list[str]:
     """The tokens (as text) that carry loss, in order: what a learner reads to check a mask.
 
     ``mask`` is 0/1, one value per token of ``input_ids`` (an assistant mask). For labels pass
-    ``[int(l != -100) for l in labels]``: unshifted on purpose, since it marks the tokens shown, not the
-    loss targets (``data.graded``, which drops column 0).
+    ``[int(is_graded(label)) for label in labels]`` (``data.is_graded``, the course's one rule): unshifted on
+    purpose, since it marks the tokens shown, not the loss targets (``data.graded``, which drops column 0).
     """
     validate.tokenizer("tokenizer", tokenizer)
     input_ids = validate.token_ids("input_ids", input_ids)
@@ -172,16 +192,13 @@ def masked_tokens(tokenizer, input_ids, mask) -> list[str]:
                          "token — pass out['input_ids'] and out['assistant_masks'] of assistant_mask().")
     if any(m not in (0, 1) for m in mask):
         raise ValueError("mask holds values other than 0 and 1 (labels?) — a -100 would count as 'trained' — "
-                         "pass [int(label != -100) for label in labels] instead.")
+                         "pass [int(is_graded(label)) for label in labels] instead (from course_utils import "
+                         "is_graded: the course's rule for a label that carries loss).")
     outside = [i for i in input_ids if not 0 <= i < len(tokenizer)]
     if outside:
         raise ValueError(f"input_ids holds token id {outside[0]} but the tokenizer has {len(tokenizer)} "
                          "tokens — the ids were made by another tokenizer — pass the tokenizer that made "
                          "them.")
-    return _masked_tokens(tokenizer, input_ids, mask)
-
-
-def _masked_tokens(tokenizer, input_ids: list[int], mask: list[int]) -> list[str]:
     return [tokenizer.convert_tokens_to_string([t])
             for t, m in zip(tokenizer.convert_ids_to_tokens(list(input_ids)), mask, strict=True) if m]
 
@@ -290,10 +307,6 @@ def template_variant(edit: str, markers: str = "none") -> str:
     """TRL's Qwen2.5 template with one of ``TEMPLATE_EDITS`` and one of ``MARKER_STYLES`` of markers."""
     validate.choice("edit", edit, tuple(TEMPLATE_EDITS), why="each is a one-line change the lesson measures")
     validate.choice("markers", markers, MARKER_STYLES, why="each is a way of marking the assistant's tokens")
-    return _template_variant(edit, markers)
-
-
-def _template_variant(edit: str, markers: str) -> str:
     from trl.chat_template_utils import qwen2_5_chat_template  # TRL: see the top of the module
 
     template = TEMPLATE_EDITS[edit](qwen2_5_chat_template)
@@ -327,16 +340,12 @@ def template_frame(tokenizer, messages: list[dict], *, edit: str = "none", marke
     _check_chat(tokenizer, messages)  # the frame renders with its own templates
     validate.choice("edit", edit, tuple(TEMPLATE_EDITS), why="each is a one-line change the lesson measures")
     validate.choice("markers", markers, MARKER_STYLES, why="each is a way of marking the assistant's tokens")
-    return _template_frame(tokenizer, messages, edit, markers)
-
-
-def _template_frame(tokenizer, messages: list[dict], edit: str, markers: str) -> str:
     from trl.chat_template_utils import (  # TRL: see the top of the module
         is_chat_template_stop_token_trained,
         qwen2_5_chat_template,
     )
 
-    template = _template_variant(edit, markers)
+    template = template_variant(edit, markers)
     tok = _with_template(tokenizer, template)
     original = tokenizer.apply_chat_template(messages, tokenize=False, chat_template=qwen2_5_chat_template)
     same_text = tok.apply_chat_template(messages, tokenize=False) == original
@@ -354,8 +363,8 @@ def _template_frame(tokenizer, messages: list[dict], edit: str, markers: str) ->
     how = ("uses it as it is (it has markers: no lookup)" if used == template else
            "accepted — an exact copy: TRL swaps in its patched training template")
     lines.append(f"SFTTrainer(assistant_only_loss=True): {how}")
-    out = _assistant_mask(tok, messages, chat_template=used)
-    graded = _masked_tokens(tok, out["input_ids"], out["assistant_masks"])
+    out = assistant_mask(tok, messages, chat_template=used)
+    graded = masked_tokens(tok, out["input_ids"], out["assistant_masks"])
     lines.append(f"graded tokens: {len(graded)} of {len(out['input_ids'])}"
                  + (f": {' '.join(repr(t) for t in graded)}" if graded else ""))
     if not graded:
@@ -374,7 +383,7 @@ def template_explorer(tokenizer, messages: list[dict]):
     it starts on the lesson's symptom, the base checkpoint's system prompt without markers.
     """
     _check_chat(tokenizer, messages)  # the frames render with their own templates
-    return what_if(lambda edit, markers: _template_frame(tokenizer, messages, edit, markers),
+    return what_if(lambda edit, markers: template_frame(tokenizer, messages, edit=edit, markers=markers),
                    {"edit": list(TEMPLATE_EDITS), "markers": list(MARKER_STYLES)},
                    start={"edit": "base system prompt"},
                    descriptions={"edit": "edit to TRL's template", "markers": "{% generation %} markers"},
@@ -413,9 +422,10 @@ def bos_adding_variant(tokenizer, bos_token: str = "<|begin_of_text|>"):
     tokenizers do (the course tokenizer adds none, like Qwen's): the stand-in for measuring what TRL's text
     path does with text that already starts with the BOS."""
     validate.tokenizer("tokenizer", tokenizer)
-    if not isinstance(bos_token, str) or not bos_token:
-        raise ValueError(f"bos_token={bos_token!r} must be a non-empty string — it becomes the tokenizer's "
-                         "BOS — pass e.g. '<|begin_of_text|>'.")
+    if not isinstance(bos_token, str) or not bos_token.strip():
+        raise ValueError(f"bos_token={bos_token!r} must be a non-blank string — it becomes the tokenizer's "
+                         "BOS, a token of its own (a blank one is no token the tokenizer can add) — pass "
+                         "e.g. '<|begin_of_text|>'.")
     tok = copy.deepcopy(tokenizer)  # a shallow copy would share the special-token map with the original
     tok.add_special_tokens({"bos_token": bos_token})
     tok.add_bos_token = True  # transformers 5 rebuilds the post-processor: every encoding starts with it
@@ -425,7 +435,8 @@ def bos_adding_variant(tokenizer, bos_token: str = "<|begin_of_text|>"):
 def leading_bos(input_ids, bos_token_id: int) -> int:
     """How many BOS tokens ``input_ids`` starts with: 1 is right for a BOS-adding model, 2 a double BOS."""
     input_ids = validate.token_ids("input_ids", input_ids)
-    validate.integer("bos_token_id", bos_token_id, minimum=0, why="it is a token id")
+    validate.token_id("bos_token_id", bos_token_id, why="it is the id the rows would start with",
+                      fix="pass tokenizer.bos_token_id")
     count = 0
     while count < len(input_ids) and input_ids[count] == bos_token_id:
         count += 1
@@ -439,7 +450,9 @@ def double_bos_rows(rows, bos_token_id: int) -> list[int]:
         raise ValueError(f"rows must be a non-empty list of token-id rows, got {type(rows).__name__} — the "
                          "check reads each row's first tokens — pass [r['input_ids'] for r in "
                          "trainer.train_dataset].")
-    ids = [r["input_ids"] if isinstance(r, dict) else r for r in rows]
+    validate.token_id("bos_token_id", bos_token_id, why="it is the id the rows would start with",
+                      fix="pass tokenizer.bos_token_id")
+    ids = [r.get("input_ids") if isinstance(r, dict) else r for r in rows]
     return [i for i, row in enumerate(ids) if leading_bos(row, bos_token_id) >= 2]
 
 

@@ -200,3 +200,32 @@ def test_the_bos_helpers_refuse_bad_input(call, words, tokenizer):
     with pytest.raises((TypeError, ValueError), match=words) as error:
         call(tokenizer)
     assert " — " in str(error.value)
+
+
+# ---- issue 42, part 3: a template Jinja cannot compile, a blank BOS, an id no vocabulary holds ----------
+@pytest.mark.parametrize("template", ["{% if %}", "{% for m in messages %}{{ m }}", "{{ x"])
+def test_with_template_and_assistant_mask_refuse_a_template_jinja_cannot_compile(tokenizer, template):
+    _refused(ValueError, "does not compile as Jinja", templates.with_template, tokenizer, template)
+    _refused(ValueError, "does not compile as Jinja", assistant_mask, tokenizer, CONVERSATION,
+             chat_template=template)
+
+
+def test_templates_with_generation_blocks_still_compile(tokenizer):
+    marked = add_generation_markers(base_variant(qwen2_5_chat_template))
+    assert templates.with_template(tokenizer, marked).chat_template == marked
+
+
+@pytest.mark.parametrize("call, phrase", [
+    (lambda tok: templates.bos_adding_variant(tok, "   "), "must be a non-blank string"),
+    (lambda tok: templates.leading_bos([1, 1, 2], 10_000_000), "bos_token_id=10000000 is beyond any"),
+    (lambda tok: templates.double_bos_rows([[1, 1, 2]], 10_000_000), "bos_token_id=10000000 is beyond any"),
+    (lambda tok: templates.double_bos_rows([{"ids": [1]}], 1), "must be a list of token ids"),
+])
+def test_bos_helpers_refuse_a_blank_token_and_an_id_no_vocabulary_holds(tokenizer, call, phrase):
+    _refused((TypeError, ValueError), phrase, call, tokenizer)
+
+
+def test_masked_tokens_points_at_the_courses_rule_for_labels(tokenizer):
+    with pytest.raises(ValueError, match="is_graded") as info:
+        masked_tokens(tokenizer, [1, 2], [-100, 1])
+    assert "!= -100" not in str(info.value) and "!= -100" not in masked_tokens.__doc__
