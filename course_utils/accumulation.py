@@ -67,12 +67,30 @@ def _check_by_k(micro_batches_by_k) -> None:
     for k, micro in micro_batches_by_k.items():
         validate.positive_int("a key K of micro_batches_by_k", k, why="it is the micro-batches per step")
         validate.batches(f"micro_batches_by_k[{k}]", micro)
+    # the split test compares the same examples cut differently: the first step of every K holds them all
+    first = {k: _step_examples(micro, k) for k, micro in micro_batches_by_k.items()}
+    k0 = next(iter(first))
+    other = next((k for k in first if first[k] != first[k0]), None)
+    if other is not None:
+        raise ValueError(f"micro_batches_by_k[{other}] trains other examples in its first step than "
+                         f"micro_batches_by_k[{k0}] — the runs must differ only in how one step's examples "
+                         "are cut, or the norms compare different data — build every entry from the same "
+                         "conversations: split_micro_batches(tok, conversations, group_size=G, k=K).")
 
 
-def _check_threshold(name: str, threshold) -> None:
-    """A clip threshold: a number > 0, or ``None`` / ``"off"`` for no clipping."""
-    if threshold not in ("off", None):
-        validate.number(name, threshold, positive=True, why="it is a max_grad_norm; None or 'off' for none")
+def _step_examples(micro_batches, k: int) -> list[tuple]:
+    """The (ids, labels) of the real tokens of each row the first optimizer step of ``k`` micro-batches trains
+    (``train`` cycles through the micro-batches), sorted: the step's examples, however they are cut."""
+    rows = []
+    for j in range(k):
+        batch = micro_batches[j % len(micro_batches)]
+        mask = batch.get("attention_mask", torch.ones_like(batch["input_ids"])).bool()
+        for ids, labels, real in zip(batch["input_ids"], batch["labels"], mask):
+            rows.append((tuple(ids[real].tolist()), tuple(labels[real].tolist())))
+    return sorted(rows)
+
+
+_THRESHOLD_WHY = "it is a max_grad_norm; None or 'off' for none"
 
 
 def _check_grid(grid) -> None:
@@ -94,10 +112,6 @@ def _check_grid(grid) -> None:
 def flat_params(model) -> torch.Tensor:
     """All trainable parameters as one detached fp64 vector (a snapshot to compare runs)."""
     validate.model("model", model)
-    return _flat_params(model)
-
-
-def _flat_params(model) -> torch.Tensor:
     return torch.cat([p.detach().double().flatten() for p in model.parameters() if p.requires_grad])
 
 
@@ -124,7 +138,7 @@ def _run_from(model, start_state: dict, micro_batches, *, seed: int | None = Non
     model.load_state_dict(start_state)
     set_seed(seed)
     records = train(model, micro_batches, progress=False, **train_kwargs)
-    return records, _flat_params(model)
+    return records, flat_params(model)
 
 
 def relative_difference(a: torch.Tensor, b: torch.Tensor, reference: torch.Tensor) -> float:
@@ -282,7 +296,8 @@ def _label(threshold) -> str:
 def _check_setting(grid, k, threshold) -> None:
     _check_grid(grid)
     validate.positive_int("k", k, why="it is the number of micro-batches per step")
-    _check_threshold("threshold", threshold)
+    if threshold not in ("off", None):
+        validate.number("threshold", threshold, positive=True, why=_THRESHOLD_WHY)
     threshold = None if threshold == "off" else threshold
     if (k, threshold, True) not in grid or (k, threshold, False) not in grid:
         known = sorted({(key[0], _label(key[1])) for key in grid}, key=str)
@@ -296,10 +311,6 @@ def plot_clip_setting(grid: dict, k: int, threshold, ax=None):
     ``threshold``: a number, or ``None`` / ``"off"`` for no clipping (the explorer's label).
     """
     _check_setting(grid, k, threshold)
-    return _plot_clip_setting(grid, k, threshold, ax)
-
-
-def _plot_clip_setting(grid: dict, k: int, threshold, ax=None):
     threshold = None if threshold == "off" else threshold
     runs = {}
     for divided, name in ((True, "loss / K"), (False, "no division")):
@@ -310,18 +321,15 @@ def _plot_clip_setting(grid: dict, k: int, threshold, ax=None):
         _, ax = plt.subplots(figsize=(7, 3.3))
     plot_curves(runs, "grad_norm", threshold=threshold,
                 threshold_label=f"max_grad_norm = {_label(threshold)}",
-                title=_clip_title(k, threshold), ylabel="‖g‖ before clipping", logy=True, ax=ax)
+                title=clip_title(k, threshold), ylabel="‖g‖ before clipping", logy=True, ax=ax)
     return ax
 
 
 def clip_title(k: int, threshold) -> str:
     """The title ``plot_clip_setting`` gives the plot of ``(K, max_grad_norm)``."""
     validate.positive_int("k", k, why="it is the number of micro-batches per step")
-    _check_threshold("threshold", threshold)
-    return _clip_title(k, threshold)
-
-
-def _clip_title(k: int, threshold) -> str:
+    if threshold not in ("off", None):
+        validate.number("threshold", threshold, positive=True, why=_THRESHOLD_WHY)
     threshold = None if threshold == "off" else threshold
     return f"pre-clip gradient norm, K = {k}, max_grad_norm = {_label(threshold)}"
 
@@ -329,12 +337,8 @@ def _clip_title(k: int, threshold) -> str:
 def clip_frame(grid: dict, k: int, threshold):
     """One explorer frame: the plot of ``(K, max_grad_norm)`` on a pyplot-free Figure, and its clip rates."""
     _check_setting(grid, k, threshold)
-    return _clip_frame(grid, k, threshold)
-
-
-def _clip_frame(grid: dict, k: int, threshold):
     fig, ax = figure(7, 3.3)
-    _plot_clip_setting(grid, k, threshold, ax=ax)
+    plot_clip_setting(grid, k, threshold, ax=ax)
     if threshold in ("off", None):
         return "no clipping: both runs take every step as it comes", fig
     rates = (f"{name}: clip rate {clip_rate(grid[(k, threshold, divided)]):.0%}"
@@ -361,7 +365,7 @@ def clip_explorer(grid: dict, start_threshold=None):
     for k in ks:
         for t in thresholds:
             _check_setting(grid, k, t)  # every stop of the sliders: refused now, not at a later move
-    return what_if(lambda k, max_grad_norm: _clip_frame(grid, k, max_grad_norm),
+    return what_if(lambda k, max_grad_norm: clip_frame(grid, k, max_grad_norm),
                    {"k": ks, "max_grad_norm": {_label(t): t for t in thresholds}},
                    start={"k": ks[-1], "max_grad_norm": start}, descriptions={"k": "K (accumulation steps)"})
 
@@ -437,6 +441,9 @@ def sft_run_log(model, tokenizer, dataset, *, accum_steps: int, batch_size: int,
 # A run you did not make: its log, its arguments, and its training step to probe with the split test
 # ------------------------------------------------------------------------------------------------
 
+_LOGGED = ("step", "loss", "grad_norm")  # what the Trainer logs at each optimizer step
+
+
 class MysteryRun:
     """A training run someone sends you when it "looks off" (lesson 01's diagnosis exercise).
 
@@ -450,11 +457,33 @@ class MysteryRun:
     def __init__(self, log: list[dict], args: dict, step_norm):
         validate.non_empty("log", log, what="logged steps",
                            fix="pass the run's log: one {'step', 'loss', 'grad_norm'} per optimizer step")
+        for i, entry in enumerate(log):
+            missing = [k for k in _LOGGED if not isinstance(entry, dict) or k not in entry]
+            if missing:
+                got = f"is a {type(entry).__name__}" if not isinstance(entry, dict) else f"has no {missing}"
+                raise ValueError(f"log[{i}] {got} — the diagnosis reads each step's {list(_LOGGED)} — "
+                                 "pass the run's log: one {'step', 'loss', 'grad_norm'} per optimizer step.")
+            validate.positive_int(f"log[{i}]['step']", entry["step"], why="the Trainer counts steps from 1")
+            for key in ("loss", "grad_norm"):
+                if isinstance(entry[key], bool) or not isinstance(entry[key], (int, float)):
+                    raise TypeError(f"log[{i}][{key!r}]={entry[key]!r:.40} is not a number — the diagnosis "
+                                    f"plots and compares each step's {key} — pass the logged value (a float; "
+                                    "NaN allowed).")
         if not isinstance(args, dict) or not args:
             raise ValueError(f"args={args!r:.60} is not the run's settings — the diagnosis reads its "
                              "accumulation steps, clip and learning rate — pass a dict such as "
                              "{'gradient_accumulation_steps': 4, 'max_grad_norm': 1.0, "
                              "'learning_rate': 1e-3}.")
+        validate.positive_int("args['gradient_accumulation_steps']", args.get("gradient_accumulation_steps"),
+                              why="the split test cuts a step into that many micro-batches",
+                              fix="pass the run's TrainingArguments value, e.g. "
+                                  "{'gradient_accumulation_steps': 4, ...}")
+        if "max_grad_norm" in args:
+            validate.number("args['max_grad_norm']", args["max_grad_norm"], positive=True, allow_none=True,
+                            why="it is the run's clip threshold (None: no clipping)")
+        if "learning_rate" in args:
+            validate.number("args['learning_rate']", args["learning_rate"], positive=True,
+                            why="it is the run's learning rate", example=1e-3)
         validate.function("step_norm", step_norm)  # k -> pre-clip norm: the run's own step, as a black box
         self.log = log
         self.args = args

@@ -158,6 +158,39 @@ def test_bad_input_is_refused_with_what_why_fix(call, error, words):
     assert " — " in str(info.value), "the message should say what, why and how to fix"
 
 
+_LOG = [{"step": 1, "loss": 2.0, "grad_norm": 3.0}]
+_ARGS = {"gradient_accumulation_steps": 4, "max_grad_norm": 1.0, "learning_rate": 1e-3}
+
+
+@pytest.mark.parametrize("log, args, error, words", [
+    ([1, 2, 3], _ARGS, ValueError, r"log\[0\] is a int"),
+    ([{"x": 1}], _ARGS, ValueError, r"log\[0\] has no \['step', 'loss', 'grad_norm'\]"),
+    ([{"step": 1, "loss": "2.0", "grad_norm": 3.0}], _ARGS, TypeError,
+     r"log\[0\]\['loss'\]='2.0' is not a number"),
+    ([{"step": 0, "loss": 2.0, "grad_norm": 3.0}], _ARGS, ValueError, r"log\[0\]\['step'\]=0"),
+    (_LOG, {"gradient_accumulation_steps": "four"}, ValueError,
+     r"args\['gradient_accumulation_steps'\]='four' must be an integer >= 1"),
+    (_LOG, {"max_grad_norm": 1.0}, ValueError, r"args\['gradient_accumulation_steps'\]=None"),
+    (_LOG, {**_ARGS, "learning_rate": -1.0}, ValueError, r"args\['learning_rate'\]=-1.0"),
+])
+def test_mystery_run_refuses_a_log_or_args_it_cannot_read(log, args, error, words):
+    """Each was kept as it came: the diagnosis then read KeyErrors or text for numbers."""
+    with pytest.raises(error, match=words) as info:
+        acc.MysteryRun(log, args, lambda k: 1.0)
+    assert " — " in str(info.value)
+    assert acc.MysteryRun(_LOG, {"gradient_accumulation_steps": 1}, lambda k: 1.0).args  # the rest: optional
+
+
+def test_split_norms_refuses_entries_that_hold_other_examples(split):
+    """K=2 holding other examples than K=1 compared two data sets, not two cuts of one step."""
+    model, by_k = split
+    start = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r"micro_batches_by_k\[2\] trains other examples"):
+        acc.split_norms(model, start, {1: by_k[1], 2: by_k[2][:1] * 2})
+    with pytest.raises(ValueError, match="trains other examples"):
+        acc.clip_grid(model, start, {1: by_k[1], 4: by_k[4][4:]}, thresholds=[None], steps=1, lr=1e-3)
+
+
 def test_clip_explorer_opens_off_on_request():
     box = acc.clip_explorer(FULL_GRID, start_threshold="off")
     assert box.children[1].value == "off"
