@@ -27,12 +27,24 @@ def plot_curves(runs: dict[str, list[dict]], key: str = "loss", *, threshold: fl
     if not isinstance(runs, dict) or not runs:
         raise ValueError("plot_curves got no runs — it draws one line per run — pass "
                          "{'label': records, ...} with records from train().")
+    validate.non_empty_string("key", key, why="it names the field of each record to plot")
+    validate.number("threshold", threshold, allow_none=True, why="it is drawn as a horizontal line")
+    validate.non_empty_string("threshold_label", threshold_label, why="it names the line in the legend")
+    for name, text in (("title", title), ("ylabel", ylabel)):
+        if text is not None:
+            validate.non_empty_string(name, text, why="it labels the plot (None: the key)")
+    validate.flag("logy", logy, why="it switches the logarithmic y axis")
+    for label, records in runs.items():
+        if (not isinstance(records, (list, tuple)) or not records
+                or not all(isinstance(r, dict) for r in records)):
+            raise ValueError(f"run {label!r} is not a non-empty list of records — the plot draws one point "
+                             "per record — pass train()'s records (one dict per step).")
+        if key not in records[0]:
+            raise ValueError(f"run {label!r} has no {key!r} in its records — the plot reads that field "
+                             f"— pass a key that train() records, e.g. 'loss' or 'grad_norm'.")
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.5))
     for label, records in runs.items():
-        if not records or key not in records[0]:
-            raise ValueError(f"run {label!r} has no {key!r} in its records — the plot reads that field "
-                             f"— pass a key that train() records, e.g. 'loss' or 'grad_norm'.")
         ax.plot([r["step"] for r in records], [r[key] for r in records], label=label, lw=1.5)
     if threshold is not None:
         ax.axhline(threshold, color="k", ls="--", lw=1, label=threshold_label)
@@ -81,16 +93,15 @@ def token_viewer(tokenizer, input_ids: Sequence[int], mask: Sequence[int], *,
     from IPython.display import HTML
 
     validate.tokenizer("tokenizer", tokenizer)
-    for name, seq in (("input_ids", input_ids), ("mask", mask)):
-        if isinstance(seq, (str, bytes)) or not hasattr(seq, "__iter__"):
-            raise TypeError(f"{name} must be a sequence of ints, got {type(seq).__name__} — one value per "
-                            "token — pass e.g. example['input_ids'] and example['labels'].")
-    input_ids, mask = list(map(int, input_ids)), [int(m) for m in mask]
+    input_ids = validate.token_ids("input_ids", input_ids)
+    mask = _mask_values(mask)
+    highlight = validate.strings("highlight", highlight, allow_empty=True)
+    validate.non_empty_string("legend", legend, why="it names what the green tokens are")
     if len(input_ids) != len(mask):
         raise ValueError(f"token_viewer got {len(input_ids)} ids but {len(mask)} mask values — each "
                          "token needs one mask value — pass the ids and mask of the same sequence.")
     # labels (any -100, or values beyond 0/1) mark by "!= -100": a label can be token id 0 (<|endoftext|>)
-    is_labels = any(m == -100 or m > 1 for m in mask)
+    is_labels = any(not is_graded(m) or m > 1 for m in mask)
     on = [is_graded(m) if is_labels else m != 0 for m in mask]
     highlight = set(highlight)
     tokens = tokenizer.convert_ids_to_tokens(input_ids)
@@ -100,6 +111,26 @@ def token_viewer(tokenizer, input_ids: Sequence[int], mask: Sequence[int], *,
            f'{_box("grey", False, False)} not · {_box("outlined", False, True)} '
            f'{", ".join(sorted(highlight)) or "highlighted"} · {sum(on)}/{len(on)} tokens</div>')
     return HTML(f'<div style="{_STYLE}">{boxes}</div>{key}')
+
+
+def _mask_values(mask) -> list[int]:
+    """A mask as ints, one per token: 0/1 (an attention or assistant mask, booleans too) or labels (token
+    ids and -100)."""
+    if hasattr(mask, "tolist") and not isinstance(mask, (list, tuple)):  # a tensor or an array
+        if getattr(mask, "ndim", 1) != 1:
+            raise ValueError(f"mask has {mask.ndim} dimensions — one value per token of one example — pass "
+                             "one row, e.g. batch['labels'][0].")
+        mask = mask.tolist()
+    if isinstance(mask, (str, bytes)) or not isinstance(mask, Sequence):
+        raise TypeError(f"mask must be a sequence of ints, got {type(mask).__name__} — one value per token — "
+                        "pass e.g. example['labels'] or example['attention_mask'].")
+    values = []
+    for m in mask:
+        if not isinstance(m, bool) and not hasattr(m, "__index__"):
+            raise TypeError(f"mask holds {m!r:.30} ({type(m).__name__}), not an integer — a mask value is "
+                            "0/1, or a label (a token id, or -100) — pass e.g. example['labels'].")
+        values.append(int(m))
+    return values
 
 
 # ------------------------------------------------------------------------------------------------
@@ -195,6 +226,8 @@ def what_if(frame, controls: dict, *, start: dict | None = None, descriptions: d
                         "function of the knobs, e.g. lambda batch_size: ...")
     if not isinstance(controls, dict) or not controls:
         raise ValueError("what_if got no controls — each is a slider — pass {'knob': [choices], ...}.")
+    _check_knobs(frame, controls)
+    validate.non_empty_string("width", width, why="it is the sliders' CSS width, e.g. '440px'")
     start = dict(start or {})
     room = {"style": {"description_width": "initial"}, "layout": widgets.Layout(width=width)}
     sliders, maps = {}, {}
@@ -213,6 +246,37 @@ def what_if(frame, controls: dict, *, start: dict | None = None, descriptions: d
         raise ValueError(f"what_if's start names {sorted(start)}, which are not controls "
                          f"{sorted(controls)} — pass start values for the controls only.")
     return _what_if_class()(frame, sliders, maps)
+
+
+def _check_knobs(frame, controls: dict) -> None:
+    """Each control is a keyword ``frame`` takes, and ``frame`` needs no other (it is called with the
+    controls only)."""
+    import inspect
+
+    try:
+        params = inspect.signature(frame).parameters
+    except (TypeError, ValueError):  # a callable without a signature: nothing to compare
+        return
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return
+    known = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = [n for n in controls if n not in known]
+    if unknown:
+        raise ValueError(f"what_if's controls {unknown} are not keywords of the frame (it takes {known})"
+                         f"{_did_you_mean(unknown[0], known)} — each move calls frame(**setting), "
+                         "so the first draw would fail — name the controls after the frame's arguments.")
+    needed = [n for n in known if params[n].default is params[n].empty and n not in controls]
+    if needed:
+        raise ValueError(f"the frame needs {needed}, which no control gives — each move calls "
+                         "frame(**setting) with the controls only — add a control for each, or give them "
+                         "defaults.")
+
+
+def _did_you_mean(value, known) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(str(value), [str(k) for k in known], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 @functools.cache

@@ -262,3 +262,46 @@ def test_token_viewer_and_plot(tokenizer):
     assert ax.get_title() == "loss"
     with pytest.raises(ValueError, match="no runs"):
         plot_curves({})
+
+
+@pytest.mark.parametrize(("call", "error", "says"), [
+    (lambda tok: plot_curves({"run": [{"step": 1, "loss": 2.0}]}, key=["loss"]), ValueError,
+     "key=\\['loss'\\] is not a non-empty string"),  # unhashable type: 'list' before
+    (lambda tok: plot_curves({"run": [{"step": 1, "loss": 2.0}]}, threshold=float("nan")), ValueError,
+     "threshold=nan must be a finite number"),
+    (lambda tok: plot_curves({"run": [{"step": 1, "loss": 2.0}]}, threshold_label=""), ValueError,
+     "threshold_label=''"),
+    (lambda tok: plot_curves({"run": [{"step": 1, "loss": 2.0}]}, logy="yes"), TypeError, "logy='yes'"),
+    (lambda tok: plot_curves({"run": [3, 4]}), ValueError, "not a non-empty list of records"),
+    (lambda tok: token_viewer(tok, ["a", "b"], [1, 1]), TypeError, "input_ids holds 'a'"),
+    (lambda tok: token_viewer(tok, [1, 2], ["a", "b"]), TypeError, "mask holds 'a'"),
+    (lambda tok: token_viewer(tok, [1, 2], [1, 1], legend=3), ValueError, "legend=3"),
+    (lambda tok: token_viewer(tok, [1, 2], [1, 1], highlight="<|im_end|>"), TypeError, "one string"),
+])
+def test_viz_refuses_what_it_cannot_draw(tokenizer, call, error, says):
+    with pytest.raises(error, match=says) as info:
+        call(tokenizer)
+    assert " — " in str(info.value)
+
+
+def test_token_viewer_takes_a_boolean_attention_mask(tokenizer):
+    html = token_viewer(tokenizer, [1, 2, 3], torch.tensor([True, True, False]), legend="attended").data
+    assert "2/3 tokens" in html
+
+
+@pytest.mark.parametrize(("kwargs", "error", "says"), [
+    ({"controls": {"nope": [1, 2]}}, ValueError, "controls \\['nope'\\] are not keywords of the frame"),
+    ({"controls": {"kk": [1, 2]}}, ValueError, "did you mean 'k'"),
+    ({"width": 3}, ValueError, "width=3 is not a non-empty string"),
+    ({"width": ["440px"]}, ValueError, "width=\\['440px'\\]"),
+    ({"width": None}, ValueError, "width=None"),
+])
+def test_what_if_refuses_controls_the_frame_does_not_take_and_a_bad_width(kwargs, error, says):
+    from course_utils.viz import what_if
+
+    args = {"controls": {"k": [1, 2]}, **kwargs}
+    with pytest.raises(error, match=says):
+        what_if(lambda k: f"k={k}", **args)
+    with pytest.raises(ValueError, match="the frame needs \\['mode'\\]"):
+        what_if(lambda k, mode: "", {"k": [1]})
+
