@@ -56,10 +56,19 @@ def _resolve_device(device: str | None) -> str:
 
 
 def _requested_model(name_or_path):
-    """What the caller asked for: the argument, else ``$COURSE_MODEL``, else the default name."""
-    if name_or_path is None:  # "" is a mistake to report, not a request for the default
-        return os.environ.get("COURSE_MODEL") or DEFAULT_MODEL
-    return name_or_path
+    """What the caller asked for: the argument, else ``$COURSE_MODEL``, else the default name — a non-blank
+    string or a path (``""`` is a mistake to report, not a request for the default)."""
+    source = (os.environ.get("COURSE_MODEL") or DEFAULT_MODEL) if name_or_path is None else name_or_path
+    if not isinstance(source, (str, Path)) or not str(source).strip():
+        raise ValueError(
+            f"name_or_path={name_or_path!r} is not a path or hub id — the loader needs to know where "
+            f"the weights are — pass None for the default course model, a shipped name "
+            f"({', '.join(SHIPPED_MODELS)}), a local directory, or a hub id such as 'Qwen/Qwen2.5-0.5B'."
+        )
+    return source
+
+
+_PATH_PREFIXES = ("/", "./", "../", "~", ".\\", "..\\")  # what only a filesystem path starts with
 
 
 def model_source(name_or_path=None) -> Path | str:
@@ -67,12 +76,6 @@ def model_source(name_or_path=None) -> Path | str:
     directory holding a ``config.json``, or a hub id (a ``str``: the cache when offline). ``None`` is
     ``$COURSE_MODEL`` or the default course model. Raises ``ValueError`` for what is neither."""
     source = _requested_model(name_or_path)
-    if not isinstance(source, (str, Path)) or not str(source).strip():
-        raise ValueError(
-            f"name_or_path={name_or_path!r} is not a path or hub id — the loader needs to know where "
-            f"the weights are — pass None for the default course model, a shipped name "
-            f"({', '.join(SHIPPED_MODELS)}), a local directory, or a hub id such as 'Qwen/Qwen2.5-0.5B'."
-        )
     shipped = SHIPPED_MODELS.get(source) if isinstance(source, str) else None
     if shipped is not None or Path(source) in SHIPPED_MODELS.values():
         shipped = shipped or Path(source)
@@ -91,6 +94,13 @@ def model_source(name_or_path=None) -> Path | str:
                 "point at the directory that save_pretrained() wrote."
             )
         return path
+    if isinstance(source, Path) or source.startswith(_PATH_PREFIXES):
+        given = f"name_or_path={str(source)!r}" if name_or_path is not None else f"COURSE_MODEL={source!r}"
+        raise ValueError(
+            f"{given} is a filesystem path and nothing is there ({path.resolve()}) — a hub id is "
+            "'org/name', so it would be looked up on the hub and fail with a download error instead — check "
+            "the path, or save the model there first (model.save_pretrained(path))."
+        )
     return str(source)  # a hub id: from the cache when offline, else downloaded by transformers
 
 
@@ -98,7 +108,8 @@ def course_model_name(name_or_path=None) -> str:
     """Which model ``load_course_model(name_or_path)`` loads, as a short readable string.
 
     A shipped model's short name (``"tiny-qwen"``, ``"tiny-llama"``) — also when given by its
-    directory — else the path or hub id as given. Notebooks print it, so a run says what it ran on.
+    directory — else the path or hub id as given. Notebooks print it, so a run says what it ran on. Refuses
+    what ``model_source`` refuses as no path or hub id (``""``, a number).
     """
     source = _requested_model(name_or_path)
     if isinstance(source, str) and source in SHIPPED_MODELS:

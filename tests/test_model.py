@@ -12,7 +12,7 @@ import torch
 from transformers import AutoTokenizer
 
 from course_utils import COURSE_MODEL_DIR, load_course_model, make_messages
-from course_utils.model import SHIPPED_MODELS, course_model_name, course_seed
+from course_utils.model import SHIPPED_MODELS, course_model_name, course_seed, model_source
 from tools.build_course_model import HELD_OUT, RECIPES, build, qwen2_5_chat_template
 
 SAMPLE_TEXTS = [
@@ -234,3 +234,20 @@ def test_a_missing_shipped_model_says_how_to_restore_it(monkeypatch, tmp_path):
     monkeypatch.setitem(model_module.SHIPPED_MODELS, "tiny-llama", tmp_path / "gone")
     with pytest.raises(FileNotFoundError, match="build_course_model"):
         load_course_model("tiny-llama")
+
+
+# ---- issue 42, part 3: a missing path is not a hub id -------------------------------------------------
+@pytest.mark.parametrize("given", ["/no/such/dir/model", "./no-such", "../no-such", "~/no-such"])
+def test_a_missing_path_is_refused_not_read_as_a_hub_id(given, tmp_path):
+    with pytest.raises(ValueError, match="is a filesystem path and nothing is there .* — .+ — ") as caught:
+        model_source(given)
+    assert repr(given) in str(caught.value)
+    with pytest.raises(ValueError, match="nothing is there"):
+        model_source(tmp_path / "missing")
+    assert model_source("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B", "a hub id stays one"
+
+
+@pytest.mark.parametrize("given", ["", "  ", 3])
+def test_course_model_name_refuses_what_names_no_model(given):
+    with pytest.raises(ValueError, match="is not a path or hub id — .+ — "):
+        course_model_name(given)
