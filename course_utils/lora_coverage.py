@@ -628,6 +628,9 @@ def coverage_heatmap(survey: dict, title: str = ""):
             "survey must be a non-empty {(family, label): adapter_coverage(...)} dict — it is what "
             "the figure draws — build it with a dict comprehension over families and configs."
         )
+    if not isinstance(title, str):
+        raise TypeError(f"title={title!r:.40} must be a string — it is the figure's heading — pass e.g. "
+                        "title='LoRA coverage per family', or leave it out.")
     families = list(dict.fromkeys(f for f, _ in survey))
     labels = list(dict.fromkeys(label for _, label in survey))
     fig, axes = plt.subplots(

@@ -510,6 +510,12 @@ def test_a_row_a_check_would_crash_on_is_bad_input_naming_the_row(bad_row, named
     assert "row 2" in str(caught.value) and named in str(caught.value)
 
 
+@pytest.mark.parametrize("findings", ["abc", [1, 2]])
+def test_a_report_holds_findings_only(findings):
+    with pytest.raises(TypeError, match="a Report holds Findings, got .+ — .+ — "):
+        doctor.Report(findings)
+
+
 def test_all_and_sample_together_are_refused(tmp_path, capsys):
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows(4)))

@@ -168,6 +168,7 @@ ROW = {"tensors": 2, "adapted": 0, "lora_params": 0}
     (lambda: lc.lora_config_as_trl_builds({"use_peft": True, "lora_r": 0}), "lora_r=0"),
     (lambda: lc.lora_config_as_trl_builds({"use_peft": True, "lora_alpha": float("nan")}), "lora_alpha=nan"),
     (lambda: lc.lora_config_as_trl_builds({"use_peft": "yes"}), "use_peft='yes'"),
+    (lambda: lc.coverage_heatmap({("qwen3_moe", "x"): {}}, title=["t"]), "title=['t'] must be a string"),
 ])
 def test_the_audits_silent_calls_are_refused_with_what_why_fix(call, phrase):
     with pytest.raises((TypeError, ValueError), match=re.escape(phrase)) as caught:

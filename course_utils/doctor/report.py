@@ -57,6 +57,15 @@ class Finding:
 class Report(list):
     """The doctor's findings, most severe first; prints as a table, renders as HTML in a notebook."""
 
+    def __init__(self, findings=()):
+        findings = list(findings)
+        stray = next((f for f in findings if not isinstance(f, Finding)), None)
+        if stray is not None:
+            raise TypeError(f"a Report holds Findings, got {stray!r:.40} ({type(stray).__name__}) — it "
+                            "counts their severities and prints their fields — pass diagnose()'s report, or "
+                            "Finding(...) objects.")
+        super().__init__(findings)
+
     @property
     def errors(self) -> list[Finding]:
         return [f for f in self if f.severity == "error"]
