@@ -172,6 +172,11 @@ def close(got, expected, rtol: float = 1e-4, atol: float = 1e-6) -> str | None:
     sequences and dicts recursively), else a short description of the first difference."""
     import torch
 
+    # a NaN tolerance passes nothing, an infinite one everything, a negative one is torch's ValueError
+    validate.number("rtol", rtol, minimum=0, why="it is the relative tolerance of a numeric match",
+                    example=1e-4)
+    validate.number("atol", atol, minimum=0, why="it is the absolute tolerance of a numeric match",
+                    example=1e-6)
     if isinstance(expected, torch.Tensor):
         if not isinstance(got, torch.Tensor):
             return f"expected a torch.Tensor, got {type(got).__name__}"
@@ -348,6 +353,10 @@ def run_check(name: str, fn: Callable, cases: Sequence[Case], *,
     not from a local of the checker: the expected values are sealed before the learner's function runs, and
     a local list in the checker's frame would still hold them.
     """
+    _check_checker_args(name, hint, quiet, out_of_reach)
+    validate.function("compare", compare)
+    if diagnose is not None:
+        validate.function("diagnose", diagnose)
     if not callable(fn):
         raise ValueError(f"{name}: expected your function, got {type(fn).__name__} — the checker calls "
                          "it on its own inputs — pass the function itself, without calling it.")
@@ -472,10 +481,21 @@ def check_diagnosis(name: str, fn: Callable, make_case: Callable[[int], tuple[ob
     whatever the draw and the shuffle. Each truth is sealed before ``fn`` sees its
     artefact (``_seal``). ``misconceptions[(given, true)]`` names the look-alike a wrong cause confuses.
     """
+    _check_checker_args(name, hint, quiet, out_of_reach)
+    validate.function("make_case", make_case)
+    if evidence_ok is not None:
+        validate.function("evidence_ok", evidence_ok)
+    if misconceptions is not None and not isinstance(misconceptions, dict):
+        raise TypeError(f"{name}: misconceptions={misconceptions!r:.60} must be a dict {{(given, true): "
+                        "sentence}} — the report looks a wrong cause up in it — pass a dict, or None.")
     if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or not seeds or not all(
             isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise ValueError(f"{name}: seeds={seeds!r:.60} must be a non-empty list of ints — each seed draws "
                          "one fresh case, and no case would pass any answer — pass fresh_seeds(n).")
+    if len(seeds) < 2:
+        raise ValueError(f"{name}: seeds={list(seeds)} draws one case — a pass needs cases of two or more "
+                         "causes, so no answer could ever pass — pass fresh_seeds(n) with n at least the "
+                         "number of causes (e.g. 3 * len(CAUSES)).")
     if not callable(fn):
         raise ValueError(f"{name}: expected your function, got {type(fn).__name__} — the checker calls "
                          "it on fresh cases — pass the function itself, without calling it.")
@@ -523,8 +543,28 @@ def check_diagnosis(name: str, fn: Callable, make_case: Callable[[int], tuple[ob
 def _drawn(make_case, seed):
     """The artefact, and its truth sealed: returns before the learner's function is called, so the truth
     is no local of any frame that function can walk to."""
-    artefact, truth = make_case(seed)
+    drawn = make_case(seed)
+    if not (isinstance(drawn, tuple) and len(drawn) == 2 and isinstance(drawn[1], Diagnosis)):
+        raise ValueError(f"make_case({seed}) returned {type(drawn).__name__}, not (artefact, Diagnosis) — "
+                         "the checker hands the artefact to the answer and grades it against the truth — "
+                         "return (artefact, Diagnosis(cause, evidence)).")
+    artefact, truth = drawn
     return artefact, _seal(truth)
+
+
+def _check_checker_args(name, hint, quiet, out_of_reach) -> None:
+    """What ``run_check`` and ``check_diagnosis`` share: a name to report and count failures under, a hint
+    (a sentence or ``Hints``), the quiet switch and the helpers out of reach."""
+    validate.non_empty_string("name", name, why="the report and the failure count use it")
+    if not isinstance(hint, (str, Hints)):
+        raise TypeError(f"hint={hint!r:.60} is a {type(hint).__name__} — a failed check shows it as advice — "
+                        "pass a sentence, or Hints(question, pointer, answer).")
+    validate.flag("quiet", quiet, why="it switches the printed report off")
+    if isinstance(out_of_reach, (str, bytes)) or not isinstance(out_of_reach, (list, tuple)) or not all(
+            callable(f) for f in out_of_reach):
+        raise TypeError(f"out_of_reach={out_of_reach!r:.60} must be a tuple of functions — an answer that "
+                        "calls one fails — pass the course helpers that are the exercise's finished form, "
+                        "or ().")
 
 
 def _report(name: str, passed: bool, message: str, quiet: bool) -> CheckResult:

@@ -9,7 +9,7 @@ import torch
 from conftest import stub
 
 from course_utils import losses, validate
-from course_utils.checks import Case, Diagnosis, Hints, check_diagnosis, run_check
+from course_utils.checks import Case, Diagnosis, Hints, check_diagnosis, close, run_check
 from course_utils.data import IGNORE_INDEX, collate_right, make_messages, tokenize_chat
 from course_utils.quiet import captured_log, library_state, quiet_libraries
 from course_utils.training import make_sft_trainer, train
@@ -225,10 +225,38 @@ def test_diagnosis_checker_grades_fresh_cases():
     memorised = check_diagnosis("d", lambda art: Diagnosis("a", 0), make_case, seeds=range(6), quiet=True)
     wrong_evidence = check_diagnosis("d", lambda art: Diagnosis(art["cause"], None), make_case,
                                      seeds=range(3), quiet=True)
-    named = check_diagnosis("d", lambda art: Diagnosis("a", art["step"]), make_case, seeds=[1], quiet=True,
+    named = check_diagnosis("d", lambda art: Diagnosis("a", art["step"]), make_case, seeds=[1, 2], quiet=True,
                             misconceptions={("a", "b"): "a looks like b"})
     assert good and not memorised and not wrong_evidence
     assert "a looks like b" in named.message
+
+
+def _one_case(seed):
+    return {"seed": seed}, Diagnosis("a", seed)
+
+
+@pytest.mark.parametrize("call, error, says", [
+    # tolerances: inf matched anything, NaN nothing, -1 and '0.1' were torch's or math's errors
+    (lambda: close(1.0, 2.0, atol=float("inf")), ValueError, "atol=inf must be a finite number >= 0"),
+    (lambda: close(1.0, 2.0, rtol=float("nan")), ValueError, "rtol=nan"),
+    (lambda: close(1.0, 2.0, rtol=-1.0), ValueError, "rtol=-1.0 must be a finite number >= 0"),
+    (lambda: close(1.0, 2.0, rtol="0.1"), ValueError, "pass the number itself, rtol=0.1"),
+    # a checker needs a name, a hint it can show, one or more seeds of cases it can open
+    (lambda: run_check("", lambda x: x, [Case((1,), 1)]), ValueError, "name=''"),
+    (lambda: run_check("c", lambda x: x, [Case((1,), 1)], hint=3), TypeError, "hint=3 is a int"),
+    (lambda: run_check("c", lambda x: x, [Case((1,), 1)], quiet="yes"), TypeError, "quiet='yes'"),
+    (lambda: run_check("c", lambda x: x, [Case((1,), 1)], compare="close"), TypeError, "compare must be a"),
+    (lambda: check_diagnosis("d", lambda a: a, _one_case, seeds=[1]), ValueError, "draws one case"),
+    (lambda: check_diagnosis("d", lambda a: a, lambda s: 3, seeds=[1, 2]), ValueError,
+     "make_case\\([12]\\) returned int, not \\(artefact, Diagnosis\\)"),
+    (lambda: check_diagnosis("d", lambda a: a, "make", seeds=[1, 2]), TypeError, "make_case must be a"),
+    (lambda: check_diagnosis("", lambda a: a, _one_case, seeds=[1, 2]), ValueError, "name=''"),
+])
+def test_checkers_refuse_arguments_that_grade_nothing_or_everything(call, error, says):
+    with pytest.raises(error, match=says) as info:
+        call()
+    assert " — " in str(info.value)
+    assert close(1.0, 1.0 + 1e-9) is None and close(1.0, 2.0, rtol=0, atol=0) == "expected 2, got 1"
 
 
 
