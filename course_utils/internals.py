@@ -100,6 +100,7 @@ def count_items_hook(trainer_cls, on_count, *, count: bool = True):
         raise TypeError(f"trainer_cls must be a Trainer class, got {trainer_cls!r:.60} — the hook subclasses "
                         "it — pass e.g. trl.SFTTrainer (the class, not an instance).")
     validate.function("on_count", on_count)
+    validate.flag("count", count, why="it switches the step-global token count (False: the pre-v4.46 path)")
 
     class CountingItems(trainer_cls):
         def _get_num_items_in_batch(self, batch_samples, device):

@@ -12,6 +12,8 @@ GPU would train. The check is a measurement, not a version list: a fixed kernel 
 
 from __future__ import annotations
 
+import difflib
+
 import torch
 
 from . import validate
@@ -41,11 +43,32 @@ def nf4_dequantizes_exactly(in_features: int, device="cpu") -> bool:
     import bitsandbytes.functional as F
 
     validate.positive_int("in_features", in_features, why="it is a 4-bit layer's input width")
+    device = _device(device)
     values = torch.randn(NF4_BLOCK * in_features, generator=torch.Generator().manual_seed(0)).to(device)
     as_blocks, as_rows = (F.dequantize_4bit(*F.quantize_4bit(values.view(-1, width), blocksize=NF4_BLOCK,
                                                             quant_type="nf4")).flatten()
                           for width in (NF4_BLOCK, in_features))
     return torch.equal(as_blocks, as_rows)
+
+
+def _device(device) -> torch.device:
+    """``device`` (a name such as ``"cpu"`` or ``"cuda:0"``, or a ``torch.device``) that exists here: a typo,
+    a blank or a device this machine lacks is named, not torch's error from deep inside ``.to()``."""
+    if not isinstance(device, (str, torch.device)) or (isinstance(device, str) and not device.strip()):
+        raise TypeError(f"device={device!r} is not a device name — the test values are moved there and "
+                        "quantised by that device's kernel — pass e.g. device='cpu' or 'cuda:0' (a str or a "
+                        "torch.device).")
+    try:
+        device = torch.device(device)
+        torch.empty(0, device=device)  # a device this machine has
+    except (RuntimeError, ValueError, AssertionError) as error:  # a CPU-only torch asserts on "cuda"
+        kind = str(device).split(":")[0]
+        close = difflib.get_close_matches(kind, ("cpu", "cuda", "mps", "xpu"), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close and close[0] != kind else ""
+        raise ValueError(f"device={str(device)!r} cannot be used here{hint} — torch says: "
+                         f"{str(error).splitlines()[0][:120]} — pass 'cpu', or a device torch sees "
+                         "(torch.cuda.is_available()).") from None
+    return device
 
 
 def unsound_4bit_widths(model) -> list[int]:

@@ -479,3 +479,34 @@ if __name__ == "__main__":
     print(summary(attacks, "adversarial pass"))
     print(f"commands: {len(commands)} mistakes, {dict(Counter(r[2] for r in commands))}")
     sys.exit(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 42, part 3 (the independent sweep), modules without a test file of their own: quantization's
+# device and internals.count_items_hook's switch. The rest is tested beside each module.
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device, error, says", [
+    (None, TypeError, "device=None is not a device name"),  # .to(None) kept the tensor where it was: True
+    ("", TypeError, "device='' is not a device name"),
+    (3, TypeError, "device=3 is not a device name"),
+    (["cpu"], TypeError, "device=\\['cpu'\\]"),
+    ("cpx", ValueError, "device='cpx' cannot be used here \\(did you mean 'cpu'\\?\\)"),
+])
+def test_nf4_check_refuses_a_device_it_cannot_use(device, error, says):
+    pytest.importorskip("bitsandbytes")
+    from course_utils.quantization import nf4_dequantizes_exactly
+
+    with pytest.raises(error, match=says) as info:
+        nf4_dequantizes_exactly(64, device=device)
+    assert " — " in str(info.value)
+
+
+@pytest.mark.parametrize("count", [None, "yes", 1])
+def test_count_items_hook_count_is_a_flag(count):
+    from trl import SFTTrainer
+
+    from course_utils.internals import count_items_hook
+
+    with pytest.raises(TypeError, match="count=.* must be True or False"):
+        count_items_hook(SFTTrainer, print, count=count)
