@@ -98,6 +98,9 @@ def graded_positions(labels) -> list[int]:
             labels and not isinstance(labels[0], int)):
         raise TypeError(f"labels must be a list of ints or a 1-D tensor, got {type(labels).__name__} — one "
                         "label per position — pass example['labels'].")
+    if not labels:
+        raise ValueError("labels is empty — a row has at least one token, and one label per token — pass "
+                         "example['labels'] of a tokenized row.")
     return [i for i, label in enumerate(labels) if label != IGNORE_INDEX]  # is_graded, inlined
 
 
