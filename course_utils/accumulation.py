@@ -270,7 +270,8 @@ def clip_grid(model, start_state: dict, micro_batches_by_k: Mapping[int, list], 
             validate.number("each of thresholds", threshold, positive=True,
                             why="it is a max_grad_norm; None for no clipping")
     validate.positive_int("steps", steps, why="it counts optimizer steps")
-    validate.number("lr", lr, positive=True, why="a learning rate of 0 or less trains nothing or backwards")
+    validate.number("lr", lr, positive=True, why="a learning rate of 0 or less trains nothing or backwards",
+                    example=1e-3)
     if known is not None:
         _check_grid(known)
     grid = dict(known or {})

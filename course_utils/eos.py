@@ -362,7 +362,8 @@ def train_until_stops(model, batches: list[dict], criterion: StopCriterion, *, l
         validate.ids_fit_model(model, b["input_ids"], name=f"batches[{i}]['input_ids']")
     _require_criterion(criterion, "train_until_stops")
     criterion._check_model(model)
-    validate.number("lr", lr, positive=True, why="a learning rate of 0 or less trains nothing or backwards")
+    validate.number("lr", lr, positive=True, why="a learning rate of 0 or less trains nothing or backwards",
+                    example=1e-3)
     validate.positive_int("chunk", chunk, why="it is the steps between two checks of the criterion")
     validate.positive_int("max_steps", max_steps, why="it caps the run when the criterion is never met")
     history, last, start = [], {}, time.perf_counter()
@@ -642,7 +643,8 @@ def train_mask_arms(load_model, conversations, criterion: StopCriterion, *, lr: 
     if not isinstance(criterion, StopCriterion):
         raise TypeError(f"criterion must be a StopCriterion, got {type(criterion).__name__} — it decides "
                         "when the graded arm stops training — pass StopCriterion(...).")
-    validate.number("lr", lr, positive=True, why="a learning rate of 0 or less trains nothing or backwards")
+    validate.number("lr", lr, positive=True, why="a learning rate of 0 or less trains nothing or backwards",
+                    example=1e-3)
     validate.positive_int("cap", cap, why="it bounds the steps of the graded arm")
     validate.positive_int("batch_size", batch_size, why="it is the rows per step")
     arms, steps = [], cap

@@ -658,7 +658,7 @@ def fraction_updated(model, batch: dict, lr: float = 1e-5) -> float:
     weight keeps 8 bits of mantissa, so a step below half its ulp (|w|·2⁻⁸) rounds back to the same value.
     In float32 nearly every weight moves. The model is updated in place: pass a copy."""
     validate.model("model", model)
-    validate.number("lr", lr, positive=True, why="it is the optimizer's step size")
+    validate.number("lr", lr, positive=True, why="it is the optimizer's step size", example=1e-3)
     if not isinstance(batch, dict) or not {"input_ids", "labels"} <= set(batch):
         raise ValueError("batch must be a dict with input_ids and labels — one step needs a loss — pass one "
                          "of make_batches(tok, chats)'s batches.")

@@ -345,7 +345,7 @@ def one_step(model, batch: dict, loss_fn, lr: float = 1e-3) -> dict:
     """
     _check_model_batch(model, batch)
     validate.function("loss_fn", loss_fn)
-    validate.number("lr", lr, positive=True, why="it is the AdamW learning rate")
+    validate.number("lr", lr, positive=True, why="it is the AdamW learning rate", example=1e-3)
     model = copy.deepcopy(model).train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     value = loss_fn(model_logits(model, batch), batch["labels"])
@@ -556,7 +556,7 @@ class NormalisedMomentum(torch.optim.Optimizer):
     constant step; only an exactly zero momentum gives a zero update."""
 
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.95):
-        validate.number("lr", lr, positive=True, why="it sets the size of every update")
+        validate.number("lr", lr, positive=True, why="it sets the size of every update", example=1e-3)
         validate.fraction("momentum", momentum, why="it is the share of the old direction kept each step")
         if isinstance(params, (torch.Tensor, str, bytes)) or not hasattr(params, "__iter__"):
             raise TypeError(f"params is {type(params).__name__}, not an iterable of parameters — an "
@@ -600,7 +600,7 @@ def drift_on_zero_grads(model, warm_batches: Sequence[dict], empty_batch: dict, 
     for i, b in enumerate(warm_batches):
         validate.ids_fit_model(model, b["input_ids"], name=f"warm_batches[{i}]['input_ids']")
     validate.ids_fit_model(model, empty_batch["input_ids"], name="empty_batch['input_ids']")
-    validate.number("lr", lr, positive=True, why="it is the optimiser's learning rate")
+    validate.number("lr", lr, positive=True, why="it is the optimiser's learning rate", example=1e-3)
     validate.integer("warm_steps", warm_steps, minimum=0, why="it counts steps on batches with targets")
     validate.positive_int("zero_steps", zero_steps, why="it counts the zero-gradient steps measured")
     if n_graded(empty_batch["labels"]) != 0:
@@ -732,7 +732,7 @@ def trl_logged_on_pretokenised(model, tokenizer, examples: Sequence[dict], *, na
     ``weights_finite``."""
     examples = _check_model_examples(model, tokenizer, examples)
     validate.flag("nan_inf_filter", nan_inf_filter, why=_FLAG_WHY)
-    validate.number("lr", lr, positive=True, why="it is the learning rate")
+    validate.number("lr", lr, positive=True, why="it is the learning rate", example=1e-3)
     validate.positive_int("accum_steps", accum_steps, why="it is micro-batches per optimizer step")
     validate.positive_int("logging_steps", logging_steps, why="it is optimizer steps per logged value")
     if len(examples) % accum_steps:
@@ -765,7 +765,7 @@ def trainer_logged_losses(model, tokenizer, examples: Sequence[dict], *, nan_inf
     validate.flag("nan_inf_filter", nan_inf_filter, why=_FLAG_WHY)
     validate.positive_int("steps", steps, why="it counts optimizer steps")
     validate.positive_int("batch_size", batch_size, why="it is rows per step")
-    validate.number("lr", lr, positive=True, why="it is the learning rate")
+    validate.number("lr", lr, positive=True, why="it is the learning rate", example=1e-3)
     pad = validate.integer("tokenizer.pad_token_id", tokenizer.pad_token_id, minimum=0,
                            why="the collate pads rows with it (set tok.pad_token if it is None)")
     model = copy.deepcopy(model)
