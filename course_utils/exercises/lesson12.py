@@ -92,6 +92,9 @@ def check_packing_probe(fn):
     """Checker for exercise 7.1: ``fn(model, a, b) -> float``, the max |Δlogit| of sample ``b`` packed after
     ``a`` (a padding-free row, as SFTTrainer calls it) vs ``b`` alone, on families the notebook never
     shows."""
+    if not callable(fn):  # before the cases are built (seven tiny models): a wrong argument is told at once
+        raise ValueError(f"packing_probe: expected your function, got {type(fn).__name__} — the checker "
+                         "calls it on its own inputs — pass the function itself, without calling it.")
     return run_check("packing_probe", fn, _probe_cases(), compare=_compare_drift, diagnose=_diagnose_probe,
                      hint=Hints(
                          question="Which three things made lesson 03's packed call exact, and which logits "
