@@ -510,10 +510,6 @@ def plant_large_update(model, value: float) -> str:
     """
     validate.model("model", model)
     validate.number("value", value, positive=True, why="it is written into the LoRA B matrix")
-    return _plant_large_update(model, value)
-
-
-def _plant_large_update(model, value: float) -> str:
     name, lora_b = _first_mlp_lora_b(model)
     with torch.no_grad():
         lora_b.weight.fill_(value)
@@ -532,7 +528,7 @@ def overflow_scale(model, batch: dict, *, max_doublings: int = 30) -> float:
     _first_mlp_lora_b(model)  # a model without an MLP adapter is refused before the search starts
     value = 1.0
     for _ in range(max_doublings + 1):
-        _plant_large_update(model, value)
+        plant_large_update(model, value)
         watch = _forward_watch(model, batch)
         if watch.first_nonfinite is not None or watch.max_abs[0] > FP16_MAX:
             return value

@@ -130,10 +130,7 @@ def collate_packed(examples: list[dict]) -> dict:
     after the shift inside the loss it would be predicted from the *previous* example's last token.
     No ``attention_mask``: an all-ones one would switch off the block-diagonal inference.
     """
-    return _collate_packed(_examples(examples))
-
-
-def _collate_packed(examples: list[dict]) -> dict:
+    examples = _examples(examples)
     ids, labels, positions = [], [], []
     for e in examples:
         ids += list(e["input_ids"])
@@ -508,7 +505,7 @@ LAYOUTS = {"right padding": "right", "left padding": "left", "packed row": "pack
 def _layout_call(examples, pad_token_id: int, layout: str, attention_mask: bool, position_ids: bool):
     """The batch of ``layout`` (for measuring), what the call passes, and the example of each token."""
     if layout == "packed":
-        batch = _collate_packed(examples)
+        batch = collate_packed(examples)
         lengths = [len(e["input_ids"]) for e in examples]
         example_of = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[None]
         mask = torch.ones_like(batch["input_ids"])  # what TRL's "wrapped" packing collator returns

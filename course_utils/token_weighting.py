@@ -125,10 +125,6 @@ def uneven_micro_batches(tokenizer, k: int = 4, batch_size: int = 2, seed: int =
     per-micro-batch token counts as uneven as a real step can get.
     """
     _check_split(tokenizer, k, batch_size, seed)
-    return _uneven_micro_batches(tokenizer, k, batch_size, seed)
-
-
-def _uneven_micro_batches(tokenizer, k: int, batch_size: int, seed: int) -> list[dict]:
     examples = [tokenize_chat(tokenizer, c) for c in _multi_turn_conversations(k * batch_size, seed)]
     examples.sort(key=lambda e: n_graded(e["labels"]))
     return [collate_right(examples[i: i + batch_size], tokenizer.pad_token_id)
