@@ -139,7 +139,19 @@ def every_check_i_know(setup):
     return {**{check: None for _, check in ex.FAILURES.values()}, **stated}
 
 
+def the_family_rule(setup):
+    """Issue 43's audit: no doctor run, a rule fitted to the old fixed family (eos, the trainer, the config's
+    one failure, the renamed rows)."""
+    config = setup.config
+    third = ("fp16-overflow-risk" if config.get("fp16") else "packing-no-boundaries" if config.get("packing")
+             else "template-unpatchable")
+    return {"eos-mismatch": None, "trainer-accumulation": None, third: None,
+            "no-assistant-turns": [i for i, r in enumerate(setup.rows)
+                                   if any(m["role"] == "gpt" for m in r["messages"])]}
+
+
 SHORTCUTS = [
+    ("findings", "a rule fitted to the set-up family, no doctor run (issue 43)", the_family_rule),
     ("fix_setup", "every fix, whatever the findings", fix_everything_blindly),
     ("fix_setup", "drop rows by their first word", drop_rows_by_first_word),
     ("fix_setup", "the walk-through's apply_fixes", apply_fixes_of_the_walk_through),

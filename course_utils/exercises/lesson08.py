@@ -256,14 +256,24 @@ ROW_CHECKS = ("no-assistant-turns",)  # the findings whose rows the learner name
 OPTIONAL_FINDINGS = {"learning-rate"}  # a toy model's rate: stating it or not is both fine
 
 
+SHOWN_SEEDS = 1000  # another_setup below this seed is one a notebook shows: the colleague has a trainer class
+
+
 def another_setup(seed: int = 0, directory=None) -> Setup:
-    """Exercise 1's set-up: rows with renamed roles, one of the config failures drawn by ``seed``, and the
-    colleague's own trainer class (``setup.trainer``, a ``"module:Class"`` the doctor can import). Returns the
-    set-up only: its findings are yours to state."""
+    """Exercise 1's set-up: one of the config failures and one or both of the row failures, drawn by
+    ``seed``. The set-ups a notebook shows (``seed < SHOWN_SEEDS``) and every second graded one have renamed
+    roles and the colleague's own trainer class (``setup.trainer``, a ``"module:Class"`` the doctor can
+    import); the others may have neither (``trainer`` None). The graded set-ups mix what the shown one has,
+    so a dict written for it fails. Returns the set-up only: its findings are yours to state."""
     validate.seed("seed", seed)
-    config_failures = ("base_template", "fp16_hot_lr", "wrapped_packing")
-    config_failure = random.Random(f"another-{seed}").choice(config_failures)
-    return _broken_setup(seed + 500, directory, ["renamed_roles", config_failure], trainer=True)[0]
+    rng = random.Random(f"another-{seed}")
+    # fresh_seeds are consecutive: of each graded pair one has the trainer class and renamed roles for sure
+    full = seed < SHOWN_SEEDS or seed % 2 == 0
+    planted = [rng.choice(("base_template", "fp16_hot_lr", "wrapped_packing"))]
+    planted += ["long_prompts"] * (rng.random() < 0.5) + ["renamed_roles"] * (full or rng.random() < 0.5)
+    if len(planted) == 1:
+        planted.append("long_prompts")  # a failure in the rows, always
+    return _broken_setup(seed + 500, directory, planted, trainer=full)[0]
 
 
 def _compare_findings(got, setup: Setup) -> str | None:
@@ -317,7 +327,8 @@ def check_findings(fn):
     """Checker for exercise 1: ``fn(setup) -> {check name: row ids or None}`` must name every error and
     warning the doctor reports, the colleague's trainer class included, and, for the checks about rows, all
     the rows they concern — on ``FINDINGS_CASES`` set-ups of ``another_setup``'s family drawn fresh on every
-    run (``checks.fresh_seeds``), none of them the one the notebook shows. Graded against what was planted,
+    run (``checks.fresh_seeds``: one with the colleague's trainer class, one without; their failures mixed),
+    none of them the one the notebook shows. Graded against what was planted,
     not against the doctor; a wrong answer is told how many findings are missing or extra, never which."""
     validate.function("fn", fn)
     with tempfile.TemporaryDirectory(prefix="findings-") as root:
