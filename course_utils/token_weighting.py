@@ -390,6 +390,11 @@ def cite_source(obj, *needles: str) -> list[str]:
         raise TypeError(f"obj must be a Python function or class, got {type(obj).__name__} — its source is "
                         "read from the installed file — pass e.g. Trainer.training_step (not a call of it).")
     validate.strings("needles", needles)
+    blank = next((n for n in needles if not n.strip()), None)
+    if blank is not None:
+        raise ValueError(f"needles holds {blank!r} — every line contains it, so the citation would be the "
+                         "first line whatever the code says — pass the code to quote, e.g. "
+                         "'num_items_in_batch'.")
     lines, start = inspect.getsourcelines(obj)
     path = Path(inspect.getsourcefile(obj))
     short = "/".join(path.parts[path.parts.index("site-packages") + 1:]) if "site-packages" in path.parts \

@@ -377,6 +377,12 @@ def test_merge_refuses_a_pad_id_no_vocabulary_holds(model_tok, call, words):
         call(batches)
 
 
+@pytest.mark.parametrize("needle", ["", "   "])
+def test_cite_source_refuses_a_needle_every_line_holds(needle):
+    with pytest.raises(ValueError, match="every line contains it"):
+        tw.cite_source(tw.token_weights, needle)
+
+
 @pytest.mark.parametrize("progress", [None, "yes"])
 def test_train_and_track_progress_is_a_flag(model_tok, progress):
     from course_utils import make_batches, make_messages
