@@ -504,8 +504,8 @@ def plot_drift_by_token(curves: dict, threshold: float):
 def leak_table_text(table: dict, threshold: float = 1e-3) -> str:
     """``{(family, attn, collator): max |Δlogit| or an error message}`` as rows of family × attention, one
     column per collator ("ok", "LEAK" above ``threshold``, "raises" for an error)."""
-    threshold = validate.number("threshold", threshold, positive=True, why="a drift above it is a leak",
-                                fix="pass e.g. threshold=1e-3")
+    threshold = validate.number("threshold", threshold, minimum=0, why="a drift above it is a leak (0: any "
+                                "drift)", fix="pass e.g. threshold=1e-3")
     if not isinstance(table, dict) or not table or not all(isinstance(k, tuple) and len(k) == 3
                                                            for k in table):
         raise ValueError("table must map (family, attention, collator) to a drift or an error message — one "

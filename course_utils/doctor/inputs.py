@@ -412,8 +412,8 @@ def _check_config_value(key: str, value, field) -> None:
         if choices:
             validate.choice(name, value, choices, why="TRL knows only these")
         if key in _AT_LEAST_1 and value is not None:
-            validate.positive_int(name, value, why="it is a count of rows, and nothing trains with fewer "
-                                  "than one", fix="pass e.g. 8 (or leave it out for TRL's default)")
+            validate.positive_int(name, value, why="it counts rows or micro-batches, and nothing trains "
+                                  "with fewer than one", fix="pass e.g. 8, or leave it out for TRL's default")
         elif float in (kinds or ()) and value is not None:
             validate.number(name, value, minimum=0, positive=key == "learning_rate",
                             why="a rate <= 0 trains nothing or backwards" if key == "learning_rate" else
