@@ -228,7 +228,8 @@ def findings_rows_first(setup):
     renamed = [i for i, row in enumerate(setup.rows) if any(m["role"] == "gpt" for m in row["messages"])]
     report = diagnose(str(setup.model_dir), setup.rows, setup.config, trainer=setup.trainer)
     warnings = {f.check: None for f in report if f.severity == "warning" and f.check != "learning-rate"}
-    return {**{f.check: None for f in report.errors}, **warnings, "no-assistant-turns": renamed}
+    return {**{f.check: None for f in report.errors}, **warnings,
+            **({"no-assistant-turns": renamed} if renamed else {})}
 
 
 CHECKERS = [Row("fix_setup", graded(ex.check_fix_setup), lesson08.fix_setup),

@@ -316,8 +316,9 @@ FINDINGS_HINTS = Hints(
     pointer="diagnose(model_dir, data_path, config_path, trainer=...) — section 3, and the set-up's trainer "
             "attribute; the row ids: the doctor quotes a few, the rows hold them all.",
     answer="report = diagnose(str(s.model_dir), s.data_path, s.config_path, trainer=s.trainer); findings = "
-           "{f.check: None for f in report if f.severity in ('error', 'warning')}; findings['no-assistant-"
-           "turns'] = [i for i, r in enumerate(s.rows) if any(m['role'] == 'gpt' for m in r['messages'])].")
+           "{f.check: None for f in report if f.severity in ('error', 'warning')}; where "
+           "'no-assistant-turns' is among them, findings['no-assistant-turns'] = [i for i, r in "
+           "enumerate(s.rows) if any(m['role'] == 'gpt' for m in r['messages'])].")
 
 
 FINDINGS_CASES = 2  # set-ups per checker run
