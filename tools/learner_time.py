@@ -173,13 +173,18 @@ def over_budget(paths: list[Path]) -> list[str]:
     return [p.stem for p in paths if estimate(p)[0].total > CORE_BUDGET_MIN]
 
 
-def _write(text: str, file: Path) -> None:
+def _write(text: str, file: Path, paths: list[Path]) -> None:
+    """The table between the markers, and the two totals the prose above it quotes ("N minutes for all",
+    "(N in all"): a stale total failed CI once, so the write refreshes both."""
     doc = file.read_text(encoding="utf-8")
     if MARK_BEGIN not in doc or MARK_END not in doc:
         raise SystemExit(f"{file}: no learner-time markers — add the lines {MARK_BEGIN!r} and {MARK_END!r} "
                          "where the table belongs.")
     head, rest = doc.split(MARK_BEGIN, 1)
     _, tail = rest.split(MARK_END, 1)
+    cores = [estimate(p)[0] for p in paths]
+    head = re.sub(r"\d+ minutes for all", f"{sum(c.total for c in cores):.0f} minutes for all", head)
+    head = re.sub(r"\((\d+) in all", f"({sum(c.half_homework for c in cores):.0f} in all", head)
     file.write_text(f"{head}{MARK_BEGIN}\n{text}\n{MARK_END}{tail}", encoding="utf-8")
 
 
@@ -194,7 +199,7 @@ def main(argv=None) -> int:
     text = table(paths)
     print(text)
     if args.write:
-        _write(text, ROOT / "INSTRUCTORS.md")
+        _write(text, ROOT / "INSTRUCTORS.md", paths)
     over = over_budget(paths)
     if over:
         print(f"over the {CORE_BUDGET_MIN}-minute core path: {', '.join(over)}", file=sys.stderr)
