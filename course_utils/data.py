@@ -335,7 +335,7 @@ def collate_right(examples: list[dict], pad_token_id: int):
                          "non-empty list of tokenize_chat() outputs.")
     # only ids at hand: an id no vocabulary holds is refused; one beyond this model's vocabulary but
     # within another's cannot be told apart (the model's forward pass refuses it)
-    validate.token_id("pad_token_id", pad_token_id, why="it is the token id written at the padded positions")
+    validate.vocab_id("pad_token_id", pad_token_id, why="it is the token id written at the padded positions")
     for i, e in enumerate(examples):
         if not isinstance(e, dict) or "input_ids" not in e or "labels" not in e:
             raise TypeError(f"examples[{i}] is a {type(e).__name__}, not a tokenized example — the collate "

@@ -251,7 +251,7 @@ def stop_probability(model, batch: dict, stop_id: int):
     """
     validate.model("model", model)
     validate.batch("batch", batch, need=("input_ids",))
-    validate.token_id("stop_id", stop_id, vocab_size=_vocab(model), owner="the model")
+    validate.vocab_id("stop_id", stop_id, vocab_size=_vocab(model), owner="the model")
     validate.ids_fit_model(model, batch["input_ids"], name="batch['input_ids']")
     return _stop_probability(model, batch, _last_stop(batch, stop_id, "the batch"), stop_id)
 
@@ -281,7 +281,7 @@ class StopCriterion:
                  prompts: list[str] | None = None, max_new_tokens: int = 40,
                  turn_markers: tuple[str, ...] = ("<|im_start|>",)):
         validate.batch("probe", probe, need=("input_ids",))
-        validate.token_id("stop_id", stop_id)
+        validate.vocab_id("stop_id", stop_id)
         level = validate.fraction("level", level, why="both measurements (a mean probability, a stop rate) "
                                   "are fractions of 1")
         if level == 0:
@@ -293,7 +293,7 @@ class StopCriterion:
         if tokenizer is not None:
             validate.tokenizer("tokenizer", tokenizer)
             prompts = validate.strings("prompts", prompts)
-            validate.token_id("stop_id", stop_id, vocab_size=len(tokenizer), owner="the tokenizer")
+            validate.vocab_id("stop_id", stop_id, vocab_size=len(tokenizer), owner="the tokenizer")
             if tokenizer.pad_token_id is None and len(prompts) > 1:
                 raise ValueError("the tokenizer has no pad token — the prompts are left-padded into one "
                                  "batch — set tokenizer.pad_token (e.g. tokenizer.pad_token = "
@@ -308,7 +308,7 @@ class StopCriterion:
     def _check_model(self, model) -> None:
         """The model must be able to read the probe and the prompts and write the stop id."""
         validate.model("model", model)
-        validate.token_id("the criterion's stop_id", self.stop_id, vocab_size=_vocab(model),
+        validate.vocab_id("the criterion's stop_id", self.stop_id, vocab_size=_vocab(model),
                           owner="the model")
         validate.ids_fit_model(model, self.probe["input_ids"], name="the criterion's probe")
         if self.tokenizer is not None:
@@ -534,7 +534,7 @@ def graded_span_has_stop(batch: dict, stop_id: int) -> list[bool]:
     tokenizer: ``end_of_turn_id(tok)`` for a chat, ``tok.eos_token_id`` for plain text.
     """
     validate.batch("batch", batch, need=("labels",))
-    validate.token_id("stop_id", stop_id)
+    validate.vocab_id("stop_id", stop_id)
     labels = batch["labels"]
     return [bool(row.any()) for row in graded(labels) & (labels[:, 1:] == stop_id)]
 
@@ -665,6 +665,6 @@ def eos_labels_kept(batch: dict, eos_id: int) -> tuple[int, int]:
     tokenizer only an id no vocabulary holds is refused; an id the rows never hold gives ``(0, 0)``: pass
     ``tok.eos_token_id``."""
     validate.batch("batch", batch, need=("input_ids", "attention_mask", "labels"))
-    validate.token_id("eos_id", eos_id, why="it is the eos token's id")
+    validate.vocab_id("eos_id", eos_id, why="it is the eos token's id")
     real_eos = (batch["input_ids"] == eos_id) & (batch["attention_mask"] == 1)
     return int(is_graded(batch["labels"][real_eos]).sum()), int(real_eos.sum())

@@ -28,12 +28,12 @@ def _check_eos_ids(name: str, value, vocab: int) -> list[int]:
             raise ValueError(f"{name}=[] lists no stop id — generate() would never stop before "
                              f"max_new_tokens — pass ids, e.g. stop_token_ids(tokenizer), or leave {name} "
                              "out to use the model's generation_config.")
-        return [validate.token_id(f"{name}[{i}]", v, vocab_size=vocab, owner="the model")
+        return [validate.vocab_id(f"{name}[{i}]", v, vocab_size=vocab, owner="the model")
                 for i, v in enumerate(value)]
     if isinstance(value, torch.Tensor):
         raise TypeError(f"{name} is a tensor — the stop ids are compared one by one — pass a list: "
                         f"{name}=ids.tolist().")
-    return [validate.token_id(name, value, vocab_size=vocab, owner="the model")]
+    return [validate.vocab_id(name, value, vocab_size=vocab, owner="the model")]
 
 
 def _generate_keywords(model) -> list[str]:

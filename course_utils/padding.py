@@ -69,7 +69,7 @@ def _examples(examples, need_labels: bool = True) -> list[dict]:
 
 def _pad_id(pad_token_id) -> int:
     # only ids at hand: an id no vocabulary holds is refused (the helpers with a model check its vocabulary)
-    return validate.token_id("pad_token_id", pad_token_id,
+    return validate.vocab_id("pad_token_id", pad_token_id,
                              why="it fills the padding positions (a tokenizer without a pad token has "
                                  "pad_token_id None: set tok.pad_token first)")
 
@@ -289,7 +289,7 @@ def layout_drifts(model, examples: list[dict], pad_id: int) -> dict[str, float]:
         raise ValueError("examples must be a list of at least 2 tokenize_chat() results — padding and "
                          "packing need other rows to sit beside — pass e.g. [tokenize_chat(tok, m) for m in "
                          "chats].")
-    validate.token_id("pad_id", pad_id, vocab_size=_vocab(model), owner="the model",
+    validate.vocab_id("pad_id", pad_id, vocab_size=_vocab(model), owner="the model",
                       why="it is the token id that fills the padded positions")
     right, left = collate_padded(examples, pad_id, "right"), collate_padded(examples, pad_id, "left")
     packed = collate_packed(examples)

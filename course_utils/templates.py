@@ -435,7 +435,7 @@ def bos_adding_variant(tokenizer, bos_token: str = "<|begin_of_text|>"):
 def leading_bos(input_ids, bos_token_id: int) -> int:
     """How many BOS tokens ``input_ids`` starts with: 1 is right for a BOS-adding model, 2 a double BOS."""
     input_ids = validate.token_ids("input_ids", input_ids)
-    validate.token_id("bos_token_id", bos_token_id, why="it is the id the rows would start with",
+    validate.vocab_id("bos_token_id", bos_token_id, why="it is the id the rows would start with",
                       fix="pass tokenizer.bos_token_id")
     count = 0
     while count < len(input_ids) and input_ids[count] == bos_token_id:
@@ -450,7 +450,7 @@ def double_bos_rows(rows, bos_token_id: int) -> list[int]:
         raise ValueError(f"rows must be a non-empty list of token-id rows, got {type(rows).__name__} — the "
                          "check reads each row's first tokens — pass [r['input_ids'] for r in "
                          "trainer.train_dataset].")
-    validate.token_id("bos_token_id", bos_token_id, why="it is the id the rows would start with",
+    validate.vocab_id("bos_token_id", bos_token_id, why="it is the id the rows would start with",
                       fix="pass tokenizer.bos_token_id")
     ids = [r.get("input_ids") if isinstance(r, dict) else r for r in rows]
     return [i for i, row in enumerate(ids) if leading_bos(row, bos_token_id) >= 2]

@@ -171,7 +171,7 @@ def merge_micro_batches(micro_batches: list[dict], pad_token_id: int = 0) -> dic
     """
     _check_micro_batches(micro_batches)
     # only ids at hand: an id no vocabulary holds is refused (full_batch_grad checks the model's)
-    validate.token_id("pad_token_id", pad_token_id, why="it is the token id written at the padded positions")
+    validate.vocab_id("pad_token_id", pad_token_id, why="it is the token id written at the padded positions")
     rows = []
     for b in micro_batches:
         mask = b.get("attention_mask", torch.ones_like(b["input_ids"])).bool()
@@ -204,7 +204,7 @@ def full_batch_grad(model, micro_batches: list[dict], pad_token_id: int = 0) -> 
     Leaves ``.grad`` cleared (set to None), as it found nothing worth keeping there.
     """
     _check_step(model, micro_batches)
-    validate.token_id("pad_token_id", pad_token_id, vocab_size=model.get_input_embeddings().num_embeddings,
+    validate.vocab_id("pad_token_id", pad_token_id, vocab_size=model.get_input_embeddings().num_embeddings,
                       owner="the model", why="it is the token id written at the padded positions")
     big = merge_micro_batches(micro_batches, pad_token_id)
     model.zero_grad(set_to_none=True)

@@ -445,7 +445,7 @@ def bestfit_rows(examples: Sequence[dict], *, row_capacity: int, n_rows: int, pa
                          "before every pick, so a huge one takes minutes to fill and scan — pass nanochat's "
                          "buffer_size=100 (or a few hundred).")
     # only ids at hand: an id no vocabulary holds is refused (one of another vocabulary cannot be told apart)
-    validate.token_id("pad_id", pad_id, why="it is the token id that fills the end of a row")
+    validate.vocab_id("pad_id", pad_id, why="it is the token id that fills the end of a row")
     validate.positive_int("render_cap", render_cap, why="it is the render length limit")
     validate.flag("crop", crop, why="it switches one step of the packer")
     validate.flag("drop_untrainable", drop_untrainable, why="it switches one step of the packer")
@@ -686,7 +686,7 @@ def cut_before_end_of_turn(examples: Sequence[dict], end_of_turn_id: int) -> lis
     the answer and never the stop after it — a cause of a model that does not stop (lesson 02) that the
     "drop fully masked rows" filter does not see, since the row keeps targets."""
     examples = _check_examples(examples)
-    validate.token_id("end_of_turn_id", end_of_turn_id, fix="pass end_of_turn_id(tokenizer)")
+    validate.vocab_id("end_of_turn_id", end_of_turn_id, fix="pass end_of_turn_id(tokenizer)")
     cut, graded_rows = [], 0
     for i, e in enumerate(examples):
         labels = list(e["labels"])

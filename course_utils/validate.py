@@ -65,7 +65,7 @@ def positive_int(name: str, value, *, why: str = "it is a count", fix: str = "",
 MAX_VOCAB = 2 ** 20
 
 
-def token_id(name: str, value, *, vocab_size: int | None = None, owner: str = "the vocabulary",
+def vocab_id(name: str, value, *, vocab_size: int | None = None, owner: str = "the vocabulary",
              why: str = "it is a token id", fix: str = "") -> int:
     """A token id: an int >= 0 and below ``vocab_size`` (``len(tokenizer)``, or the model's embedding rows:
     ``owner`` says which) where the caller has one. Without it only ids no vocabulary holds (>= ``MAX_VOCAB``)

@@ -170,9 +170,9 @@ def test_validate_fixes_name_the_range_or_a_real_value(call, says, never):
 ])
 def test_validate_token_id_refuses_ids_no_vocabulary_holds(value, vocab_size, says):
     with pytest.raises(ValueError, match=re.escape(says)):
-        validate.token_id("pad_id", value, vocab_size=vocab_size)
-    assert validate.token_id("pad_id", 522, vocab_size=523) == 522
-    assert validate.token_id("pad_id", 151643) == 151643, "ids alone: a real id of a large vocabulary passes"
+        validate.vocab_id("pad_id", value, vocab_size=vocab_size)
+    assert validate.vocab_id("pad_id", 522, vocab_size=523) == 522
+    assert validate.vocab_id("pad_id", 151643) == 151643, "ids alone: a real id of a large vocabulary passes"
 
 
 @pytest.mark.parametrize("per_token", [losses.per_token_ignore_index, losses.per_token_all_positions])
