@@ -241,8 +241,11 @@ def messages(name: str, value) -> list[dict]:
 
 # the roles TRL's chat handling knows; a template compares a role with these exact strings
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer", "ipython", "function")
-_ROLE_STAND_INS = {"bot": "assistant", "gpt": "assistant", "model": "assistant", "ai": "assistant",
-                   "human": "user", "person": "user", "prompt": "user", "sys": "system"}
+# the usual stand-ins (ShareGPT's, other datasets') and the role of TRL's each means; the doctor uses them too
+ROLE_STAND_INS = {"bot": "assistant", "gpt": "assistant", "model": "assistant", "ai": "assistant",
+                  "chatbot": "assistant", "human": "user", "person": "user", "prompt": "user",
+                  "prompter": "user", "sys": "system", "observation": "tool", "tool_response": "tool",
+                  "function_response": "tool"}
 
 
 def _role_fix(role) -> str:
@@ -250,7 +253,7 @@ def _role_fix(role) -> str:
         return f"give each message a 'role', one of {list(CHAT_ROLES)}"
     if role.strip().lower() in CHAT_ROLES:
         return f"write it {role.strip().lower()!r} (the comparison is exact)"
-    stand_in = _ROLE_STAND_INS.get(role.strip().lower())
+    stand_in = ROLE_STAND_INS.get(role.strip().lower())
     return f"rename it {stand_in!r}" if stand_in else f"use one of them{_did_you_mean(role, CHAT_ROLES)}"
 
 

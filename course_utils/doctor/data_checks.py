@@ -30,6 +30,7 @@ import re
 import string
 from collections import Counter, defaultdict
 
+from ..validate import CHAT_ROLES, ROLE_STAND_INS
 from .report import SAMPLED, Finding, share_of
 
 # Turn markers by template family (the first of each is the one a rendering always holds). Tool-call and
@@ -52,12 +53,9 @@ FAMILY_MARKERS = {
 # family's template (`reasoning_content`, gpt-oss's `thinking`) and is never one of these.
 UNREAD_KEYS = ("response", "assistant", "output", "answer", "reply", "target", "chosen", "text", "completion",
                "system", "reasoning", "thinking", "rationale", "explanation", "solution")
-# the roles TRL's templates compare with (exact strings: 'USER' is not 'user'), and the usual stand-ins
-TRL_ROLES = ("system", "user", "assistant", "tool", "developer", "ipython", "function")
+# the roles TRL's templates compare with (exact strings: 'USER' is not 'user') and the usual stand-ins live in
+# validate (CHAT_ROLES, ROLE_STAND_INS: data.tokenize_chat refuses the same roles)
 SHAREGPT_ROLES = ("human", "gpt", "bot")
-ROLE_ALIASES = {"human": "user", "prompter": "user", "gpt": "assistant", "bot": "assistant",
-                "model": "assistant", "chatbot": "assistant", "ai": "assistant", "observation": "tool",
-                "tool_response": "tool", "function_response": "tool"}
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 THINK = re.compile(r"<think>(.*?)</think>", re.S)
 LOOP_MIN_WORDS, LOOP_DISTINCT = 40, 0.3  # an answer of 40+ words whose 4-grams are < 30 % distinct loops
@@ -196,12 +194,12 @@ def markers_findings(rows, form, model_family) -> list[Finding]:
 
 # --- schema traps -----------------------------------------------------------------------------------------
 def trl_role(role) -> str | None:
-    """The role of TRL's (``TRL_ROLES``) that ``role`` stands for: itself, its lower case, or a usual stand-in
+    """The role of TRL's (``CHAT_ROLES``) that ``role`` stands for: itself, its lower case, or a stand-in
     (ShareGPT's human / gpt, Gemini's model); None when there is no guess."""
-    if role in TRL_ROLES:
+    if role in CHAT_ROLES:
         return role
     low = str(role).strip().lower()
-    return low if low in TRL_ROLES else ROLE_ALIASES.get(low)
+    return low if low in CHAT_ROLES else ROLE_STAND_INS.get(low)
 
 
 def schema_findings(rows, form, answerless=()) -> list[Finding]:
@@ -212,7 +210,7 @@ def schema_findings(rows, form, answerless=()) -> list[Finding]:
     answerless = set(answerless)
     for row in rows:
         messages = _messages(row, form)
-        bad = sorted({m.get("role") for m in messages} - set(TRL_ROLES), key=str)
+        bad = sorted({m.get("role") for m in messages} - set(CHAT_ROLES), key=str)
         if bad and not (row["_doctor_row"] in answerless and all(trl_role(r) == "assistant" for r in bad)):
             for role in bad:
                 unknown[role].append(row["_doctor_row"])
@@ -254,19 +252,19 @@ _UNREAD_HOME = {"system": "a first message {'role': 'system', 'content': ...} (n
 
 
 def _roles_finding(unknown: dict, n: int) -> Finding:
-    """One error for every role outside ``TRL_ROLES`` (``unknown``: role -> row ids): counts, example rows,
+    """One error for every role outside ``CHAT_ROLES`` (``unknown``: role -> row ids): counts, example rows,
     and the renaming to TRL's roles."""
     ids = sorted({i for rows in unknown.values() for i in rows})
     sharegpt = set(unknown) <= set(SHAREGPT_ROLES)
     mapping = {role: trl_role(role) for role in unknown}
     counts = "; ".join(f"{role!r} in {len(rows)} rows (row ids {rows[:3]})" for role, rows in unknown.items())
-    renames = ", ".join(f"{role!r} -> {to!r}" if to else f"{role!r} -> one of {list(TRL_ROLES)}"
+    renames = ", ".join(f"{role!r} -> {to!r}" if to else f"{role!r} -> one of {list(CHAT_ROLES)}"
                         for role, to in mapping.items())
     table = {role: to for role, to in mapping.items() if to}
     measured = ("; on Qwen2.5's template a row of human/gpt turns renders nothing but the default system "
                 "prompt (TRL 1.16, measured), and the run trains on that" if sharegpt else "")
     what = f"{share_of(len(ids), n)} use roles TRL's chat templates do not know: {sorted(unknown, key=str)}"
-    evidence = (f"{counts}; templates compare the role with exact strings {list(TRL_ROLES)} (case matters: "
+    evidence = (f"{counts}; templates compare the role with exact strings {list(CHAT_ROLES)} (case matters: "
                 f"'USER' is not 'user'), so those turns render as nothing, as the wrong side, or raise"
                 f"{measured}")
     fix = f"rename the roles: {renames} — e.g. m['role'] = {table}.get(m['role'], m['role']) for each message"
