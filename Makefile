@@ -2,7 +2,8 @@
 #   make lab     set up .venv (first time only) and open the exercise notebooks in JupyterLab
 #   make test    set up .venv (first time only) and run the suite: unit tests and every solution
 #                notebook under nbval (≤ 3 min on 2 cores is the goal)
-#   make test-slow  what CI adds: every exercise copy's Run All with its stubs, the real-browser test,
+#   make test-slow  what CI adds: the adversarial matrices (every shortcut on every checker), the real-family
+#                and real-artefact sets, every exercise copy's Run All with its stubs, the real-browser test,
 #                model rebuilds, every claim, the bad-input sweep
 #   make robustness  every solution notebook on both shipped models x COURSE_SEED 0,1,2 x 1,2 threads
 #                (12 configurations, 40-60 min on 2 cores); writes ROBUSTNESS.md

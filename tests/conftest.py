@@ -135,5 +135,28 @@ def _weight(item) -> int:
     return 4           # unit tests: seconds
 
 
+# The slow lane (make test-slow, which CI runs too): the adversarial matrices and the real-family and
+# real-artefact sets, each minutes of CPU in all. make test keeps, for every checker, its wrong answers with
+# their misconceptions and a second correct answer, and every solution notebook — whose checker cells run the
+# reference answers under nbval's output check — so the fast lane still fails when a checker or a lesson does.
+SLOW_LANE = {
+    "test_no_shortcut_passes": "every shortcut class (issue 43) on every checker",
+    "test_each_shortcut_fails_the_checker": "each lesson's own shortcuts",
+    "test_each_shortcut_fails_its_checker": "each lesson's own shortcuts",
+    "test_every_run_draws_fresh_cases_that_mix_causes": "seven checker runs per diagnosis exercise",
+    "test_the_hints_answer_is_not_on_the_result": "two failed runs per checker",
+    "test_no_truth_is_reachable_from_the_learners_frames": "a frame walk inside every checker",
+    "test_no_artefact_names_its_cause": "every diagnosis artefact walked",
+    "test_reference_is_accepted": "the solution notebooks' checker cells run the references in make test",
+    "test_healthy_setups_exit_0_without_an_error": "the real families' set-ups",
+    "test_planted_failures_are_found_by_their_own_check": "the real families' set-ups",
+    "test_fp16_is_judged_by_measured_activations_not_by_the_learning_rate": "forward passes over a grid",
+    "test_every_artefact_gets_its_verdict": "every saved artefact the ship check judges",
+}
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if getattr(item, "originalname", item.name) in SLOW_LANE:
+            item.add_marker(pytest.mark.slow)
     items.sort(key=_weight)  # stable: within a group, collection order
