@@ -244,16 +244,23 @@ def test_data_only_report_and_exit_codes(tmp_path, capsys):
     assert report.checks() == {"data-only"} and report.exit_code == 0
 
 
-def test_the_data_checks_start_without_torch(tmp_path):
-    """`--data` alone imports neither torch nor transformers: a cold start of about a second."""
-    path = tmp_path / "d.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in chats(50)))
+def _cold_data_run(path) -> str:
+    """``python -m course_utils.doctor --data PATH`` in a fresh process: its output, its exit status and the
+    heavy libraries it imported (printed after the report)."""
     code = ("import sys, runpy\nsys.argv = ['doctor', '--data', sys.argv[1]]\ntry:\n"
             "    runpy.run_module('course_utils.doctor', run_name='__main__')\nexcept SystemExit as e:\n"
             "    print('EXIT', e.code)\nprint('HEAVY', sorted(m for m in ('torch', 'transformers', 'trl', "
             "'datasets') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=ROOT)
-    assert "EXIT 0" in done.stdout and "HEAVY []" in done.stdout, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+def test_the_data_checks_start_without_torch(tmp_path):
+    """`--data` alone imports neither torch nor transformers: a cold start of about a second."""
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in chats(50)))
+    out = _cold_data_run(path)
+    assert "EXIT 0" in out and "HEAVY []" in out, out
 
 
 # ---- issue 49, gap 3: user mistakes exit 2 (or are read), never a traceback -------------------------------
@@ -352,13 +359,9 @@ def test_a_folder_loads_the_files_datasets_loads(label, tmp_path):
 def test_the_folder_command_checks_the_files_that_load_without_torch(tmp_path):
     folder = make_folder(tmp_path / "d", FOLDERS["train and more"])
     write_jsonl(folder / "train.jsonl", PLANTED["sharegpt roles"][0])
-    code = ("import sys, runpy\nsys.argv = ['doctor', '--data', sys.argv[1]]\ntry:\n"
-            "    runpy.run_module('course_utils.doctor', run_name='__main__')\nexcept SystemExit as e:\n"
-            "    print('EXIT', e.code)\nprint('HEAVY', sorted(m for m in ('torch', 'transformers', 'trl', "
-            "'datasets') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, cwd=ROOT)
-    assert "EXIT 1" in done.stdout and "HEAVY []" in done.stdout, done.stdout + done.stderr
-    assert all(word in done.stdout for word in ("data-folder-files", "more.jsonl", "sharegpt-roles"))
+    out = _cold_data_run(folder)
+    assert "EXIT 1" in out and "HEAVY []" in out, out
+    assert all(word in out for word in ("data-folder-files", "more.jsonl", "sharegpt-roles"))
 
 
 def test_a_folder_without_a_train_split_is_bad_input(tmp_path, capsys):
