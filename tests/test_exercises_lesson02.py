@@ -338,8 +338,6 @@ def _wraps_collate_padded(examples, pad, eos):
                            for e in examples], pad)
 
 
-# Shortcuts a learner has: exercise 1, lesson 00's course_utils.eos.stop_token_ids; exercise 2, the settings
-# alone, and the public generator's runs.
 def _end_of_turn_id_or_nothing(tokenizer, generation_config):
     """The audit's shortcut (issue 43): the config's ids + data.end_of_turn_id, its ValueError (no id closes a
     turn) caught — the case the helper gets wrong, covered by a try."""
@@ -376,6 +374,8 @@ def _append_eos_then_collate_padded(examples, pad, eos):
     return _append_eos_then(collate_padded)(examples, pad, eos)
 
 
+# Shortcuts a learner has: exercise 1, lesson 00's course_utils.eos.stop_token_ids; exercise 2, the settings
+# alone, and the public generator's runs.
 SHORTCUTS = [("stop_token_ids", "lesson 00's eos.stop_token_ids, called as it is", lesson00s_stop_token_ids),
              ("stop_token_ids", "data.end_of_turn_id with its ValueError caught", _end_of_turn_id_or_nothing),
              ("collate_keep_eos", "append the eos, then data.collate_right", _append_eos_then_collate_right),
