@@ -405,3 +405,54 @@ def test_the_flag_off_is_the_per_micro_batch_mean():
     assert off["num_items"] is None
     assert tw.relative_error(off["grad"], hooked["grad"]) < 1e-5
     assert tw.relative_error(off["grad"], big["grad"]) > 1e-2
+
+
+@pytest.mark.slow  # three one-step SFTTrainer runs of a tiny random Qwen2.5-VL (~15 s): in make test-slow
+def test_telling_the_trainer_restores_the_big_batch_on_a_real_flag_off_class():
+    """Issue 45: lesson 07 measures the fix on the course model with its flag set to False; here a class that
+    declares it, Qwen2_5_VLForConditionalGeneration (tiny, random): 2 x 4 accumulation is far from the 8 x 1
+    gradient, and trainer.model_accepts_loss_kwargs = True brings it back to round-off."""
+    import copy
+    import random
+
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    from course_utils import load_course_model
+    from course_utils.packing_arch import tiny_vl_model
+    from course_utils.training import make_sft_trainer
+
+    base = tiny_vl_model("qwen2_5_vl", seed=0).train()
+    assert type(base).accepts_loss_kwargs is False
+    _, tokenizer = load_course_model()
+    rng = random.Random(0)
+    rows = []
+    for _ in range(8):  # equal lengths (no pad id the tiny vocabulary lacks), unequal graded counts
+        ids = [rng.randrange(5, 240) for _ in range(24)]
+        cut = rng.randrange(2, 20)
+        rows.append({"input_ids": ids, "labels": [-100] * cut + ids[cut:]})
+
+    def step_grad(batch, accumulation, tell=False):
+        model, got = copy.deepcopy(base), {}
+
+        class Grad(TrainerCallback):
+            def on_pre_optimizer_step(self, args, state, control, **kwargs):
+                got["g"] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+        trainer = make_sft_trainer(model, tokenizer, Dataset.from_list(rows), max_steps=1,
+                                   per_device_train_batch_size=batch,
+                                   gradient_accumulation_steps=accumulation,
+                                   learning_rate=1e-3, optim="sgd", max_grad_norm=0.0, weight_decay=0.0,
+                                   max_length=None, progress=False)
+        trainer._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(trainer.train_dataset)
+        if tell:
+            trainer.model_accepts_loss_kwargs = True
+        trainer.add_callback(Grad())
+        trainer.train()
+        return got["g"]
+
+    big = step_grad(8, 1)
+    broken = float((step_grad(2, 4) - big).norm() / big.norm())
+    fixed = float((step_grad(2, 4, tell=True) - big).norm() / big.norm())
+    assert fixed < 1e-5 < 1e-2 < broken, (broken, fixed)
