@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import re
 import warnings
 
 from . import validate
@@ -148,3 +149,28 @@ def library_state() -> dict:
             "trl_level": logging.getLogger("trl").level,
             "transformers_propagate": logging.getLogger("transformers").propagate,
             "transformers_handlers": list(logging.getLogger("transformers").handlers)}
+
+
+_RANK_PREFIX = re.compile(r"^\[RANK \d+\]\s*")  # TRL's logger marks each message with the process rank
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s")
+
+
+def brief(message, limit: int = 200) -> str:
+    """A library's message (a warning, an exception, a finding) as a lesson prints it: TRL's "[RANK 0] "
+    prefix dropped, cut at the end of its first sentence when it is longer than ``limit`` characters, else at
+    a space before ``limit``, never inside a `code span` — so a learner never reads a word or a span cut
+    in two ("… is not set to Tr"), which reads as the course's own bug."""
+    validate.integer("limit", limit, minimum=20, why="it is the longest line the lesson shows",
+                     fix="pass e.g. limit=200")
+    text = _RANK_PREFIX.sub("", str(message).strip().split("\n")[0])
+    if len(text) <= limit:
+        return text
+    ends = [m.start() for m in _SENTENCE_END.finditer(text) if m.start() <= limit
+            and text[:m.start()].count("`") % 2 == 0]
+    if ends:
+        return text[:ends[0]]
+    cut = text.rfind(" ", 0, limit)
+    cut = cut if cut > 0 else limit
+    if text[:cut].count("`") % 2:  # an open code span: end before it
+        cut = text.rfind(" ", 0, text[:cut].rfind("`")) if text[:cut].rfind("`") > 0 else cut
+    return text[:max(cut, 1)].rstrip(" ,;:") + " …"

@@ -193,10 +193,12 @@ def _close_bar(bar) -> None:
     """Close a progress bar as done. A run that meets its criterion early (``on_step``, a stop callback) is
     finished, not failed: without this the notebook bar closes at e.g. 90/300 and tqdm paints it red."""
     if bar.total and bar.n < bar.total:
-        done = bar.n
+        done, started = bar.n, getattr(bar, "start_t", None)
         bar.reset(total=done)  # the notebook bar's maximum too (setting .total alone leaves it at the cap)
+        if started is not None:
+            bar.start_t = started  # reset() restarts the clock: the closed bar would show ~10^5 step/s
         bar.update(done)
-        bar.refresh()  # update() may skip the redraw (mininterval): the closed bar shows done/done
+    bar.refresh()  # update() may skip the redraw (mininterval): the closed bar shows done/done
     bar.close()
 
 

@@ -1,0 +1,21 @@
+"""quiet.brief: a library's message as a lesson prints it."""
+
+import pytest
+
+from course_utils.quiet import brief
+
+
+def test_brief_cuts_a_library_message_where_a_reader_expects_it():
+    trl = ("[RANK 0] The chat template does not include the end-of-turn token in the loss mask; the model "
+           "may not learn to stop. The training loss still looks healthy, so it surfaces at inference.")
+    first = "The chat template does not include the end-of-turn token in the loss mask; the model may not"
+    assert brief(trl, 120) == first + " learn to stop."
+    assert brief(trl, 400) == trl.removeprefix("[RANK 0] ")  # short enough: whole, prefix gone
+    span = "not training-compatible (missing `{% generation %}` markers) and more words to cut " * 3
+    cut = brief(span, 40)
+    assert cut.endswith(" …") and cut.count("`") % 2 == 0 and len(cut) <= 42, cut
+    words = span.split()
+    assert all(brief(span, n)[:-2].split()[-1] in words for n in range(20, 120, 7)), "no word cut in two"
+    assert brief("first line\nsecond line") == "first line"
+    with pytest.raises(ValueError, match="limit"):
+        brief("x", limit=0)
