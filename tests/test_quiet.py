@@ -17,5 +17,10 @@ def test_brief_cuts_a_library_message_where_a_reader_expects_it():
     words = span.split()
     assert all(brief(span, n)[:-2].split()[-1] in words for n in range(20, 120, 7)), "no word cut in two"
     assert brief("first line\nsecond line") == "first line"
+    for empty in (None, "", "   ", "[RANK 0] "):
+        with pytest.raises(ValueError, match="no text"):
+            brief(empty)
+    with pytest.raises(TypeError, match="one message"):
+        brief(["a", "b"])
     with pytest.raises(ValueError, match="limit"):
         brief("x", limit=0)
