@@ -163,12 +163,12 @@ def brief(message, limit: int = 200) -> str:
     validate.integer("limit", limit, minimum=20, why="it is the longest line the lesson shows",
                      fix="pass e.g. limit=200")
     if isinstance(message, (list, tuple, set, frozenset, dict)):
-        raise TypeError(f"message is a {type(message).__name__} — brief shortens one message — pass one item, "
-                        "e.g. [brief(m) for m in messages].")
+        raise TypeError(f"message is a {type(message).__name__} — brief shortens one message — pass one "
+                        "item, e.g. [brief(m) for m in messages].")
     text = "" if message is None else _RANK_PREFIX.sub("", str(message).strip().split("\n")[0])
     if not text:
-        raise ValueError(f"message={message!r:.40} has no text to show — brief shortens a library's warning or "
-                         "error — pass the warning, the exception or its str().")
+        raise ValueError(f"message={message!r:.40} has no text to show — brief shortens a library's warning "
+                         "or error — pass the warning, the exception or its str().")
     if len(text) <= limit:
         return text
     ends = [m.start() for m in _SENTENCE_END.finditer(text) if m.start() <= limit
