@@ -128,7 +128,7 @@ def test_the_notebook_asks_every_drawn_question_and_the_solution_scores_all():
         code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
         asked = [int(m[1]) for src in code if (m := re.fullmatch(r"quiz\.ask\((\d+)\)", src.strip()))]
         answered = [int(m[1]) for src in code
-                    if (m := re.match(r"quiz\.answer\((\d+), (.+?)\)  # your answer", src.strip()))]
+                    if (m := re.match(r"quiz\.answer\((\d+), (.+?)\);  # your answer", src.strip()))]
         assert asked == answered == list(range(1, n + 1)), f"{copy}: {n} questions, each asked and answered"
         pairs = [src.strip() for src in code if src.lstrip().startswith(("quiz.ask(", "quiz.answer("))]
         assert all(pairs[2 * i].startswith(f"quiz.ask({i + 1})") and pairs[2 * i + 1].startswith(
@@ -138,7 +138,7 @@ def test_the_notebook_asks_every_drawn_question_and_the_solution_scores_all():
         assert counts == {n}, f"{copy}: the prose and the prediction count {counts}, the quiz draws {n}"
     cells = json.loads((ROOT / "solutions" / "11_self_test.ipynb").read_text(encoding="utf-8"))["cells"]
     code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
-    assert all(re.match(r'quiz\.answer\(\d+, "[a-h]"\)  # your answer', src.strip())
+    assert all(re.match(r'quiz\.answer\(\d+, "[a-h]"\);  # your answer', src.strip())
                for src in code if src.startswith("quiz.answer(")), "the solution answers with letters"
     check = next(i for i, c in enumerate(cells)
                  if "check_self_test(quiz.given, quiz)" in "".join(c["source"]))

@@ -48,7 +48,7 @@ _PREDICTION = re.compile(  # predict("name", guess)  # your prediction ...   (on
     r"""^([ \t]*predict\((?:"[^"\n]*"|'[^'\n]*'),[ \t]*)(.+?)(\)[ \t]*# your prediction.*)$""", re.MULTILINE)
 
 
-_ANSWER = re.compile(r"^([ \t]*quiz\.answer\(\d+,[ \t]*)(.+?)(\)[ \t]*# your answer.*)$", re.MULTILINE)
+_ANSWER = re.compile(r"^([ \t]*quiz\.answer\(\d+,[ \t]*)(.+?)(\);?[ \t]*# your answer.*)$", re.MULTILINE)
 _SOLUTION_ONLY = re.compile(r"^[^\n]*# solution copy only[^\n]*\n?", re.MULTILINE)
 
 
