@@ -152,6 +152,16 @@ SLOW_LANE = {
     "test_planted_failures_are_found_by_their_own_check": "the real families' set-ups",
     "test_fp16_is_judged_by_measured_activations_not_by_the_learning_rate": "forward passes over a grid",
     "test_every_artefact_gets_its_verdict": "every saved artefact the ship check judges",
+    # fresh interpreters and kernels (8-15 s each on 2 busy cores): make test keeps one of each kind
+    "test_importing_the_package_or_the_take_home_tools_changes_nothing": "three fresh interpreters",
+    "test_a_lesson_opts_in_to_the_course_defaults_and_the_model_loads_offline": "a fresh offline interpreter",
+    "test_max_grad_norm_is_read_from_training_args_without_unpickling": "a real SFTTrainer run saved to disk",
+    # the ship check's artefact matrix (one fixture, ~20 saves): lessons 10 and 13 run the check in make test
+    "test_a_correct_bf16_save_and_a_bf16_merge_pass_on_what_a_user_feels": "the ship artefact matrix",
+    "test_the_lost_rows_are_far_past_the_tolerance": "the ship artefact matrix",
+    "test_the_base_tokenizer_serves_another_prompt": "the ship artefact matrix",
+    "test_untrained_added_rows_are_reported_not_crashed_on": "the ship artefact matrix",
+    "test_run_one_collects_failing_cells_and_outcomes_from_a_real_kernel": "a real kernel",
 }
 
 
