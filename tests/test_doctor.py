@@ -620,6 +620,39 @@ def test_a_sample_quotes_each_rate_with_its_interval_and_all_checks_every_row(co
     assert [f.what for f in again] == [f.what for f in sampled], "the sample is seeded"
 
 
+def test_many_rows_are_prepared_in_forked_shards_that_join_to_trl_s_own_rows(course, monkeypatch):
+    """--all on a large file: TRL's preparation runs on one shard per core (trl_view.Preparation). The
+    joined shards must be the rows one process gives (values, order, features), a filter's dropped rows
+    included, and a row TRL refuses must raise TRL's own error in the caller."""
+    from course_utils import internals
+    from course_utils.doctor import trl_view
+
+    _, tok = course
+    monkeypatch.setattr(trl_view, "PARALLEL_ROWS", 8)
+    monkeypatch.setattr(trl_view, "_cores", lambda: 3)  # uneven shards, whatever this machine has
+    data = rows(40, context_words=20, long_tail=True)
+    dataset, _ = trl_view.trl_dataset([{**r, "_doctor_row": i} for i, r in enumerate(data)],
+                                      [{**r, "_doctor_row": i} for i, r in enumerate(data)])
+    args, _ = trl_view.sft_args({**GOOD, "max_length": 96})
+    template = internals.sft_chat_template(tok)
+    for overrides in ({"max_length": None}, {}):  # untruncated, and truncated with TRL's drop filter
+        shards = trl_view.Preparation(tok, dataset, args, template, None, packing=False, **overrides)
+        assert len(shards._shards) == 3
+        joined = shards.result()
+        one = internals.prepare_sft_dataset(dataset, tok, trl_view._replace(
+            args, shuffle_dataset=False, packing=False, **overrides), chat_template=template)
+        assert joined.features == one.features and joined.column_names == one.column_names
+        assert joined.to_list() == one.to_list()
+    assert len(joined) < len(dataset), "the filter dropped fully truncated rows"
+    broken = dataset.map(lambda r, i: {"messages": r["messages"][:1] if i == 30 else r["messages"]},
+                         with_indices=True)  # row 30: no assistant turn — TRL refuses the data
+    with pytest.raises(RuntimeError, match="no assistant tokens"):
+        trl_view.Preparation(tok, broken, args, template, None, max_length=None, packing=False).result()
+    sharded = diagnose(course, data, {**GOOD, "max_length": 96}, sample=None)
+    monkeypatch.setattr(trl_view, "_cores", lambda: 1)
+    assert sharded == diagnose(course, data, {**GOOD, "max_length": 96}, sample=None)
+
+
 def test_sampling_reads_a_uniform_sample_of_the_file_and_every_line(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"p{i}", "completion": "c"}) + "\n" for i in range(1000)))

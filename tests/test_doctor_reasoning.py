@@ -54,15 +54,15 @@ def write_jsonl(path, rows, blank_every=0):
 def prepared_by_the_doctor(monkeypatch):
     """What the doctor hands TRL's preparation (the dataset) and gets back (the rows), first call."""
     seen = {}
-    real = trl_view.prepare
+    real = trl_view.Preparation.result  # every preparation of the doctor's ends here
 
-    def recording(tokenizer, dataset, *args, **kwargs):
-        out = real(tokenizer, dataset, *args, **kwargs)
-        seen.setdefault("dataset", dataset)
+    def recording(preparation):
+        out = real(preparation)
+        seen.setdefault("dataset", preparation.dataset)
         seen.setdefault("prepared", out)
         return out
 
-    monkeypatch.setattr(trl_view, "prepare", recording)
+    monkeypatch.setattr(trl_view.Preparation, "result", recording)
     return seen
 
 

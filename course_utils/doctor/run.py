@@ -85,8 +85,6 @@ def diagnose(model, data, config=None, *, max_length: int | None = None, forward
 
 
 def _run_checks(rows, form, tokenizer, args, setup) -> Report:
-    from jinja2 import TemplateError
-
     tokenizer, findings = trl_view.apply_chat_template_path(tokenizer, args)
     try:
         tokenizer, setup_findings = trl_view.trl_tokenizer(tokenizer, args)
@@ -94,16 +92,14 @@ def _run_checks(rows, form, tokenizer, args, setup) -> Report:
         setup_findings = could_not_check("special-token-unknown", exc)
     findings += setup_findings
     findings += guarded("no-assistant-turns", checks.assistant_turn_findings, rows, form, args)
-    # rows without an assistant turn are no-assistant-turns' (its fix names the roles): not reported twice
-    findings += guarded("data-checks", data_checks.data_findings, rows, form, tokenizer,
-                        checks.rows_without_answer(rows, form))
+    data_at = len(findings)  # the data checks' place in the report: they run while TRL prepares the rows
     try:
         template_findings, chat_template, trainable = checks.template_findings(tokenizer, args, form, rows)
     except Exception as exc:  # noqa: BLE001 — a check that cannot run is a finding, not a traceback
         template_findings, chat_template, trainable = could_not_check("template", exc), None, False
     findings += template_findings
     completion_only = internals.sft_completion_only(args, form.startswith("prompt_completion"))
-    prepared = kept = None
+    preparation = kept = None
     # rows without an answer are reported above; the rest is measured without them (TRL would refuse them)
     skip = set(checks.rows_without_answer(rows, form)) if args.assistant_only_loss else set()
     try:
@@ -114,15 +110,17 @@ def _run_checks(rows, form, tokenizer, args, setup) -> Report:
     if trainable and dataset is not None and len(skip) < len(rows):
         try:
             kept = dataset.select([i for i, r in enumerate(dataset["_doctor_row"]) if r not in skip])
-            prepared = trl_view.prepare(tokenizer, kept, args, chat_template, completion_only,
-                                        max_length=None, packing=False)
-        except (TemplateError, TypeError) as exc:  # a template that raises on a row: name the row
-            findings += reasoning.template_error_findings(kept, tokenizer, chat_template, exc) or [
-                _preparation_failed(exc)]
-        except (RuntimeError, ValueError, KeyError) as exc:  # TRL's own refusal is the finding
-            findings.append(_preparation_failed(exc))
+            # started before the data checks, read after them: on many rows TRL tokenizes them on the
+            # other cores meanwhile (trl_view.Preparation)
+            preparation = trl_view.Preparation(tokenizer, kept, args, chat_template, completion_only,
+                                               max_length=None, packing=False)
         except Exception as exc:  # noqa: BLE001
             findings += could_not_check("trl-preparation", exc)
+    # rows without an answer are no-assistant-turns' (its fix names the roles): not reported twice
+    findings[data_at:data_at] = guarded("data-checks", data_checks.data_findings, rows, form, tokenizer,
+                                        checks.rows_without_answer(rows, form))
+    prepared, failed = _prepared(preparation, kept, tokenizer, chat_template)
+    findings += failed
     # the stop the rows end with: the template's end of turn for chats; for plain text and prompt/completion
     # text, the tokenizer.eos_token TRL appends to each row ("Adding EOS")
     conversational = form in ("messages", "prompt_completion") or (  # or rendered chats:
@@ -163,6 +161,23 @@ def _run_checks(rows, form, tokenizer, args, setup) -> Report:
     findings += guarded("packing-leak", architecture.packing_leak_findings, setup, args)
     findings += guarded("loss-count-ignored", architecture.loss_count_findings, setup, args)
     return Report(sorted(findings, key=lambda f: SEVERITIES.index(f.severity)))
+
+
+def _prepared(preparation, kept, tokenizer, chat_template) -> tuple:
+    """``(TRL's prepared rows, [])``, or ``(None, the findings of a preparation that fails)``."""
+    from jinja2 import TemplateError
+
+    if preparation is None:
+        return None, []
+    try:
+        return preparation.result(), []
+    except (TemplateError, TypeError) as exc:  # a template that raises on a row: name the row
+        return None, (reasoning.template_error_findings(kept, tokenizer, chat_template, exc)
+                      or [_preparation_failed(exc)])
+    except (RuntimeError, ValueError, KeyError) as exc:  # TRL's own refusal is the finding
+        return None, [_preparation_failed(exc)]
+    except Exception as exc:  # noqa: BLE001
+        return None, could_not_check("trl-preparation", exc)
 
 
 def _preparation_failed(exc: Exception) -> Finding:
