@@ -125,3 +125,16 @@ def test_every_lesson_stores_a_plot_and_a_what_if_control():
         plain = ["".join(o.get("data", {}).get("text/plain", "")) for o in outputs]
         assert any("image/png" in o.get("data", {}) for o in outputs), f"{path.name} stores no plot"
         assert any(p.startswith("[what if:") for p in plain), f"{path.name} stores no what-if control"
+
+
+def test_no_stored_progress_bar_shows_a_run_stopped_half_way():
+    """Issue 43: a renderer without widgets (GitHub, nbviewer) shows a bar's plain text, the bar as first
+    drawn ("52% 31/60"), which reads as a crash; tools.run_solutions drops it (JupyterLab draws the final
+    state)."""
+    import nbformat
+
+    from tools.run_solutions import drop_bar_snapshots
+
+    for path in sorted((ROOT / "solutions").glob("*.ipynb")):
+        assert drop_bar_snapshots(nbformat.read(path, as_version=4)) == 0, (
+            f"{path.name} stores a progress bar's half-way text: python -m tools.run_solutions {path}")

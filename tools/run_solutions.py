@@ -31,11 +31,32 @@ TABLE_BEGIN = "<!-- timings:begin (python -m tools.run_solutions --no-save --tim
 TABLE_END = "<!-- timings:end -->"
 
 
+# A tqdm bar's stored plain text, e.g. "SFTTrainer:  52%|#####1    | 31/60 [00:02<00:01, 15.19step/s]"
+_BAR_TEXT = re.compile(r"^[^\n]*:\s*\d+%\|[^\n]*\|\s*\d+/\d+")
+
+
+def drop_bar_snapshots(nb) -> int:
+    """Drop the plain-text fallback of every progress-bar widget ``nb`` stores; return how many. That text is
+    the bar when it was first drawn ("52% 31/60"): JupyterLab draws the widget's final state instead, but a
+    renderer without widgets (GitHub, nbviewer) would show a run stopped half-way."""
+    dropped = 0
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            widget = "application/vnd.jupyter.widget-view+json" in data
+            if widget and _BAR_TEXT.match(data.get("text/plain", "")):
+                del data["text/plain"]
+                dropped += 1
+    return dropped
+
+
 def execute(path: Path, timeout: int = 600, save: bool = True) -> float:
-    """Run one notebook top to bottom in a fresh kernel, save it with outputs (unless not ``save``);
-    return seconds (kernel start to last cell: a learner's time)."""
+    """Run one notebook top to bottom in a fresh kernel, save it with outputs (unless not ``save``; progress
+    bars without their half-way text, ``drop_bar_snapshots``); return seconds (kernel start to last cell: a
+    learner's time)."""
     nb, seconds = notebook_runner.execute(path, timeout=timeout)
     if save:
+        drop_bar_snapshots(nb)
         nbformat.write(nb, path)
     return seconds
 
