@@ -653,6 +653,32 @@ def test_many_rows_are_prepared_in_forked_shards_that_join_to_trl_s_own_rows(cou
     assert sharded == diagnose(course, data, {**GOOD, "max_length": 96}, sample=None)
 
 
+def test_prepared_rows_are_read_from_arrow_as_a_python_pass_reads_them():
+    """trl_view's numpy readers of TRL's prepared rows (graded ends, rows holding a token, a doubled first
+    token, the longest row) against the Python pass they replace — rows without a graded label, one-token
+    rows and a filter's row selection included."""
+    from datasets import Dataset
+
+    from course_utils.data import graded_positions
+    from course_utils.doctor import trl_view
+
+    cases = ((7, [1, 1, 2], [-100, -100, -100]), (3, [1], [5]), (9, [1, 1], [-100, 4]),
+             (4, [2, 1, 1], [6, -100, 6]), (8, [1, 1, 1, 5], [-100, 1, 5, -100]))
+    prepared = Dataset.from_list([{"_doctor_row": r, "input_ids": ids, "labels": labels}
+                                  for r, ids, labels in cases])
+    for rows_ in (prepared, prepared.filter(lambda r: r["_doctor_row"] != 9)):
+        labels = list(rows_["labels"])
+        ends = {r: (p[0], p[-1]) if p else None
+                for r, p in zip(rows_["_doctor_row"], map(graded_positions, labels))}
+        assert trl_view.graded_bounds(rows_) == ends and list(trl_view.graded_bounds(rows_)) == list(ends)
+        for token in (1, 5, 6, -100):
+            assert trl_view.rows_holding(rows_, "labels", token) == sum(token in lab for lab in labels)
+        assert trl_view.rows_starting_twice(rows_, 1) == [
+            r for r, ids in zip(rows_["_doctor_row"], rows_["input_ids"]) if ids[:2] == [1, 1]]
+        assert trl_view.longest_row(rows_) == max(map(len, labels))
+    assert trl_view.graded_bounds(prepared) == {7: None, 3: (0, 0), 9: (1, 1), 4: (0, 2), 8: (1, 2)}
+
+
 def test_sampling_reads_a_uniform_sample_of_the_file_and_every_line(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"p{i}", "completion": "c"}) + "\n" for i in range(1000)))

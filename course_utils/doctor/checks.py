@@ -140,17 +140,16 @@ def stop_token_findings(tokenizer, prepared, eot, args, chat_template) -> list[F
 
     if eot is None or prepared is None:
         return []
-    rows = prepared["labels"]
-    graded = sum(eot in labels for labels in rows)  # a label equal to a token id is graded (not -100)
+    n = len(prepared)
+    graded = trl_view.rows_holding(prepared, "labels", eot)  # a label equal to a token id is graded
     token = tokenizer.convert_ids_to_tokens(eot)
     template_ok = (not args.assistant_only_loss
                    or is_chat_template_stop_token_trained(tokenizer, chat_template=chat_template))
-    if graded == len(rows) and template_ok:
+    if graded == n and template_ok:
         return []
-    severity = "error" if graded < len(rows) / 2 else "warning"
+    severity = "error" if graded < n / 2 else "warning"
     return [Finding(severity, "stop-token-untrained",
-                    f"the end-of-turn token {token!r} carries no loss in "
-                    f"{share_of(len(rows) - graded, len(rows))}",
+                    f"the end-of-turn token {token!r} carries no loss in {share_of(n - graded, n)}",
                     f"graded in {graded} rows (labels from TRL's own preparation); "
                     f"trl is_chat_template_stop_token_trained={template_ok}",
                     f"put {token!r} inside {{% generation %}}…{{% endgeneration %}} (TRL's *_training.jinja "
@@ -265,7 +264,7 @@ def double_bos_findings(tokenizer, prepared) -> list[Finding]:
     bos = tokenizer.bos_token_id
     if prepared is None or bos is None:
         return []
-    doubled = [r for r, ids in zip(prepared["_doctor_row"], prepared["input_ids"]) if ids[:2] == [bos, bos]]
+    doubled = trl_view.rows_starting_twice(prepared, bos)
     if not doubled:
         return []
     return [Finding("warning", "double-bos",

@@ -41,7 +41,7 @@ def truncation_findings(prepared, tokenizer, args, chat_template, completion_onl
     if args.packing and args.packing_strategy in ("wrapped", "bfd_split"):
         return _packed_apart_findings(prepared, args)  # these strategies cut no token
     max_length, batch = args.max_length, args.per_device_train_batch_size
-    graded = {r: graded_positions(lab) for r, lab in zip(prepared["_doctor_row"], prepared["labels"])}
+    graded = trl_view.graded_bounds(prepared)  # row -> (first, last) graded position, or None
     first = {r: pos[0] for r, pos in graded.items() if pos}
     findings = _answer_cut_findings(graded, args)
     prompts = sorted(first.values())
@@ -58,7 +58,7 @@ def truncation_findings(prepared, tokenizer, args, chat_template, completion_onl
                                          ("input_ids", "labels", "_doctor_row")])
     # TRL truncates and filters row by row: its own preparation on the rows that can lose every target (the
     # first graded token near or past max_length; every row under keep_end) drops what it would drop in all
-    ids = tokenized["_doctor_row"]
+    ids = list(tokenized["_doctor_row"])  # a list: a datasets Column read one id at a time costs ~0.5 ms each
     near = max_length - RISK_SLACK
     keep_start = args.truncation_mode == "keep_start"
     at_risk = [i for i, r in enumerate(ids) if not keep_start or first.get(r, 0) >= near]
@@ -100,7 +100,7 @@ def truncation_findings(prepared, tokenizer, args, chat_template, completion_onl
         # the first number is the one that also keeps every answer's end (a smaller one leaves answers
         # without their stop token: answer-truncated); lesson 08 reads it. No truncation_mode='keep_end':
         # TRL 1.16 deprecates it, ignores it under packing, and it cuts the BOS and the system prompt
-        f"max_length >= {max(pos[-1] for pos in graded.values() if pos) + 1} keeps every answer whole "
+        f"max_length >= {max(pos[1] for pos in graded.values() if pos) + 1} keeps every answer whole "
         f"(>= {max(first.values()) + 1} keeps a graded token in every row); or drop or shorten the long "
         "prompts", "05"))
     return findings
@@ -108,10 +108,11 @@ def truncation_findings(prepared, tokenizer, args, chat_template, completion_onl
 
 def _answer_cut_findings(graded: dict, args) -> list[Finding]:
     """Rows that keep part of their answer but lose its end — and with it the end-of-turn / eos token —
-    at max_length (``keep_start``): the model is taught answers that do not stop (lesson 02)."""
+    at max_length (``keep_start``): the model is taught answers that do not stop (lesson 02). ``graded``:
+    ``trl_view.graded_bounds``."""
     if args.truncation_mode != "keep_start":
         return []
-    cut = sorted(r for r, pos in graded.items() if pos and pos[0] < args.max_length <= pos[-1])
+    cut = sorted(r for r, pos in graded.items() if pos and pos[0] < args.max_length <= pos[1])
     if not cut:
         return []
     return [Finding("warning", "answer-truncated",
@@ -119,7 +120,7 @@ def _answer_cut_findings(graded: dict, args) -> list[Finding]:
                     f"max_length={args.max_length}",
                     f"row ids {cut[:8]}: their last graded token (the end of turn) lies past max_length, so "
                     "these rows teach the answer without its stop token",
-                    f"max_length >= {max(graded[r][-1] for r in cut) + 1} keeps every answer's end; or "
+                    f"max_length >= {max(graded[r][1] for r in cut) + 1} keeps every answer's end; or "
                     "shorten the long rows", "05")]
 
 
@@ -128,9 +129,8 @@ def _packed_apart_findings(prepared, args) -> list[Finding]:
     ``max_length`` is split across packed rows: the part of its answer past the cut trains without the
     start of its prompt."""
     max_length = args.max_length
-    long_rows = [(r, graded_positions(lab)) for r, lab in zip(prepared["_doctor_row"], prepared["labels"])
-                 if len(lab) > max_length]
-    apart = [r for r, pos in long_rows if pos and pos[-1] >= max_length]
+    # a graded token at or past max_length: the row is longer than max_length, and packing cuts it there
+    apart = [r for r, pos in trl_view.graded_bounds(prepared).items() if pos and pos[1] >= max_length]
     if not apart:
         return []
     beside = " (and, wrapped, beside other examples)" if args.packing_strategy == "wrapped" else ""
@@ -139,7 +139,7 @@ def _packed_apart_findings(prepared, args) -> list[Finding]:
                     f"packing_strategy={args.packing_strategy!r} splits them, answer apart from prompt",
                     f"row ids {apart[:8]}; no token is lost (TRL does not truncate under this packing), but "
                     f"graded tokens past the cut are trained without the start of their prompt{beside}",
-                    f"max_length >= {max(len(lab) for lab in prepared['labels'])} keeps every row whole; or "
+                    f"max_length >= {trl_view.longest_row(prepared)} keeps every row whole; or "
                     "shorten the long rows", "05")]
 
 

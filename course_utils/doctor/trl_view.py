@@ -19,7 +19,7 @@ import types
 from pathlib import Path
 
 from .. import internals
-from ..data import end_of_turn_id, first_special_after
+from ..data import IGNORE_INDEX, end_of_turn_id, first_special_after
 from .inputs import DoctorInputError
 from .report import Finding
 
@@ -135,7 +135,8 @@ class Preparation:
     def __init__(self, tokenizer, dataset, args, chat_template, completion_only_loss, **overrides):
         args = _replace(args, shuffle_dataset=False, **overrides)  # the config's dataset_num_proc: TRL's own
         self._prepare = functools.partial(internals.prepare_sft_dataset, tokenizer=tokenizer, args=args,
-                                          chat_template=chat_template, completion_only_loss=completion_only_loss)
+                                          chat_template=chat_template,
+                                          completion_only_loss=completion_only_loss)
         self.dataset, self._shards, self._folder = dataset, [], None  # the rows handed to TRL
         if (args.dataset_num_proc is None and len(dataset) >= PARALLEL_ROWS and _cores() > 1
                 and "input_ids" not in dataset.column_names and "fork" in mp.get_all_start_methods()):
@@ -155,8 +156,8 @@ class Preparation:
             for i in range(shards):
                 path = os.path.join(self._folder.name, f"{i}.arrow")
                 rows = self.dataset.select(range(bounds[i], bounds[i + 1]))
-                child = mp.get_context("fork").Process(target=_prepare_shard, args=(self._prepare, rows, path),
-                                                        daemon=True)
+                child = mp.get_context("fork").Process(target=_prepare_shard, daemon=True,
+                                                        args=(self._prepare, rows, path))
                 child.start()
                 self._shards.append((child, path))
         finally:
@@ -211,6 +212,62 @@ def _prepare_shard(prepare, rows, path: str) -> None:
             writer.write_table(table)
     except Exception:  # noqa: BLE001
         sys.exit(1)
+
+
+def _flat(prepared, column: str):
+    """``(values, starts, lengths)`` of a list column of TRL's prepared rows as numpy arrays: every row's
+    tokens end to end, where each row starts, how long it is. Why: a Python pass over each label of each row
+    took ~0.4 s per check on 4,000 chats of ~1,500 tokens (``--all``); numpy reads Arrow's buffers in ms."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    cells = prepared.with_format("arrow")[:].column(column)  # a filter's row selection applied
+    lengths = pc.list_value_length(cells).to_numpy(zero_copy_only=False).astype(np.int64)
+    values = pc.list_flatten(cells).to_numpy(zero_copy_only=False)
+    return values, np.cumsum(lengths) - lengths, lengths
+
+
+def graded_bounds(prepared) -> dict:
+    """``{row id: (first, last) graded position}`` of TRL's prepared rows, in their order (``None``: a row
+    without a graded label) — what ``data.graded_positions`` gives at its ends (unshifted, label != -100)."""
+    import numpy as np
+
+    values, starts, _ = _flat(prepared, "labels")
+    graded = np.flatnonzero(values != IGNORE_INDEX)
+    row = np.searchsorted(starts, graded, side="right") - 1  # an empty row shares its start with the next
+    rows, first = np.unique(row, return_index=True)
+    last = np.append(first[1:], len(graded)) - 1
+    ids = list(prepared["_doctor_row"])
+    bounds = dict.fromkeys(ids)
+    for i, a, b in zip(rows.tolist(), (graded[first] - starts[rows]).tolist(),
+                       (graded[last] - starts[rows]).tolist()):
+        bounds[ids[i]] = (a, b)
+    return bounds
+
+
+def longest_row(prepared) -> int:
+    """The most tokens one of TRL's prepared rows holds."""
+    return int(_flat(prepared, "labels")[2].max())
+
+
+def rows_holding(prepared, column: str, token: int) -> int:
+    """How many of TRL's prepared rows hold ``token`` in ``column`` (as ``token in row[column]``)."""
+    import numpy as np
+
+    values, starts, _ = _flat(prepared, column)
+    return len(np.unique(np.searchsorted(starts, np.flatnonzero(values == token), side="right") - 1))
+
+
+def rows_starting_twice(prepared, token: int) -> list:
+    """Row ids of TRL's prepared rows whose ``input_ids`` start with ``token`` twice (``ids[:2] == [t, t]``).
+    """
+    import numpy as np
+
+    values, starts, lengths = _flat(prepared, "input_ids")
+    two = np.flatnonzero(lengths >= 2)
+    twice = two[(values[starts[two]] == token) & (values[starts[two] + 1] == token)]
+    ids = list(prepared["_doctor_row"])
+    return [ids[i] for i in twice.tolist()]
 
 
 def _replace(args, **changes):
