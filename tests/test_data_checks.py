@@ -185,6 +185,8 @@ def test_markers_of_another_family_than_the_models_are_an_error(tokenizer):
     assert checks(PLANTED["llama3 in content"][0], tokenizer)["rendered-markers"].severity == "error"
     assert checks(PLANTED["chatml text"][0], tokenizer)["rendered-markers"].severity == "warning"
     assert all(markers[0] in FAMILY_MARKERS[family] for family, markers in FAMILY_MARKERS.items())
+    # data_checks._family skips text without "<" or "[" (most rows): every marker must hold one
+    assert all("<" in m or "[" in m for markers in FAMILY_MARKERS.values() for m in markers)
 
 
 def test_sharegpt_roles_render_nothing_of_the_turns_on_qwen25s_template(tokenizer):
