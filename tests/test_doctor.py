@@ -623,9 +623,10 @@ def test_a_sample_quotes_each_rate_with_its_interval_and_all_checks_every_row(co
 def test_many_rows_are_prepared_in_forked_shards_that_join_to_trl_s_own_rows(course, monkeypatch):
     """--all on a large file: TRL's preparation runs on one shard per core (trl_view.Preparation). The
     joined shards must be the rows one process gives (values, order, features), a filter's dropped rows
-    included, and a row TRL refuses must raise TRL's own error in the caller."""
+    included, a row TRL refuses must raise TRL's own error in the caller, and the rows TRL's truncation
+    drops, found by each shard, must make the report one process makes."""
     from course_utils import internals
-    from course_utils.doctor import trl_view
+    from course_utils.doctor import lengths, trl_view
 
     _, tok = course
     monkeypatch.setattr(trl_view, "PARALLEL_ROWS", 8)
@@ -644,13 +645,21 @@ def test_many_rows_are_prepared_in_forked_shards_that_join_to_trl_s_own_rows(cou
         assert joined.features == one.features and joined.column_names == one.column_names
         assert joined.to_list() == one.to_list()
     assert len(joined) < len(dataset), "the filter dropped fully truncated rows"
+    counted = trl_view.Preparation(tok, dataset, args, template, None, then=len, packing=False)
+    assert len(counted.result()) == sum(counted.after) and len(counted.after) == 3  # each shard's kept rows
+    failing = trl_view.Preparation(tok, dataset, args, template, None, then=lambda rows_: 1 / 0)
+    assert failing.result() is not None and failing.after is None, "the caller computes it (and sees why)"
     broken = dataset.map(lambda r, i: {"messages": r["messages"][:1] if i == 30 else r["messages"]},
                          with_indices=True)  # row 30: no assistant turn — TRL refuses the data
     with pytest.raises(RuntimeError, match="no assistant tokens"):
         trl_view.Preparation(tok, broken, args, template, None, max_length=None, packing=False).result()
+    calls = []  # the truncation check's own search for dropped rows, in this process
+    real = lengths.dropped_rows
+    monkeypatch.setattr(lengths, "dropped_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
     sharded = diagnose(course, data, {**GOOD, "max_length": 96}, sample=None)
+    assert not calls and "fully-truncated" in sharded.checks(), "each shard found its dropped rows"
     monkeypatch.setattr(trl_view, "_cores", lambda: 1)
-    assert sharded == diagnose(course, data, {**GOOD, "max_length": 96}, sample=None)
+    assert sharded == diagnose(course, data, {**GOOD, "max_length": 96}, sample=None) and calls == [1]
 
 
 def test_prepared_rows_are_read_from_arrow_as_a_python_pass_reads_them():

@@ -111,9 +111,11 @@ def _run_checks(rows, form, tokenizer, args, setup) -> Report:
         try:
             kept = dataset.select([i for i, r in enumerate(dataset["_doctor_row"]) if r not in skip])
             # started before the data checks, read after them: on many rows TRL tokenizes them on the
-            # other cores meanwhile (trl_view.Preparation)
+            # other cores meanwhile (trl_view.Preparation), each shard also finding the rows TRL's
+            # truncation drops
+            dropping = lengths.shard_dropped_rows(tokenizer, args, chat_template, completion_only)
             preparation = trl_view.Preparation(tokenizer, kept, args, chat_template, completion_only,
-                                               max_length=None, packing=False)
+                                               max_length=None, packing=False, then=dropping)
         except Exception as exc:  # noqa: BLE001
             findings += could_not_check("trl-preparation", exc)
     # rows without an answer are no-assistant-turns' (its fix names the roles): not reported twice
@@ -142,8 +144,10 @@ def _run_checks(rows, form, tokenizer, args, setup) -> Report:
     if form in ("messages", "prompt_completion"):  # chats: what the template renders of each message
         findings += reasoning.reasoning_and_tool_findings(kept, prepared, tokenizer, chat_template, masked,
                                                           stop_ids)
+    shards = preparation.after if preparation is not None else None  # each shard's dropped rows, if sharded
+    dropped = None if shards is None else sorted(r for part in shards for r in part)
     findings += guarded("truncation", lengths.truncation_findings, prepared, tokenizer, args, chat_template,
-                        completion_only, setup.num_processes)
+                        completion_only, setup.num_processes, dropped)
     findings += guarded("packing", lengths.packing_findings, prepared, tokenizer, args, chat_template,
                         completion_only)
     findings += guarded("precision-and-learning-rate", precision.precision_and_lr_findings, setup.config,

@@ -12,6 +12,7 @@ import functools
 import json
 import multiprocessing as mp
 import os
+import pickle
 import re
 import sys
 import tempfile
@@ -124,20 +125,24 @@ class Preparation:
 
     Many rows to tokenize (``PARALLEL_ROWS``, the config setting no ``dataset_num_proc``) are split into one
     contiguous shard per core, each prepared by TRL's own ``_prepare_dataset`` in a forked process, and
-    joined in order. Why not ``dataset_num_proc``: datasets starts a pool and a manager process for each of
-    TRL's maps and pickles the tokenizer and every shard in and out of them (measured on 4,000 chats: ~30 %
-    more CPU than one process, which ate the gain on a loaded 2-core machine); a fork inherits the tokenizer
-    and the rows, and each shard's rows cross back once, as an Arrow file. TRL's maps and its filter work
-    row by row, so the joined shards are the rows one process gives (a test compares them). A shard that
-    fails is prepared again here, in one process, which raises TRL's own error for the caller.
+    joined in order; ``then`` (a function of prepared rows, row by row) runs on each shard as soon as it is
+    prepared, and ``after`` holds its results, one per shard (None where the rows were prepared in one
+    process, or ``then`` raised: the caller computes it itself). Why not ``dataset_num_proc``: datasets
+    starts a pool and a manager process for each of TRL's maps and pickles the tokenizer and every shard
+    in and out of them (measured on 4,000 chats: ~30 % more CPU than one process, which ate the gain on a
+    loaded 2-core machine); a fork inherits the tokenizer and the rows, and each shard's rows cross back
+    once, as an Arrow file. TRL's maps and its filter work row by row, so the joined shards are the rows
+    one process gives (a test compares them). A shard that fails is prepared again here, in one process,
+    which raises TRL's own error for the caller.
     """
 
-    def __init__(self, tokenizer, dataset, args, chat_template, completion_only_loss, **overrides):
+    def __init__(self, tokenizer, dataset, args, chat_template, completion_only_loss, then=None, **overrides):
         args = _replace(args, shuffle_dataset=False, **overrides)  # the config's dataset_num_proc: TRL's own
         self._prepare = functools.partial(internals.prepare_sft_dataset, tokenizer=tokenizer, args=args,
                                           chat_template=chat_template,
                                           completion_only_loss=completion_only_loss)
         self.dataset, self._shards, self._folder = dataset, [], None  # the rows handed to TRL
+        self._then, self.after = then, None
         if (args.dataset_num_proc is None and len(dataset) >= PARALLEL_ROWS and _cores() > 1
                 and "input_ids" not in dataset.column_names and "fork" in mp.get_all_start_methods()):
             try:
@@ -157,7 +162,7 @@ class Preparation:
                 path = os.path.join(self._folder.name, f"{i}.arrow")
                 rows = self.dataset.select(range(bounds[i], bounds[i + 1]))
                 child = mp.get_context("fork").Process(target=_prepare_shard, daemon=True,
-                                                        args=(self._prepare, rows, path))
+                                                        args=(self._prepare, self._then, rows, path))
                 child.start()
                 self._shards.append((child, path))
         finally:
@@ -178,7 +183,11 @@ class Preparation:
                 child.join()
             if all(child.exitcode == 0 for child, _ in self._shards):
                 parts = [Dataset(pa.ipc.open_file(pa.OSFile(path)).read_all()) for _, path in self._shards]
-                return concatenate_datasets(parts)
+                joined = concatenate_datasets(parts)
+                if self._then is not None:
+                    after = [pickle.loads(Path(f"{path}.then").read_bytes()) for _, path in self._shards]
+                    self.after = None if _FAILED in after else after
+                return joined
         except Exception:  # noqa: BLE001 — shards that do not join: one process, below, gives the answer
             pass
         finally:
@@ -201,17 +210,28 @@ def _cores() -> int:
     return min(cores, 8)
 
 
-def _prepare_shard(prepare, rows, path: str) -> None:
-    """In a forked child: TRL's preparation of ``rows`` to an Arrow file at ``path`` (exit status 1 and no
-    traceback when it raises: the parent prepares the rows again and raises TRL's error itself)."""
+_FAILED = "then raised"  # a shard's ``then`` that raised: the caller computes it again (and sees why)
+
+
+def _prepare_shard(prepare, then, rows, path: str) -> None:
+    """In a forked child: TRL's preparation of ``rows`` to an Arrow file at ``path``, and ``then`` of the
+    prepared rows pickled beside it (exit status 1 and no traceback when the preparation raises: the parent
+    prepares the rows again and raises TRL's error itself)."""
     import pyarrow as pa
 
     try:
-        table = prepare(rows).with_format("arrow")[:]  # the filter's row selection applied
+        prepared = prepare(rows)
+        table = prepared.with_format("arrow")[:]  # the filter's row selection applied
         with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
     except Exception:  # noqa: BLE001
         sys.exit(1)
+    if then is not None:
+        try:
+            result = then(prepared)
+        except Exception:  # noqa: BLE001 — the check that asked for it runs it again and reports what failed
+            result = _FAILED
+        Path(f"{path}.then").write_bytes(pickle.dumps(result))
 
 
 def _flat(prepared, column: str):
