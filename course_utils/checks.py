@@ -13,19 +13,17 @@ diagnosis exercise (``check_diagnosis``) asks the learner for a *function* that 
 artefact and returns a ``Diagnosis(cause, evidence)``; the checker grades it on freshly generated
 artefacts, so one memorised answer fails.
 
-What a learner's function can reach while it runs is kept free of the answer (issue 43): a diagnosis
-checker draws its cases fresh on every run (``os.urandom`` via ``random.SystemRandom``; an instructor may
-set ``COURSE_CHECK_SEED`` for a reproducible demo, and every run still mixes causes), with no keyword that
-fixes or narrows them; the expected values are kept serialised (``pickle`` bytes, not objects) while the
-learner's code runs, so no frame it walks to and no object ``gc`` lists holds them as objects; answers are
-normalised to plain built-in values before a plain ``==`` — and before any truth is opened — so an object
-whose ``__eq__`` always says yes fails, and so does one whose fields are computed when read; and the
-returned ``CheckResult`` holds no hint text — ``hint()`` reads it from a private registry.
-
-What this does not stop: code running in the learner's process can do whatever the checker does — walk to
-the sealed bytes and unpickle them, or call the case generator on the drawn seeds. Only a grader in another
-process could hide the truth from that; these checkers stop the shortcuts a learner meets by accident or
-tries in a minute (``tests/test_checkers.py``'s ``SHORTCUTS``), not a learner set on defeating them.
+What a learner's function can reach while it runs is kept free of the answer (issue 43): the checkers grade
+in a second process (``grader_process``), forked before any seed or case exists — it draws the cases (fresh
+on every run: ``os.urandom`` via ``random.SystemRandom``; an instructor may set ``COURSE_CHECK_SEED`` for a
+reproducible demo, and every run still mixes causes), keeps their truths, and this process sees only what
+the learner's function is called with; no keyword fixes or narrows the cases. Answers are normalised to
+plain built-in values (tensors, and stand-ins for anything else) before a plain ``==`` in the grader, so an
+object whose ``__eq__`` always says yes fails, and so does one whose fields are computed when read; and the
+returned ``CheckResult`` holds no hint text — ``hint()`` reads it from a private registry. Where fork is
+missing (not Linux), and for a ready list of cases, the grading runs here with the truths sealed
+(``pickle`` bytes, not objects): out of the frames the answer walks, not out of a determined learner's reach.
+``tests/test_grader_process.py`` tries the shortcuts; no grader stops a learner who rewrites the checker.
 
 A checker never raises on a wrong answer: it prints why and returns a falsy ``CheckResult``, so an
 exercise notebook survives Restart & Run All with unfinished exercises. Solution notebooks mark
@@ -37,17 +35,15 @@ learner's copy never holds the answer (``tests/test_giveaway.py`` enforces it).
 
 from __future__ import annotations
 
-import inspect
+import functools
 import math
 import os
 import pickle
 import random
-import sys
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from . import validate
+from . import grader_process, validate
 
 
 @dataclass
@@ -280,52 +276,6 @@ def _open(value):
     return pickle.loads(value) if isinstance(value, _Sealed) else value
 
 
-class UsedFinishedForm(Exception):
-    """The learner's function called a helper that is the exercise's finished answer (``out_of_reach``)."""
-
-    def __init__(self, helper: str):
-        super().__init__(helper)
-        self.helper = helper
-
-    def message(self) -> str:
-        return (f"your function calls {self.helper}, the course's finished form of this exercise — the "
-                "exercise is to write that step yourself; the helper is yours to use after it")
-
-
-def _code_of(helper):
-    """The code object a call of ``helper`` runs (a function, a method, a class's ``__call__``)."""
-    target = inspect.unwrap(helper) if callable(helper) else helper
-    if isinstance(target, type):
-        target = target.__call__
-    target = getattr(target, "__func__", target)
-    return getattr(target, "__code__", None)
-
-
-def _call(fn, args: tuple, kwargs: dict, out_of_reach: Sequence[Callable] = ()):
-    """The learner's function, called from a frame that holds only its inputs. ``out_of_reach``: helpers
-    that are the exercise's answer; a profile hook notes a call of any of them (by the identity of its code
-    object, however it was imported) and ``UsedFinishedForm`` is raised once the function returns."""
-    if not out_of_reach:
-        return fn(*args, **kwargs)
-    watched = {id(code): getattr(helper, "__qualname__", repr(helper))
-               for helper in out_of_reach if (code := _code_of(helper)) is not None}
-    used: list[str] = []
-
-    def profile(frame, event, arg):
-        if event == "call" and id(frame.f_code) in watched:
-            used.append(watched[id(frame.f_code)])
-
-    previous = sys.getprofile()
-    sys.setprofile(profile)
-    try:
-        result = fn(*args, **kwargs)
-    finally:
-        sys.setprofile(previous)
-    if used:
-        raise UsedFinishedForm(used[0])
-    return result
-
-
 def _as_hints(hint: str | Hints) -> Hints | None:
     return hint if isinstance(hint, Hints) else None
 
@@ -337,21 +287,40 @@ def _first_hint(hint: str | Hints) -> str:
     return hint
 
 
-def run_check(name: str, fn: Callable, cases: Sequence[Case], *,
+NOT_IMPLEMENTED = ("⏳ not implemented yet: replace the `raise NotImplementedError` with your code, then run "
+                   "this cell again.")
+
+
+def _graded(name: str, grader, call, quiet: bool) -> CheckResult:
+    """The verdict of ``grader`` (``grader_process.start``) with the learner's side run by ``call``."""
+    try:
+        passed, message = grader.serve(call)
+    except grader_process.GraderStopped as stopped:
+        return _report(name, False, f"⚠️ {name}: the checker's grading process stopped: {stopped}. That is "
+                       "the checker's failure, not your answer's: run the cell again (restart the kernel if "
+                       "it repeats).", quiet)
+    return _report(name, passed, message, quiet)
+
+
+def run_check(name: str, fn: Callable, cases: Sequence[Case] | Callable[[], Sequence[Case]], *,
               compare: Callable[[object, object], str | None] = close,
               diagnose: Callable[[object, Case], str | None] | None = None,
               hint: str | Hints = "", quiet: bool = False,
-              out_of_reach: Sequence[Callable] = ()) -> CheckResult:
+              out_of_reach: Sequence[Callable] = (), answer_types: tuple = ()) -> CheckResult:
     """Call ``fn`` on every case; report the first failure with a targeted hint.
 
-    ``out_of_reach``: the course helpers that are this exercise's finished answer (and its reference in
-    ``answers/``); an answer that calls one fails with a message saying why (``_call``).
+    ``cases``: a function of no arguments that builds them (the checkers' way): it runs in a second process
+    forked before it (``grader_process``), which keeps the expected values, sends this process only each
+    case's arguments, receives ``fn``'s answer as plain values, tensors and stand-ins (plus the classes in
+    ``answer_types``, e.g. ``(LoraConfig,)``), and compares — no frame ``fn`` can walk to and no object
+    ``gc`` lists here holds an expected value. A ready list of ``Case``s is graded in this process instead,
+    sealed (``_seal``), for cases that hide nothing (expected ``None``, graded by ``compare`` on disk).
 
+    ``out_of_reach``: the course helpers that are this exercise's finished answer (and its reference in
+    ``answers/``); an answer that calls one fails with a message saying why (``grader_process.call_answer``).
     ``diagnose(got, case)`` may return a sentence naming the misconception behind a wrong answer;
     ``hint`` (a ``Hints`` with levels, or a plain sentence) is the general advice shown when no
-    diagnosis matches — its first level only. Pass the cases inline (``run_check(..., _cases(), ...)``),
-    not from a local of the checker: the expected values are sealed before the learner's function runs, and
-    a local list in the checker's frame would still hold them.
+    diagnosis matches — its first level only.
     """
     _check_checker_args(name, hint, quiet, out_of_reach)
     validate.function("compare", compare)
@@ -360,38 +329,53 @@ def run_check(name: str, fn: Callable, cases: Sequence[Case], *,
     if not callable(fn):
         raise ValueError(f"{name}: expected your function, got {type(fn).__name__} — the checker calls "
                          "it on its own inputs — pass the function itself, without calling it.")
-    if isinstance(cases, (str, bytes)) or not isinstance(cases, Sequence) or not cases:
-        raise ValueError(f"{name}: no cases to check ({cases!r:.60}) — a checker that runs nothing would "
-                         "pass any function — give it at least one Case (for a diagnosis checker: seeds).")
+    factory = callable(cases) and not isinstance(cases, Sequence)
+    if not factory:
+        _check_cases(name, cases)
     if isinstance(hint, Hints):
         register_hints(name, hint)
-    # From here on the expected values exist only as bytes: the list the caller built is dropped.
-    cases = [Case(c.args, _seal(c.expected), c.kwargs, c.label, c.tag) for c in cases]
+    grader = grader_process.start(functools.partial(_check_program, name, cases, compare, diagnose, hint),
+                                  answer_types, same_process=not factory)
+    del cases, compare, diagnose  # this process keeps nothing that holds or builds an expected value
+    return _graded(name, grader,
+                   lambda args, kwargs: grader_process.call_answer(fn, args, kwargs, out_of_reach), quiet)
+
+
+def _check_cases(name: str, cases) -> list[Case]:
+    if isinstance(cases, (str, bytes)) or not isinstance(cases, Sequence) or not cases or not all(
+            isinstance(c, Case) for c in cases):
+        raise ValueError(f"{name}: no cases to check ({cases!r:.60}) — a checker that runs nothing would "
+                         "pass any function — give it at least one Case, or a function that builds them.")
+    return list(cases)
+
+
+def _check_program(name, cases, compare, diagnose, hint):
+    """``run_check``'s grading (a ``grader_process`` program): builds the cases, yields each one's arguments,
+    compares each answer with its expected value; the first wrong case ends it."""
+    if callable(cases) and not isinstance(cases, Sequence):
+        cases = cases()
+    # the expected values as bytes only while an answer is awaited (what is left of them in this process)
+    cases = [Case(c.args, _seal(c.expected), c.kwargs, c.label, c.tag) for c in _check_cases(name, cases)]
     total = len(cases)
     for i in range(1, total + 1):
         case = cases[i - 1]
-        args, kwargs, label = case.args, case.kwargs, case.label
+        where = f"case {i}/{total}" + (f" ({case.label})" if case.label else "")
+        kind, got = yield case.args, case.kwargs
         del case
-        where = f"case {i}/{total}" + (f" ({label})" if label else "")
-        try:
-            got = _call(fn, args, kwargs, out_of_reach)
-        except UsedFinishedForm as used:
-            return _report(name, False, f"❌ {where}: {used.message()}", quiet)
-        except NotImplementedError:
-            return _report(name, False, "⏳ not implemented yet: replace the `raise NotImplementedError` "
-                           "with your code, then run this cell again.", quiet)
-        except Exception as exc:  # the learner's bug: show it, not our traceback
-            last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-            return _report(name, False, f"❌ {where}: your function raised {last}\nHint: {_first_hint(hint)}",
-                           quiet)
+        if kind == "not_implemented":
+            return False, NOT_IMPLEMENTED
+        if kind == "used":
+            return False, f"❌ {where}: {got}"
+        if kind == "raised":
+            return False, f"❌ {where}: your function raised {got}\nHint: {_first_hint(hint)}"
         case = cases[i - 1]
         opened = Case(case.args, _open(case.expected), case.kwargs, case.label, case.tag)
         diff = compare(got, opened.expected)
         if diff:
             reason = (diagnose(got, opened) if diagnose else None) or _first_hint(hint)
-            return _report(name, False, f"❌ {where}: {diff}\nHint: {reason}", quiet)
+            return False, f"❌ {where}: {diff}\nHint: {reason}"
         del opened, got
-    return _report(name, True, f"✅ {name}: all {total} cases pass.", quiet)
+    return True, f"✅ {name}: all {total} cases pass."
 
 
 # An instructor's reproducible demo: with COURSE_CHECK_SEED set, every checker run draws the same cases.
@@ -462,7 +446,8 @@ def _grade(answer: tuple, truth: Diagnosis, evidence_ok, misconceptions) -> tupl
 
 
 def check_diagnosis(name: str, fn: Callable, make_case: Callable[[int], tuple[object, Diagnosis]], *,
-                    seeds: Sequence[int], evidence_ok: Callable[[object, Diagnosis], bool] | None = None,
+                    seeds: int | Callable[[], Sequence[int]],
+                    evidence_ok: Callable[[object, Diagnosis], bool] | None = None,
                     misconceptions: dict[tuple[str, str], str] | None = None,
                     hint: str | Hints = "", quiet: bool = False,
                     out_of_reach: Sequence[Callable] = ()) -> CheckResult:
@@ -472,14 +457,18 @@ def check_diagnosis(name: str, fn: Callable, make_case: Callable[[int], tuple[ob
     ``make_case(seed)`` returns ``(artefact, truth)``; the learner's ``fn(artefact)`` must return a
     ``Diagnosis`` whose ``cause`` equals ``truth.cause`` and whose ``evidence`` passes
     ``evidence_ok(got_evidence, truth)`` (default: equal to ``truth.evidence``; the evidence it is given is
-    already plain, see ``plain``). ``seeds`` (from ``fresh_seeds``, drawn per run) must cover more than one
-    cause, so the learner's logic, not a memorised answer, is graded.
+    already plain, see ``plain``). ``seeds``: how many (``fresh_seeds(seeds)``), or a function of no arguments
+    that draws them (e.g. ``lambda: fresh_seeds(12)``); they must cover more than one cause, so the learner's
+    logic, not a memorised answer, is graded.
 
-    ``fn`` answers every case, in a shuffled order (its n-th call says nothing about the n-th cause); the
-    report names the most telling wrong case (a crash, then a known look-alike, then a wrong cause, then
-    wrong evidence; ties in the order of ``seeds``), so a wrong answer is told the same misconception
-    whatever the draw and the shuffle. Each truth is sealed before ``fn`` sees its
-    artefact (``_seal``). ``misconceptions[(given, true)]`` names the look-alike a wrong cause confuses.
+    The seeds are drawn, the cases made and graded in a second process forked before any of them exists
+    (``grader_process``): this process receives each artefact and sends back ``fn``'s answer as plain values
+    (``_plain_answer``), so no frame ``fn`` walks to and no object ``gc`` lists here holds a seed, a truth or
+    what made them. ``fn`` answers every case, in a shuffled order (its n-th call says nothing about the n-th
+    cause); the report names the most telling wrong case (a crash, then a known look-alike, then a wrong
+    cause, then wrong evidence; ties in the order of the seeds), so a wrong answer is told the same
+    misconception whatever the draw and the shuffle. ``misconceptions[(given, true)]`` names the look-alike
+    a wrong cause confuses.
     """
     _check_checker_args(name, hint, quiet, out_of_reach)
     validate.function("make_case", make_case)
@@ -488,56 +477,88 @@ def check_diagnosis(name: str, fn: Callable, make_case: Callable[[int], tuple[ob
     if misconceptions is not None and not isinstance(misconceptions, dict):
         raise TypeError(f"{name}: misconceptions={misconceptions!r:.60} must be a dict {{(given, true): "
                         "sentence}} — the report looks a wrong cause up in it — pass a dict, or None.")
-    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or not seeds or not all(
-            isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise ValueError(f"{name}: seeds={seeds!r:.60} must be a non-empty list of ints — each seed draws "
-                         "one fresh case, and no case would pass any answer — pass fresh_seeds(n).")
-    if len(seeds) < 2:
-        raise ValueError(f"{name}: seeds={list(seeds)} draws one case — a pass needs cases of two or more "
-                         "causes, so no answer could ever pass — pass fresh_seeds(n) with n at least the "
-                         "number of causes (e.g. 3 * len(CAUSES)).")
+    if isinstance(seeds, bool) or not (isinstance(seeds, int) or (callable(seeds) and not isinstance(
+            seeds, Sequence))):
+        raise ValueError(f"{name}: seeds={seeds!r:.60} must be a count or a function that draws them — the "
+                         "seeds are drawn in the grading process, where the answer cannot read them and draw "
+                         "the truths again — pass seeds=12, or seeds=lambda: fresh_seeds(12).")
+    if isinstance(seeds, int) and seeds < 2:
+        raise ValueError(f"{name}: seeds={seeds} draws one case or none — a pass needs cases of two or more "
+                         "causes, so no answer could ever pass — pass at least the number of causes "
+                         "(e.g. 3 * len(CAUSES)).")
     if not callable(fn):
         raise ValueError(f"{name}: expected your function, got {type(fn).__name__} — the checker calls "
                          "it on fresh cases — pass the function itself, without calling it.")
     if isinstance(hint, Hints):
         register_hints(name, hint)
-    evidence_ok = evidence_ok or (lambda got, truth: got == plain(truth.evidence))
-    total = len(seeds)
+    grader = grader_process.start(functools.partial(_diagnosis_program, name, make_case, seeds,
+                                                    evidence_ok or _same_evidence, misconceptions, hint))
+    del make_case, seeds, evidence_ok, misconceptions  # nothing here can draw a case again
+    return _graded(name, grader, lambda args, kwargs: grader_process.call_answer(
+        fn, args, kwargs, out_of_reach, prepare=_plain_answer), quiet)
+
+
+def _same_evidence(got, truth: Diagnosis) -> bool:
+    return got == plain(truth.evidence)
+
+
+def _drawn_seeds(name: str, seeds) -> list[int]:
+    drawn = fresh_seeds(seeds) if isinstance(seeds, int) else seeds()
+    if isinstance(drawn, (str, bytes)) or not isinstance(drawn, Sequence) or not drawn or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in drawn):
+        raise ValueError(f"{name}: seeds() drew {drawn!r:.60}, not a non-empty list of ints — each seed "
+                         "draws one fresh case, and no case would pass any answer — return e.g. "
+                         "fresh_seeds(n).")
+    if len(drawn) < 2:
+        raise ValueError(f"{name}: seeds() drew {list(drawn)}: it draws one case — a pass needs cases of two "
+                         "or more causes, so no answer could ever pass — draw at least the number of causes "
+                         "(e.g. fresh_seeds(3 * len(CAUSES))).")
+    return list(drawn)
+
+
+def _diagnosis_program(name, make_case, seeds, evidence_ok, misconceptions, hint):
+    """``check_diagnosis``'s grading (a ``grader_process`` program): draws the seeds, yields each artefact in
+    a shuffled order, grades each answer (plain values) against its truth, returns the report."""
+    drawn = _drawn_seeds(name, seeds)
+    total = len(drawn)
     order = list(range(total))
     fresh_random().shuffle(order)
     verdicts: dict[int, tuple[int, str]] = {}  # case index -> (how telling, what was wrong): wrong cases only
     causes: set[str] = set()  # the causes graded so far: a pass needs two or more
     for i in order:
-        artefact, sealed = _drawn(make_case, seeds[i])
-        try:
-            answer = _call(fn, (artefact,), {}, out_of_reach)
-        except UsedFinishedForm as used:
-            verdicts[i] = _BROKEN, used.message()
-            continue
-        except NotImplementedError:
-            return _report(name, False, "⏳ not implemented yet: replace the `raise NotImplementedError` "
-                           "with your code, then run this cell again.", quiet)
-        except Exception as exc:  # the learner's bug: show it, not our traceback
-            last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-            verdicts[i] = _BROKEN, f"your function raised {last}"
-            continue
+        artefact, sealed = _drawn(make_case, drawn[i])
+        kind, answer = yield (artefact,), {}
         del artefact
-        answer = _plain_answer(answer)  # plain values, read before the truth is opened
+        if kind == "not_implemented":
+            return False, NOT_IMPLEMENTED
+        if kind != "returned":
+            verdicts[i] = _BROKEN, (f"your function raised {answer}" if kind == "raised" else answer)
+            continue
         truth = _open(sealed)
         causes.add(truth.cause)
-        wrong = _grade(answer, truth, evidence_ok, misconceptions)
+        wrong = _grade(_received(answer), truth, evidence_ok, misconceptions)
         del answer, truth  # the learner's answer and the truth, gone before the next call
         if wrong:
             verdicts[i] = wrong
     if not verdicts and len(causes) < 2:  # a narrowed draw (a patched seed source): a constant would pass
-        return _report(name, False, f"❌ {name}: every case drawn had the same cause, so this run proves "
-                       "nothing — the checker's cases were narrowed; run it again as the lesson gives it.",
-                       quiet)
+        return False, (f"❌ {name}: every case drawn had the same cause, so this run proves nothing — the "
+                       "checker's cases were narrowed; run it again as the lesson gives it.")
     if not verdicts:
-        return _report(name, True, f"✅ {name}: all {total} cases pass.", quiet)
+        return True, f"✅ {name}: all {total} cases pass."
     first = min(verdicts, key=lambda i: (verdicts[i][0], i))
-    return _report(name, False, f"❌ case {first + 1}/{total} (a fresh case; {len(verdicts)} of {total} "
-                   f"wrong): {verdicts[first][1]}\nHint: {_first_hint(hint)}", quiet)
+    return False, (f"❌ case {first + 1}/{total} (a fresh case; {len(verdicts)} of {total} wrong): "
+                   f"{verdicts[first][1]}\nHint: {_first_hint(hint)}")
+
+
+def _received(answer) -> tuple:
+    """``_plain_answer``'s result as it arrived in the grader, checked again: plain values, a str cause."""
+    try:
+        answer = plain(answer)
+    except NotPlain as exc:
+        return _BROKEN, str(exc)
+    if not (type(answer) is tuple and len(answer) == 2 and type(answer[0]) in (str, int)):
+        return _BROKEN, "the answer did not arrive as a Diagnosis(cause, evidence)"
+    return answer
 
 
 def _drawn(make_case, seed):
@@ -568,7 +589,7 @@ def _check_checker_args(name, hint, quiet, out_of_reach) -> None:
 
 
 def _report(name: str, passed: bool, message: str, quiet: bool) -> CheckResult:
-    if not passed and not message.startswith("⏳"):  # an unfinished stub is not a try
+    if not passed and not message.startswith(("⏳", "⚠️")):  # a stub, or the checker's own failure: no try
         _FAILURES[name] = _FAILURES.get(name, 0) + 1
     if not quiet:
         print(message)

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "course_utils"
 CORE = {"model", "data", "losses", "training", "quiet", "validate", "internals", "viz", "checks", "outcomes",
-        "generation", "predictions", "quantization"}
+        "generation", "predictions", "quantization", "grader_process"}
 LESSONS = {"tour": "00", "accumulation": "01", "eos": "02", "padding": "03", "templates": "04",
            "truncation": "05", "nan_detective": "06", "token_weighting": "07", "ddp_grad": "07",
            "capstone": "08", "doctor": "08", "watch": "08", "run_rules": "08",

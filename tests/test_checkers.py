@@ -416,7 +416,7 @@ def test_a_narrowed_draw_cannot_certify_a_constant_answer(capsys):
         """The same cause for everything."""
         return Diagnosis("healthy", None)
 
-    result = checks.check_diagnosis("toy", constant, one_cause, seeds=[1, 2, 3], quiet=True)
+    result = checks.check_diagnosis("toy", constant, one_cause, seeds=lambda: [1, 2, 3], quiet=True)
     assert not result and "same cause" in result.message
 
     def two_causes(seed):
@@ -426,4 +426,4 @@ def test_a_narrowed_draw_cannot_certify_a_constant_answer(capsys):
         """Reads the cause from the seed, as a correct diagnosis reads the artefact."""
         return Diagnosis("healthy" if artefact["seed"] % 2 else "broken", None)
 
-    assert checks.check_diagnosis("toy", reads_it, two_causes, seeds=[1, 2, 3], quiet=True)
+    assert checks.check_diagnosis("toy", reads_it, two_causes, seeds=lambda: [1, 2, 3], quiet=True)

@@ -220,13 +220,13 @@ def test_diagnosis_checker_grades_fresh_cases():
         cause = ("a", "b", "c")[seed % 3]
         return {"cause": cause, "step": seed}, Diagnosis(cause, seed)
 
-    good = check_diagnosis("d", lambda art: Diagnosis(art["cause"], art["step"]), make_case, seeds=range(6),
-                           quiet=True)
-    memorised = check_diagnosis("d", lambda art: Diagnosis("a", 0), make_case, seeds=range(6), quiet=True)
+    good = check_diagnosis("d", lambda art: Diagnosis(art["cause"], art["step"]), make_case,
+                           seeds=lambda: range(6), quiet=True)
+    memorised = check_diagnosis("d", lambda art: Diagnosis("a", 0), make_case, seeds=6, quiet=True)
     wrong_evidence = check_diagnosis("d", lambda art: Diagnosis(art["cause"], None), make_case,
-                                     seeds=range(3), quiet=True)
-    named = check_diagnosis("d", lambda art: Diagnosis("a", art["step"]), make_case, seeds=[1, 2], quiet=True,
-                            misconceptions={("a", "b"): "a looks like b"})
+                                     seeds=lambda: range(3), quiet=True)
+    named = check_diagnosis("d", lambda art: Diagnosis("a", art["step"]), make_case, seeds=lambda: [1, 2],
+                            quiet=True, misconceptions={("a", "b"): "a looks like b"})
     assert good and not memorised and not wrong_evidence
     assert "a looks like b" in named.message
 
@@ -246,11 +246,14 @@ def _one_case(seed):
     (lambda: run_check("c", lambda x: x, [Case((1,), 1)], hint=3), TypeError, "hint=3 is a int"),
     (lambda: run_check("c", lambda x: x, [Case((1,), 1)], quiet="yes"), TypeError, "quiet='yes'"),
     (lambda: run_check("c", lambda x: x, [Case((1,), 1)], compare="close"), TypeError, "compare must be a"),
-    (lambda: check_diagnosis("d", lambda a: a, _one_case, seeds=[1]), ValueError, "draws one case"),
-    (lambda: check_diagnosis("d", lambda a: a, lambda s: 3, seeds=[1, 2]), ValueError,
+    (lambda: check_diagnosis("d", lambda a: a, _one_case, seeds=lambda: [1]), ValueError, "draws one case"),
+    (lambda: check_diagnosis("d", lambda a: a, _one_case, seeds=1), ValueError, "draws one case"),
+    (lambda: check_diagnosis("d", lambda a: a, _one_case, seeds=[1, 2]), ValueError,
+     "must be a count or a function that draws them"),
+    (lambda: check_diagnosis("d", lambda a: a, lambda s: 3, seeds=lambda: [1, 2]), ValueError,
      "make_case\\([12]\\) returned int, not \\(artefact, Diagnosis\\)"),
-    (lambda: check_diagnosis("d", lambda a: a, "make", seeds=[1, 2]), TypeError, "make_case must be a"),
-    (lambda: check_diagnosis("", lambda a: a, _one_case, seeds=[1, 2]), ValueError, "name=''"),
+    (lambda: check_diagnosis("d", lambda a: a, "make", seeds=2), TypeError, "make_case must be a"),
+    (lambda: check_diagnosis("", lambda a: a, _one_case, seeds=2), ValueError, "name=''"),
 ])
 def test_checkers_refuse_arguments_that_grade_nothing_or_everything(call, error, says):
     with pytest.raises(error, match=says) as info:

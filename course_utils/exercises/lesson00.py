@@ -55,7 +55,7 @@ def check_label_diagnosis(fn, tokenizer):
     validate.tokenizer("tokenizer", tokenizer)
     return check_diagnosis(
         "diagnose_labels", fn, lambda seed: _answers.labelled_case(tokenizer, seed),
-        seeds=fresh_seeds(3 * len(LABEL_CAUSES)),
+        seeds=lambda: fresh_seeds(3 * len(LABEL_CAUSES)),
         misconceptions=_LABEL_MISCONCEPTIONS,
         hint=Hints("Open the token viewer of §2 beside this example: which property of a correct labelling "
                    "could a broken pipeline lose?",
@@ -162,7 +162,7 @@ def check_assistant_only_labels(fn, tokenizer):
     validate.function("fn", fn)  # not an answer yet: a value the checker cannot call
     validate.tokenizer("tokenizer", tokenizer)
     return run_check(
-        "assistant_only_labels", lambda tok, ids: fn(tok, list(ids)), _label_cases(tokenizer),
+        "assistant_only_labels", lambda tok, ids: fn(tok, list(ids)), lambda: _label_cases(tokenizer),
         compare=_compare_labels(tokenizer), diagnose=_diagnose_labels(tokenizer),
         hint=Hints("Which token opens an assistant turn, and which one closes it? What should a label be at "
                    "a position that carries loss?",

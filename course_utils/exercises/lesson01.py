@@ -94,8 +94,9 @@ def check_diagnose_run(fn):
         answer="r = run.grad_norm(K) / run.grad_norm(1): r ≈ K → missing_division (evidence r); loss rising "
                "after its minimum → lr_too_high (evidence: step of the lowest loss); median grad_norm above "
                "max_grad_norm → clip_far_below_norm (evidence: that ratio); else healthy (None).")
-    return check_diagnosis("diagnose_run", fn, answers.mystery_run_case, seeds=fresh_seeds(3 * len(CAUSES)),
-                           evidence_ok=_evidence_ok, misconceptions=_DIAGNOSIS_MISCONCEPTIONS, hint=hints)
+    return check_diagnosis("diagnose_run", fn, answers.mystery_run_case,
+                           seeds=lambda: fresh_seeds(3 * len(CAUSES)), evidence_ok=_evidence_ok,
+                           misconceptions=_DIAGNOSIS_MISCONCEPTIONS, hint=hints)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -150,8 +151,8 @@ def _compare_step(got, expected) -> str | None:
 
 
 def _step_cases():
-    """The checker's cases with their reference results, computed once per process (like
-    ``_step_setup``): a learner re-running the checker, or a test trying many functions, waits once."""
+    """The checker's cases with their reference results, computed once per grading process (``run_check``
+    calls this in a forked child: the reference results never exist where the learner's function runs)."""
     if "cases" in _STEP_DATA:
         return _STEP_DATA["cases"]
     model, micro = _step_setup()
@@ -227,6 +228,7 @@ def check_accumulation_step(fn):
         answer="optimizer.zero_grad(); for each micro-batch: summed, n = token_losses(model, batch); "
                "(summed / n / K).backward()  [or (summed / total_tokens).backward()]; "
                "norm = clip_grad_norm_(params, max_grad_norm); optimizer.step(); return float(norm).")
+    _step_setup()  # the model and micro-batches (no expected value), built here once: graders inherit them
     return run_check("accumulation_step", lambda model, groups, t: _observe_steps(fn, model, groups, t),
-                     _step_cases(), compare=_compare_step, diagnose=_diagnose_step, hint=hints)
+                     _step_cases, compare=_compare_step, diagnose=_diagnose_step, hint=hints)
 

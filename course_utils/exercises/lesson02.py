@@ -145,7 +145,7 @@ def check_stop_token_ids(fn, tokenizer):
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("the tokenizer has no chat_template — the first case is this tokenizer's own chat "
                          "format — pass the course tokenizer (load_course_model()[1]).")
-    return run_check("stop_token_ids", fn, _stop_cases(tokenizer), compare=_compare_stop_ids,
+    return run_check("stop_token_ids", fn, lambda: _stop_cases(tokenizer), compare=_compare_stop_ids,
                      diagnose=_diagnose_stop_ids, hint=STOP_IDS_HINTS,
                      out_of_reach=(end_of_turn_id, stop_token_ids))
 
@@ -224,8 +224,8 @@ def check_diagnosis_exercise(fn):
     see ``checks.fresh_seeds``).
     """
     validate.function("fn", fn)  # check_diagnosis wraps fn, so run_check's own test would not see it
-    seeds = list(range(len(CAUSES))) + fresh_seeds(12)  # every cause at least once, then fresh draws
-    return check_diagnosis("diagnose_generations", fn, answers.broken_run_case, seeds=seeds,
+    return check_diagnosis("diagnose_generations", fn, answers.broken_run_case,
+                           seeds=lambda: [*range(len(CAUSES)), *fresh_seeds(12)],  # each cause, then fresh
                            misconceptions=DIAGNOSIS_MISCONCEPTIONS,
                            hint=DIAGNOSIS_HINTS)
 
@@ -345,6 +345,6 @@ def check_collate_keep_eos(fn):
     graded, where the example had none), their labels are its labels, padding positions are -100.
     """
     validate.function("fn", fn)
-    return run_check("collate_keep_eos", fn, _collate_cases(), compare=_compare_collate,
+    return run_check("collate_keep_eos", fn, _collate_cases, compare=_compare_collate,
                      diagnose=_diagnose_collate, hint=COLLATE_HINTS,
                      out_of_reach=(collate_right, collate_padded))

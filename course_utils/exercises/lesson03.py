@@ -85,7 +85,7 @@ def check_padding_diagnosis(fn):
     """
     validate.function("fn", fn)  # not an answer yet: a value the checker cannot call
     return check_diagnosis(
-        "padding_incident", fn, _incident_case, seeds=fresh_seeds(4 * len(INCIDENT_CAUSES)),
+        "padding_incident", fn, _incident_case, seeds=lambda: fresh_seeds(4 * len(INCIDENT_CAUSES)),
         evidence_ok=_evidence_ok,
         misconceptions=_INCIDENT_MISCONCEPTIONS,
         hint=Hints(question="Which tensor tells you where each example (or each prompt) begins, and what "
@@ -184,7 +184,7 @@ def _diagnose_mask(got, case: Case):
 def check_block_mask(fn):
     """Checker for exercise 7.2: ``fn(position_ids [B, T], sliding_window=None|int)`` -> a bool mask
     ``[B, 1, T, T]`` (True = may attend), called with ``sliding_window`` always given."""
-    return run_check("block_mask_from_position_ids", fn, _block_cases(), compare=_compare_mask,
+    return run_check("block_mask_from_position_ids", fn, _block_cases, compare=_compare_mask,
                      diagnose=_diagnose_mask,
                      hint=Hints(
                          question="For a query at position i of a row, which keys belong to its own example "

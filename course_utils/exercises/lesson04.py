@@ -90,7 +90,7 @@ def check_generation_template(fn, tokenizer=None):
     """
     tokenizer = _course_tokenizer() if tokenizer is None else validate.tokenizer("tokenizer", tokenizer)
 
-    def cases():  # built inline in the run_check call: no frame above the learner's holds the expected text
+    def cases():  # built in run_check's grading process: this one never holds the expected text
         return [Case((template,), _expected_render(tokenizer, template, m),
                      label=f"a template with {name}, a {len(m)}-message conversation")
                 for name, template in _fresh_templates() for m in _hidden_conversations()]
@@ -136,7 +136,7 @@ def check_generation_template(fn, tokenizer=None):
             return f"your block misses {missing!r}: it must end after '<|im_end|>\\n'."
         return None
 
-    return run_check("generation_template", fn, cases(), compare=compare, diagnose=diagnose,
+    return run_check("generation_template", fn, cases, compare=compare, diagnose=diagnose,
                      hint=Hints("Which part of an assistant turn does the model produce at inference, and "
                                 "which part does the prompt already contain?",
                                 "Compare with the Fix B cell: add_generation_markers(base_template) wraps "
@@ -182,7 +182,7 @@ def check_mask_diagnosis(fn):
     ``checks.fresh_seeds``)."""
     validate.function("fn", fn)  # check_diagnosis wraps fn, so run_check's own test would not see it
     return check_diagnosis(
-        "diagnose_mask", fn, _rendering_case, seeds=fresh_seeds(3 * len(MASK_CAUSES)),
+        "diagnose_mask", fn, _rendering_case, seeds=lambda: fresh_seeds(3 * len(MASK_CAUSES)),
         misconceptions=MASK_MISCONCEPTIONS,
         hint=Hints("Print the tokens whose loss_mask is 1: for a correct assistant-only example, which "
                    "tokens would you expect them to be, and which would you expect to be missing?",

@@ -43,7 +43,7 @@ def check_diagnose_log(fn) -> object:
     drawn fresh on every run, four per cause (no keyword fixes them: see ``checks.fresh_seeds``)."""
     validate.function("fn", fn)  # not an answer yet: a value the checker cannot call
     return check_diagnosis(
-        "diagnose_log", fn, _graded_case, seeds=fresh_seeds(4 * len(CAUSES)),
+        "diagnose_log", fn, _graded_case, seeds=lambda: fresh_seeds(4 * len(CAUSES)),
         misconceptions={
             ("nan_weights", "empty_micro_batch"): "after the step without a graded token the losses are "
             "finite again and its gradient norm was 0: the weights survived (the running average stays NaN "
@@ -159,8 +159,8 @@ def check_prepare_examples(fn) -> object:
     """Checker: ``fn(examples, max_length) -> list`` leaves, in order, only examples of at most
     ``max_length`` tokens that keep a target after the shift; an example that fits and has a target is kept
     unchanged. Cropping the longer ones or dropping them are both correct."""
-    return run_check("prepare_examples", fn,  # the cases inline: no frame above the learner's holds them
-                     [Case(c.args, c.args, label=c.label, tag=c.tag) for c in _examples_cases()],
+    return run_check("prepare_examples", fn,  # the cases built in the grading process, not here
+                     lambda: [Case(c.args, c.args, label=c.label, tag=c.tag) for c in _examples_cases()],
                      compare=_compare_examples, diagnose=_diagnose_examples,
                      hint=Hints(question="Which examples would still reach the loss with no label to learn "
                                          "from — before any cut, and after a cut at max_length?",

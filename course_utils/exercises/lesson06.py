@@ -127,7 +127,7 @@ def check_diagnosis_run(fn):
     Graded on fifteen runs drawn fresh on every run, three of each cause (no keyword fixes them: see
     ``checks.fresh_seeds``)."""
     validate.function("fn", fn)  # not an answer yet (e.g. diagnose(run) called): say so, do not grade it
-    return check_diagnosis("diagnose_run", fn, _graded_case, seeds=fresh_seeds(3 * len(RUN_CAUSES)),
+    return check_diagnosis("diagnose_run", fn, _graded_case, seeds=lambda: fresh_seeds(3 * len(RUN_CAUSES)),
                            evidence_ok=_evidence_ok,
                            misconceptions=_MISCONCEPTIONS, hint=DIAGNOSIS_HINTS)
 
@@ -189,7 +189,9 @@ _GUARD_CASES = (  # (tag, bad gradients, expected name, under a GradScaler)
 
 
 def _run_guard(fn, tag: str, seed: int):
-    bad, expected, scaled = next((b, e, s) for t, b, e, s in _GUARD_CASES if t == tag)
+    """The learner's guard on the case ``tag``, and what it left behind; the name it should return is the
+    case's expected value, in the grading process only."""
+    bad, scaled = next((b, s) for t, b, _, s in _GUARD_CASES if t == tag)
     model, opt, scaler = _guard_case(bad, seed, scaled)
     before = {n: (None if p.grad is None else p.grad.clone()) for n, p in model.named_parameters()}
     control = _Control()
@@ -203,21 +205,21 @@ def _run_guard(fn, tag: str, seed: int):
     return {"found": found, "stopped": control.should_training_stop, "before": before,
             "grads_after": grads_after, "weights_finite": all(bool(torch.isfinite(p).all())
                                                                for p in model.parameters()),
-            "expected": expected, "scaled": scaled}
+            "scaled": scaled}
 
 
 def _same(a, b) -> bool:
     return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
 
 
-def _compare_guard(got, _expected):
+def _compare_guard(got, expected):
     if got["scaled"]:
         if got["found"] is not None or got["stopped"]:
             return ("this step ran under a GradScaler, which found the inf: it skips the step and lowers its "
                     f"scale — a routine overflow, not a dead run — but your guard returned {got['found']!r}"
                     + (" and stopped the run" if got["stopped"] else ""))
         return None if got["weights_finite"] else "the weights are no longer finite after the scaler's step"
-    if got["expected"] is None:
+    if expected is None:
         if got["found"]:
             return f"the gradients are all finite, but your guard returned {got['found']!r}"
         if got["stopped"]:
@@ -227,7 +229,6 @@ def _compare_guard(got, _expected):
             return f"the gradients are all finite, but your guard changed {changed[0]}'s gradient"
         return None
     name = got["found"]
-    expected = got["expected"]
     if not (isinstance(name, str) and name and (name == expected or expected.startswith(name + "."))):
         return f"expected the first parameter with a non-finite gradient ({expected!r}), got {name!r}"
     if not got["stopped"]:
@@ -253,7 +254,7 @@ def _diagnose_guard(got, case: Case):
             return "this gradient holds an inf, not a NaN: `isnan` misses it — test with torch.isfinite."
         return ("nothing found: look at each parameter's .grad (the weights are still finite before the "
                 "step), skip parameters whose .grad is None, and test with torch.isfinite.")
-    if isinstance(got["found"], str) and got["found"] != got["expected"] and case.tag == "neg_inf_two":
+    if isinstance(got["found"], str) and got["found"] != case.expected and case.tag == "neg_inf_two":
         return "two parameters are bad here: name the first one in model.named_parameters() order."
     if got["found"] and not got["stopped"]:
         return "set control.should_training_stop = True: the Trainer reads it after the step."
@@ -280,7 +281,7 @@ def check_guard(fn):
     """Checker for exercise 2: ``fn(model, control, scaler) -> str | None`` — see the notebook's exercise
     text."""
     validate.function("fn", fn)
-    cases = [Case((tag, 3 + i), None, label=f"gradients: {tag}", tag=tag)
-             for i, (tag, *_) in enumerate(_GUARD_CASES)]
-    return run_check("guard", lambda tag, seed: _run_guard(fn, tag, seed), cases, compare=_compare_guard,
-                     diagnose=_diagnose_guard, hint=GUARD_HINTS)
+    return run_check("guard", lambda tag, seed: _run_guard(fn, tag, seed),
+                     lambda: [Case((tag, 3 + i), expected, label=f"gradients: {tag}", tag=tag)
+                              for i, (tag, _, expected, _) in enumerate(_GUARD_CASES)],
+                     compare=_compare_guard, diagnose=_diagnose_guard, hint=GUARD_HINTS)

@@ -84,7 +84,7 @@ def check_trace_diagnosis(fn):
     ``checks.fresh_seeds``)."""
     validate.function("fn", fn)  # not an answer yet: a value the checker cannot call
     return check_diagnosis(
-        "accumulation_trace", fn, _graded_case, seeds=fresh_seeds(3 * len(TRACE_CAUSES)),
+        "accumulation_trace", fn, _graded_case, seeds=lambda: fresh_seeds(3 * len(TRACE_CAUSES)),
         evidence_ok=_trace_evidence_ok,
         misconceptions=_TRACE_MISCONCEPTIONS,
         hint=Hints(question="What weight does ONE token of each row get in the step's gradient, once DDP has "
@@ -155,7 +155,7 @@ def check_sequence_weighted(fn):
         model.zero_grad(set_to_none=True)
         return grad
 
-    def cases():  # built inline in the run_check call: no frame above the learner's holds the expected grads
+    def cases():  # built in run_check's grading process: this one never holds the expected grads
         hidden = _hidden_setup()
         if "expected" not in hidden:  # the reference gradients, once per kernel like the steps themselves
             hidden["expected"] = [grad_of(_reference, mbs) for mbs in hidden["steps"]]
@@ -185,7 +185,7 @@ def check_sequence_weighted(fn):
                     "the whole step that have at least one supervised token.")
         return None
 
-    return run_check("accumulate_sequence_weighted", lambda mbs: grad_of(fn, mbs), cases(),
+    return run_check("accumulate_sequence_weighted", lambda mbs: grad_of(fn, mbs), cases,
                      compare=_grad_compare, diagnose=diagnose,
                      hint=Hints(question="Under per-sequence averaging, what weight does one token of a "
                                          "sequence with n supervised tokens get, in a step of S sequences?",

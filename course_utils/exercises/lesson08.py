@@ -332,11 +332,23 @@ def check_findings(fn):
     none of them the one the notebook shows. Graded against what was planted,
     not against the doctor; a wrong answer is told how many findings are missing or extra, never which."""
     validate.function("fn", fn)
-    with tempfile.TemporaryDirectory(prefix="findings-") as root:
-        setups = (another_setup(seed, Path(root) / str(seed)) for seed in fresh_seeds(FINDINGS_CASES))
-        return run_check("findings", fn,
-                         [Case((setup,), setup, label="another colleague's set-up") for setup in setups],
+    with tempfile.TemporaryDirectory(prefix="findings-") as root:  # the grader writes there, this side cleans
+        return run_check("findings", lambda setup: fn(_importable(setup)), lambda: _findings_cases(root),
                          compare=_compare_findings, hint=FINDINGS_HINTS)
+
+
+def _importable(setup: Setup) -> Setup:
+    """``setup`` with its colleague's trainer module importable here, as ``_write_trainer`` made it in the
+    grading process that wrote it (that process's ``sys.path`` is its own)."""
+    folder = str(Path(setup.model_dir).parent)
+    if setup.trainer and folder not in sys.path:
+        sys.path.insert(0, folder)
+    return setup
+
+
+def _findings_cases(root: str) -> list[Case]:
+    setups = (another_setup(seed, Path(root) / str(seed)) for seed in fresh_seeds(FINDINGS_CASES))
+    return [Case((setup,), setup, label="another colleague's set-up") for setup in setups]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -582,4 +594,5 @@ def _check_fix_setup(fn, cases=CHECK_CASES, control: bool = True):
     def diagnose_answer(got, _case):
         return evaluate(got)[1]
 
+    # a ready list, graded in this process: the cases hide nothing (expected None; the doctor grades the fix)
     return run_check("fix_setup", run_one, cases, compare=compare, diagnose=diagnose_answer, hint=FIX_HINTS)

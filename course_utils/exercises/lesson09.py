@@ -156,10 +156,11 @@ def check_turn_rows(fn):
     """Checker for exercise 1: ``fn(conversation)`` on six fresh conversations; its rows are prepared by
     TRL (``reasoning.trained_rows``, Qwen3's original template) and compared with the data."""
     validate.function("fn", fn)
-    return run_check(  # the cases inline: no frame above the learner's function holds them
+    _qwen3_tokenizer()  # loaded here once (no answer in it): every grading process inherits it
+    return run_check(  # the cases built in the grading process: this one never holds them
         "turn_rows", fn,
-        [Case((c,), c, label=f"a {sum(m['role'] == 'user' for m in c)}-turn conversation")
-         for c in _conversations()],
+        lambda: [Case((c,), c, label=f"a {sum(m['role'] == 'user' for m in c)}-turn conversation")
+                 for c in _conversations()],
         compare=_compare_turn_rows, hint=TURN_ROWS_HINTS)
 
 
@@ -274,13 +275,15 @@ def check_diagnose_rendering(fn):
     """Checker for exercise 2: ``fn(artefact) -> Diagnosis`` on fresh renderings (every cause once, then
     six drawn fresh on every run, and each healthy look-alike, in a shuffled order: no keyword fixes them)."""
     validate.function("fn", fn)
-    # the look-alikes are found by search (seconds of rendering), so their seeds are the course seed's
-    seeds = list(range(len(CAUSES))) + fresh_seeds(6) + _look_alike_seeds(5000 + 100 * course_seed())
+    # the look-alikes are found by search (seconds of rendering), so their seeds are the course seed's: fixed
+    # seeds, searched here once (cached) so that every grading process inherits them; the fresh draws are the
+    # grading process's own
+    _look_alike_seeds(5000 + 100 * course_seed())
     return check_diagnosis(
         "diagnose_rendering",
         fn,
         _graded_case,
-        seeds=seeds,
+        seeds=lambda: [*range(len(CAUSES)), *fresh_seeds(6), *_look_alike_seeds(5000 + 100 * course_seed())],
         misconceptions=DIAGNOSIS_MISCONCEPTIONS,
         hint=DIAGNOSIS_HINTS,
     )

@@ -122,7 +122,7 @@ def check_save_for_serving(fn):
     validate.function("fn", fn)
     with warnings.catch_warnings():  # peft's merge notices (tied embeddings) are lesson text, not the verdict
         warnings.simplefilter("ignore")
-        return run_check("save_for_serving", fn, _save_cases(), compare=_compare_saved, hint=SAVE_HINTS)
+        return run_check("save_for_serving", fn, _save_cases, compare=_compare_saved, hint=SAVE_HINTS)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -212,7 +212,8 @@ def check_diagnose_saved(fn):
     then 12 drawn fresh on every run, and each healthy look-alike, in a shuffled order: no keyword fixes
     them)."""
     validate.function("fn", fn)
-    seeds = list(range(len(CAUSES))) + fresh_seeds(12) + _look_alike_seeds(5000 + 100 * course_seed())
-    return check_diagnosis("diagnose_saved", fn, _graded_case, seeds=seeds, evidence_ok=_evidence_ok,
+    return check_diagnosis("diagnose_saved", fn, _graded_case, evidence_ok=_evidence_ok,
+                           seeds=lambda: [*range(len(CAUSES)), *fresh_seeds(12),
+                                          *_look_alike_seeds(5000 + 100 * course_seed())],
                            misconceptions=DIAGNOSIS_MISCONCEPTIONS, hint=DIAGNOSIS_HINTS)
 

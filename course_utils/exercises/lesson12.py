@@ -95,7 +95,7 @@ def check_packing_probe(fn):
     if not callable(fn):  # before the cases are built (seven tiny models): a wrong argument is told at once
         raise ValueError(f"packing_probe: expected your function, got {type(fn).__name__} — the checker "
                          "calls it on its own inputs — pass the function itself, without calling it.")
-    return run_check("packing_probe", fn, _probe_cases(), compare=_compare_drift, diagnose=_diagnose_probe,
+    return run_check("packing_probe", fn, _probe_cases, compare=_compare_drift, diagnose=_diagnose_probe,
                      hint=Hints(
                          question="Which three things made lesson 03's packed call exact, and which logits "
                                   "of the packed row belong to B?",
@@ -146,7 +146,7 @@ def check_packing_verdict(fn):
     of the pool; no keyword fixes them: see ``checks.fresh_seeds``)."""
     validate.function("fn", fn)
     return check_diagnosis(
-        "packing_verdict", fn, _setup_case, seeds=fresh_seeds(len(SETUPS)),
+        "packing_verdict", fn, _setup_case, seeds=lambda: fresh_seeds(len(SETUPS)),
         evidence_ok=lambda got, truth: True,
         misconceptions=_VERDICT_MISCONCEPTIONS,
         hint=Hints(question="What would prove a set-up clean, whatever its name: which logits of which run "

@@ -99,6 +99,16 @@ def _compare_coverage(got, expected: tuple) -> str | None:
     return None
 
 
+def _lora_config_types() -> tuple[type, ...]:
+    """What a LoraConfig answer is made of, rebuilt as such in the grading process (anything else in it
+    arrives as a stand-in)."""
+    from peft import LoraConfig
+    from peft.tuners.lora.config import LoraRuntimeConfig
+    from peft.utils.peft_types import PeftType, TaskType
+
+    return LoraConfig, LoraRuntimeConfig, PeftType, TaskType
+
+
 def check_full_coverage(fn):
     """Checker for exercise 1: ``fn(config) -> LoraConfig`` on four architectures the notebook does not
     train (a Mamba hybrid among them), counted per group with ``adapter_coverage``."""
@@ -106,7 +116,8 @@ def check_full_coverage(fn):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # peft's notices while wrapping are lesson text, not the verdict
         return run_check(
-            "full_coverage", fn, _coverage_cases(), compare=_compare_coverage, hint=COVERAGE_HINTS
+            "full_coverage", fn, _coverage_cases, compare=_compare_coverage, hint=COVERAGE_HINTS,
+            answer_types=_lora_config_types(),
         )
 
 
@@ -183,5 +194,5 @@ def check_read_adapter(fn):
     """Checker for exercise 2: ``fn(artefact) -> {group: adapted tensors}`` on eight saved adapters drawn
     fresh on every run (no keyword fixes them: see ``checks.fresh_seeds``)."""
     validate.function("fn", fn)
-    # the cases built inline: no frame above the learner's function holds a truth
-    return run_check("read_adapter", fn, _read_cases(), compare=_compare_read, hint=READ_HINTS)
+    # the cases built in the grading process: this one never holds a truth
+    return run_check("read_adapter", fn, _read_cases, compare=_compare_read, hint=READ_HINTS)
