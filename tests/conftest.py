@@ -119,7 +119,8 @@ def graded_on_tokenizer(check) -> Callable:
 # the last files to be handed out take seconds.
 HEAVY_UNIT_FILES = ("test_doctor.py", "test_doctor_families.py", "test_bad_input.py", "test_shipping.py",
                     "test_checkers.py", "test_exercises_lesson10.py", "test_doctor_architecture.py",
-                    "test_exercises_lesson12.py", "test_exercises_lesson13.py", "test_exercises_self_test.py")
+                    "test_exercises_lesson12.py", "test_exercises_lesson13.py", "test_exercises_self_test.py",
+                    "test_grader_process.py")
 
 
 def _weight(item) -> int:
@@ -141,6 +142,7 @@ def _weight(item) -> int:
 # reference answers under nbval's output check — so the fast lane still fails when a checker or a lesson does.
 SLOW_LANE = {
     "test_no_shortcut_passes": "every shortcut class (issue 43) on every checker",
+    "test_no_adversary_passes_a_lessons_checker": "issue 43's adversaries on six lessons' forked graders",
     "test_each_shortcut_fails_the_checker": "each lesson's own shortcuts",
     "test_each_shortcut_fails_its_checker": "each lesson's own shortcuts",
     "test_every_run_draws_fresh_cases_that_mix_causes": "seven checker runs per diagnosis exercise",
