@@ -48,11 +48,12 @@ def write_rows(path: Path, n: int, seed: int = 0) -> None:
             handle.write(json.dumps(row) + "\n")
 
 
-# The doctor's own process reports its peak resident memory as it exits (ru_maxrss: KB on Linux)
-WRAPPER = ("import resource, runpy, sys\n"
-           "try:\n    runpy.run_module('course_utils.doctor', run_name='__main__')\n"
-           "finally:\n"
-           "    print('PEAK_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)")
+# The doctor's own process reports its peak resident memory as it exits (ru_maxrss: KB on Linux), from an
+# exit handler: after a whole set-up the command ends in os._exit, which runs those handlers only
+WRAPPER = ("import atexit, resource, runpy, sys\n"
+           "atexit.register(lambda: print('PEAK_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "
+           "file=sys.stderr, flush=True))\n"
+           "runpy.run_module('course_utils.doctor', run_name='__main__')")
 
 
 def run_doctor(data: Path, config: Path, every_row: bool) -> dict:

@@ -154,5 +154,24 @@ def data_only(data, sample: int | None = SAMPLE_ROWS, seed: int = 0) -> Report:
     return Report(sorted(findings, key=lambda f: SEVERITIES.index(f.severity)))
 
 
+def exit_now(code: int):
+    """End the command with ``code``. After a whole set-up (torch imported) without the interpreter's
+    teardown: the exit handlers run (logs, temporary files, child processes), and the operating system frees
+    the memory at once. Why: freeing one by one every object torch, transformers, TRL and the rows left took
+    ~1.1 s after --all on 4,000 chats (and ~0.4 s after 50 rows), work a process that ends anyway has no
+    use for. The data checks alone end as usual."""
+    if "torch" not in sys.modules:
+        sys.exit(code)
+    import atexit
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, ValueError):  # a reader that left (see _emit), a closed stream
+            pass
+    atexit._run_exitfuncs()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
