@@ -621,14 +621,16 @@ def test_a_sample_quotes_each_rate_with_its_interval_and_all_checks_every_row(co
 
 
 def test_many_rows_are_prepared_in_forked_shards_that_join_to_trl_s_own_rows(course, monkeypatch):
-    """--all on a large file: TRL's preparation runs on one shard per core (trl_view.Preparation). The
-    joined shards must be the rows one process gives (values, order, features), a filter's dropped rows
-    included, a row TRL refuses must raise TRL's own error in the caller, and the rows TRL's truncation
-    drops, found by each shard, must make the report one process makes."""
+    """--all on a large file: TRL's preparation runs on one shard per core (trl_view.Preparation) — one
+    process when the cores were busy. The joined shards must be the rows one process gives (values, order,
+    features), a filter's dropped rows included, a row TRL refuses must raise TRL's own error in the
+    caller, and the rows TRL's truncation drops, found by each shard, must make the report one process
+    makes."""
     from course_utils import internals
     from course_utils.doctor import lengths, trl_view
 
     _, tok = course
+    cores = trl_view._cores
     monkeypatch.setattr(trl_view, "PARALLEL_ROWS", 8)
     monkeypatch.setattr(trl_view, "_cores", lambda: 3)  # uneven shards, whatever this machine has
     data = rows(40, context_words=20, long_tail=True)
@@ -653,6 +655,9 @@ def test_many_rows_are_prepared_in_forked_shards_that_join_to_trl_s_own_rows(cou
                          with_indices=True)  # row 30: no assistant turn — TRL refuses the data
     with pytest.raises(RuntimeError, match="no assistant tokens"):
         trl_view.Preparation(tok, broken, args, template, None, max_length=None, packing=False).result()
+    for idle, shards in ((0.1, 1), (1.0, None), (None, None)):  # busy cores: one process; idle, unknown: all
+        monkeypatch.setattr(trl_view, "_idle_cores", lambda idle=idle: idle)
+        assert cores() == (shards or min(len(os.sched_getaffinity(0)), 8))
     calls = []  # the truncation check's own search for dropped rows, in this process
     real = lengths.dropped_rows
     monkeypatch.setattr(lengths, "dropped_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
