@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tools import ROOT
+from tools.run_solutions import BAR_TEXT
 
 PROSE_WPM = 200
 CODE_LINES_PER_MIN = 5
@@ -102,6 +103,8 @@ def output_minutes(cell) -> float:
         text = out.get("text") or out.get("data", {}).get("text/plain", "")
         text = "".join(text) if isinstance(text, list) else text
         data = out.get("data", {})
+        if "application/vnd.jupyter.widget-view+json" in data and (not text or BAR_TEXT.match(text)):
+            continue  # a progress bar (run_solutions keeps no text for one): watched, not read
         if "image/png" in data or "application/vnd.jupyter.widget-view+json" in data or "text/html" in data:
             figures += 1
         elif out.get("output_type") == "stream" or "text/plain" in data:

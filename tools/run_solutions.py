@@ -32,7 +32,7 @@ TABLE_END = "<!-- timings:end -->"
 
 
 # A tqdm bar's stored plain text, e.g. "SFTTrainer:  52%|#####1    | 31/60 [00:02<00:01, 15.19step/s]"
-_BAR_TEXT = re.compile(r"^[^\n]*:\s*\d+%\|[^\n]*\|\s*\d+/\d+")
+BAR_TEXT = re.compile(r"^[^\n]*:\s*\d+%\|[^\n]*\|\s*\d+/\d+")
 
 
 def drop_bar_snapshots(nb) -> int:
@@ -44,7 +44,7 @@ def drop_bar_snapshots(nb) -> int:
         for output in cell.get("outputs", []):
             data = output.get("data", {})
             widget = "application/vnd.jupyter.widget-view+json" in data
-            if widget and _BAR_TEXT.match(data.get("text/plain", "")):
+            if widget and BAR_TEXT.match(data.get("text/plain", "")):
                 del data["text/plain"]
                 dropped += 1
     return dropped
