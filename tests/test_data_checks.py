@@ -60,6 +60,11 @@ PLANTED = {  # label -> (rows, the check that must report, its severity)
                        "contradicting-answers", "warning"),
     "empty answers": (chats(30) + [{"messages": [user(f"Tell me {i}"), assistant("  ")]} for i in range(5)],
                       "response-empty", "error"),
+    "empty conversational completions": (
+        [{"prompt": [user(f"Question {i}: what is {i} times {i + 3}?")],
+          "completion": [assistant(f"It is {i * (i + 3)}.")]} for i in range(30)]
+        + [{"prompt": [user(f"Tell me {i}")], "completion": [assistant("")]} for i in range(5)],
+        "response-empty", "error"),
     "looping answers": (chats(30) + [{"messages": [user(f"Story {i}"), assistant(f"{i} {LOOP}")]}
                                      for i in range(2)], "response-looping", "warning"),
     "echoed prompts": (chats(30) + [{"messages": [user(f"Repeat after me number {i}"),
@@ -88,6 +93,8 @@ PLANTED = {  # label -> (rows, the check that must report, its severity)
 HEALTHY = {  # label -> rows: none of the data checks reports
     "chats": chats(40),
     "prompt/completion": [{"prompt": f"Q: {i} plus {i}?", "completion": f" {2 * i}."} for i in range(40)],
+    "conversational prompt/completion": [{"prompt": [user(f"Q: {i} plus {i}?")],
+                                          "completion": [assistant(f"{2 * i}.")]} for i in range(40)],
     "text": [{"text": f"Row {i}: the model learns {i} things."} for i in range(40)],
     "all reasoning": [{"messages": [user(f"Q{i}"), assistant(f"<think>{i}+{i}</think>{2 * i}")]}
                       for i in range(20)],

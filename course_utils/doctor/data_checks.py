@@ -121,7 +121,11 @@ def _turns(row, form):
     if form == "text":
         return None, None, None
     prompt, completion = row.get("prompt"), row.get("completion")
-    answer = completion if isinstance(completion, str) else _text(completion or [])
+    said = [m for m in completion if isinstance(m, dict) and trl_role(m.get("role")) == "assistant"] \
+        if isinstance(completion, list) else []
+    # the assistant's own words: "assistant: " in front would make an empty answer look written
+    answer = completion if isinstance(completion, str) else \
+        "\n".join(_content(m) for m in said) if said else _text(completion or [])
     message = completion[-1] if isinstance(completion, list) and completion else None
     return prompt if isinstance(prompt, str) else _text(prompt or []), answer, message
 
