@@ -276,10 +276,6 @@ def _open(value):
     return pickle.loads(value) if isinstance(value, _Sealed) else value
 
 
-def _as_hints(hint: str | Hints) -> Hints | None:
-    return hint if isinstance(hint, Hints) else None
-
-
 def _first_hint(hint: str | Hints) -> str:
     """What a wrong answer without a diagnosis is told: the question level, never the answer."""
     if isinstance(hint, Hints):
