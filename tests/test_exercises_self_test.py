@@ -238,3 +238,11 @@ def always_the_first_choice(question):
 CHECKERS = [Row("self_test", lambda fn, fixture: st.check_self_test(fn, st.draw_quiz()), answer_key)]
 ALSO_CORRECT = [("self_test", by_letter)]
 WRONG = [("self_test", always_the_first_choice, "Look again with lesson")]
+
+
+def test_given_refuses_what_is_not_a_question_of_this_quiz():
+    quiz = st.draw_quiz()
+    for bad in (None, 5, "Q1", st.draw_quiz()[0]):
+        with pytest.raises(ValueError, match="not a question of this quiz"):
+            quiz.given(bad)
+    assert quiz.given(quiz[0]) is None  # not answered yet

@@ -122,6 +122,9 @@ class Quiz(list):
 
     def given(self, question: Question):
         """The first answer recorded for ``question`` (what ``check_self_test(quiz.given, quiz)`` scores)."""
+        if not any(question is q for q in self):
+            raise ValueError(f"{question!r:.60} is not a question of this quiz — given() looks up the answer "
+                             "recorded for one of them — pass e.g. quiz[0], or a number to quiz.answer().")
         first = _first_answers(self).get(question.number)
         return None if first is None else first[0]
 
