@@ -58,7 +58,7 @@ from . import validate
 
 SILENCE_LIMIT_S = 300.0  # a child silent this long (no case, no verdict) is stuck: killed and reported
 _POLL_S = 0.25
-_FORK_WARNING = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead to deadlocks"
+FORK_WARNING = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead to deadlocks"
 
 
 class GraderStopped(Exception):
@@ -90,7 +90,7 @@ def start(program: Callable, answer_types: tuple = (), *, same_process: bool = F
     parent_end, child_end = Pipe()
     try:
         with warnings.catch_warnings():  # 3.12+ warns of a fork with threads: this child is made for it
-            warnings.filterwarnings("ignore", message=_FORK_WARNING, category=DeprecationWarning)
+            warnings.filterwarnings("ignore", message=FORK_WARNING, category=DeprecationWarning)
             pid = os.fork()
     except OSError:  # no process to spare (a memory or process limit): grade here, as without fork
         parent_end.close()

@@ -18,10 +18,12 @@ import sys
 import tempfile
 import time
 import types
+import warnings
 from pathlib import Path
 
 from .. import internals
 from ..data import IGNORE_INDEX, end_of_turn_id, first_special_after
+from ..grader_process import FORK_WARNING
 from .inputs import DoctorInputError
 from .report import Finding
 
@@ -165,7 +167,9 @@ class Preparation:
                 rows = self.dataset.select(range(bounds[i], bounds[i + 1]))
                 child = mp.get_context("fork").Process(target=_prepare_shard, daemon=True,
                                                         args=(self._prepare, self._then, rows, path))
-                child.start()
+                with warnings.catch_warnings():  # 3.12+ warns of a fork with threads (a notebook's kernel)
+                    warnings.filterwarnings("ignore", message=FORK_WARNING, category=DeprecationWarning)
+                    child.start()
                 self._shards.append((child, path))
         finally:
             if before is None:
