@@ -115,6 +115,22 @@ def flat_params(model) -> torch.Tensor:
     return torch.cat([p.detach().double().flatten() for p in model.parameters() if p.requires_grad])
 
 
+def load_flat(model, params: torch.Tensor):
+    """Put a ``flat_params`` snapshot back into ``model`` (in place; returns it): a run's final weights,
+    to evaluate that run later without training it again. Exact: the snapshot is fp64 of fp32 weights."""
+    validate.model("model", model)
+    validate.tensor("params", params)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    size = sum(p.numel() for p in trainable)
+    if params.dim() != 1 or params.numel() != size:
+        raise ValueError(f"params has shape {tuple(params.shape)}, but this model's trainable parameters "
+                         f"hold {size} numbers — a snapshot fits only the model it was taken from — pass "
+                         "flat_params(model) of this model (or run_from's second result).")
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(params.to(trainable[0].dtype), trainable)
+    return model
+
+
 def run_from(model, start_state: dict, micro_batches, *, seed: int | None = None, **train_kwargs):
     """Reset ``model`` to ``start_state``, seed, ``train(...)``; return ``(records, final_params)``.
 

@@ -125,6 +125,18 @@ def test_run_from_refuses_bad_settings(split, kwargs, error, words):
     assert " — " in str(info.value)
 
 
+def test_load_flat_puts_a_runs_final_weights_back_exactly(split):
+    model, by_k = split
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    _, final = acc.run_from(model, start, by_k[1], steps=2, lr=1e-2)
+    model.load_state_dict(start)
+    assert not torch.equal(acc.flat_params(model), final), "the reset model is not the trained one"
+    assert torch.equal(acc.flat_params(acc.load_flat(model, final)), final), "the snapshot comes back exactly"
+    with pytest.raises(ValueError, match="only the model it was taken from") as info:
+        acc.load_flat(model, final[:-1])
+    assert " — " in str(info.value)
+
+
 def test_run_from_refuses_a_start_state_that_is_not_this_models(split):
     model, by_k = split
     with pytest.raises(TypeError, match="state dict"):

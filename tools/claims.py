@@ -1595,7 +1595,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", nargs="*", default=None, help="claim keys to run (nothing is written)")
     parser.add_argument("--no-write", action="store_true", help="print only; do not rewrite CLAIMS.md/.json")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)  # a tiny model gains nothing from threads (see the Makefile)
+    torch.set_num_threads(1)  # one thread: the claims run beside the tests, two at a time (see the Makefile)
     results, changed = {}, []
     for name in args.models or [course_model_name()]:
         name = course_model_name(name)

@@ -11,6 +11,12 @@ on this machine a few seconds apart, so a slower or busier machine moves both. T
 of at most ``GOAL`` for every lesson (issue 46); the script exits 1 when one is over, so a maintainer sees
 it, but it is a benchmark, not a test: `make test` does not run it (a busy machine would make it flaky).
 
+Threads: each kernel gets ``OMP_NUM_THREADS`` = the cores this process may use (``--threads`` to change it),
+what a learner's kernel uses when nothing is set — torch takes every core, and the lessons no longer pin one
+thread (on a quiet 2-core machine two threads train the course model ~1.5x faster: measured in lesson 09's
+runs). ``make test`` sets 1 instead: it runs two notebooks at once, and two threads each on two cores made an
+SFTTrainer run 10-30x slower. The floor is import-bound, so its figure barely moves with the threads.
+
 Run it on a quiet machine: the load average at the start is printed with the table, and a load above the
 core count makes every figure meaningless.
 """
@@ -18,6 +24,7 @@ core count makes every figure meaningless.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -85,6 +92,9 @@ def main(argv=None) -> int:
                         help="how many times the floor is timed (median)")
     parser.add_argument("--write", metavar="FILE", type=Path,
                         help="refresh the table in FILE between its markers")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                        help="OMP_NUM_THREADS of every kernel (default: the cores this process may use, "
+                             "what a learner's kernel gets)")
     args = parser.parse_args(argv)
     paths = [Path(p) for p in args.paths] or sorted((ROOT / "solutions").glob("*.ipynb"))
     missing = [str(p) for p in paths if not p.is_file()]
@@ -93,6 +103,9 @@ def main(argv=None) -> int:
                      "give paths like solutions/02_eos_never_stops.ipynb")
     if args.floor_runs < 1:
         parser.error(f"--floor-runs {args.floor_runs}: time the floor at least once (3 is usual)")
+    if args.threads < 1:
+        parser.error(f"--threads {args.threads}: a kernel needs at least one thread (default: every core)")
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # every kernel inherits it; the table's header names it
     where = machine()
     floor = floor_seconds(args.floor_runs)
     print(f"floor: {', '.join(f'{t:.1f}' for t in floor)} s", flush=True)

@@ -161,6 +161,22 @@ def uncached_rendering_case(seed: int, graded: bool = True) -> tuple[dict, Diagn
     return _rendering_case.__wrapped__(seed, graded)
 
 
+def _draw(seed: int, graded: bool) -> tuple[random.Random, str, tuple]:
+    """A case's first draws — its cause and its set-up ``(template, fields, layout, kind)`` — and the
+    generator that draws the rest: ``_rendering_case`` renders from them; the checker's look-alike search
+    reads them to skip, without rendering, the seeds that cannot be the look-alike it wants (rendering is
+    the slow part)."""
+    rng = random.Random(f"{'graded' if graded else 'shown'}-{seed}")
+    cause = CAUSES[seed % len(CAUSES)] if seed < len(CAUSES) else rng.choice(CAUSES)
+    return rng, cause, rng.choice(_SETUPS[cause])
+
+
+def drawn_setup(seed: int, graded: bool = True) -> tuple[str, tuple]:
+    """``(cause, set-up)`` a seed draws, without rendering it (see ``_draw``)."""
+    _, cause, setup = _draw(seed, graded)
+    return cause, setup
+
+
 @functools.lru_cache(maxsize=256)
 def _rendering_case(seed: int, graded: bool) -> tuple[dict, Diagnosis]:
     """A prepared row as a practitioner inspects it — the data row (``messages``), the template's family,
@@ -170,9 +186,7 @@ def _rendering_case(seed: int, graded: bool) -> tuple[dict, Diagnosis]:
     from ...reasoning import reasoning_budget, think_blocks, tool_budget, trained_rows
     from ...viz import token_strings
 
-    rng = random.Random(f"{'graded' if graded else 'shown'}-{seed}")
-    cause = CAUSES[seed % len(CAUSES)] if seed < len(CAUSES) else rng.choice(CAUSES)
-    template, fields, layout, kind = rng.choice(_SETUPS[cause])
+    rng, cause, (template, fields, layout, kind) = _draw(seed, graded)
     chats = [_data(kind, rng.randrange(10**6)) for _ in range(rng.choice((2, 3)))]
     tokenizer = copy.copy(_tokenizer())
     tokenizer.chat_template = _template(template)
