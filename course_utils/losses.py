@@ -148,11 +148,14 @@ MASKED_MEANS = {"ignore_index": mean_ignore_index, "times mask, ignore_index": m
 
 
 def model_logits(model, batch: dict) -> torch.Tensor:
-    """The model's logits on a collated batch (its attention mask passed when it has one)."""
+    """The model's logits on a collated batch (its attention mask and ``position_ids`` passed when it has
+    them: a packed or left-padded batch's positions decide the logits on a model with learned absolute
+    positions, lesson 03)."""
     validate.model("model", model)
     validate.batch("batch", batch, need=("input_ids",))
     validate.ids_fit_model(model, batch["input_ids"])
-    return model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits
+    extra = {"position_ids": batch["position_ids"]} if batch.get("position_ids") is not None else {}
+    return model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), **extra).logits
 
 
 @torch.no_grad()

@@ -110,6 +110,59 @@ def collate_padded(examples: list[dict], pad_token_id: int, side: str = "right")
     return {k: torch.tensor(v) for k, v in batch.items()}
 
 
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """The ``position_ids`` of a padded batch as ``generate()`` builds them: each row's first real token at 0,
+    counting only real tokens (pads get 0; they carry no loss and no real token sees them).
+
+    A rotary model (Llama, Qwen, Mistral, NeoX) does not need them: its attention scores depend on position
+    *differences*, which left padding does not change. A model with learned absolute positions that reads its
+    positions from the column (GPT-2) does: without them every left-padded token is read at a shifted
+    position (lesson 03 measures both kinds)."""
+    validate.tensor("attention_mask", attention_mask, ndim=2, integer_dtype=True)
+    if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        raise ValueError("attention_mask holds values other than 0 and 1 — it marks pads (0) and real tokens "
+                         "(1), and positions count the real ones — pass the mask collate_padded returned.")
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def tiny_absolute_position_model(vocab_size: int, *, seed: int = 0):
+    """A randomly initialised one-layer GPT-2 (learned absolute position embeddings, ``wpe``) over
+    ``vocab_size`` tokens, in eval mode: the other kind of position encoding, beside a rotary course model,
+    so that lesson 03 measures both. Built offline from a config, in well under a second."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    validate.positive_int("vocab_size", vocab_size, why="the model's embedding needs a row per token id")
+    validate.seed("seed", seed)
+    config = GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=1, n_head=2, n_positions=256,
+                        initializer_range=0.1, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        bos_token_id=None, eos_token_id=None)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = GPT2LMHeadModel(config)
+    return model.eval()
+
+
+@torch.no_grad()
+def left_padding_drifts(model, examples: list[dict], pad_token_id: int) -> dict[str, float]:
+    """What decides whether left padding with the mask alone is exact: max |Δlogit| of the real tokens vs each
+    example alone, left-padded with the mask (``"mask only"``) and with the positions ``generate()`` builds
+    (``"mask + position_ids"``); and the largest change of the first example's logits when every position is
+    shifted by 5 (``"positions shifted"``): 0 to round-off on a rotary model, not on learned absolute ones."""
+    validate.model("model", model)
+    if isinstance(examples, list):  # token-id samples without labels are enough: only logits are compared
+        examples = [{"labels": e["input_ids"], **e} if isinstance(e, dict) and "input_ids" in e else e
+                    for e in examples]
+    batch = collate_padded(examples, pad_token_id, "left")
+    _check_model_ids(model, batch["input_ids"])
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    row = torch.tensor([examples[0]["input_ids"]])
+    shifted = model(input_ids=row, position_ids=torch.arange(5, 5 + row.shape[1])[None]).logits
+    return {"mask only": padded_drift(model, batch, model(input_ids=ids, attention_mask=mask).logits),
+            "mask + position_ids": padded_drift(model, batch, model(
+                input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask)).logits),
+            "positions shifted": float((model(input_ids=row).logits - shifted).abs().max())}
+
+
 def collate_left(prompts: list[list[int]], pad_token_id: int) -> dict:
     """Left-pad prompt token lists for batched generation: ``input_ids`` and ``attention_mask``.
 
@@ -275,15 +328,17 @@ def packed_drift(model, batch: dict, logits: torch.Tensor) -> float:
 
 
 # The layouts of lesson 03's summary, each judged against every example alone: the fixes, then the leaks
-LAYOUT_FIXES = ("right pad + attention_mask", "left pad + attention_mask",
-                "packed, reset positions, no cache", "packed, explicit 4D mask")
+LAYOUT_FIXES = ("right pad + attention_mask", "left pad + attention_mask + position_ids",
+                "packed, reset positions, no cache", "packed, explicit 4D mask + position_ids")
 LAYOUT_LEAKS = ("left pad, no mask", "packed, all-ones mask")
 
 
 @torch.no_grad()
 def layout_drifts(model, examples: list[dict], pad_id: int) -> dict[str, float]:
     """Max |Δlogit| vs each example alone for the summary's layouts (``LAYOUT_FIXES`` + ``LAYOUT_LEAKS``),
-    measured on ``model`` as it is — pass a bfloat16 copy to see what of lesson 03 holds in bf16."""
+    measured on ``model`` as it is — pass a bfloat16 copy to see what of lesson 03 holds in bf16. The fixes
+    pass each token's own position (``positions_from_mask``, restarted ``position_ids``): exact on any
+    position encoding, rotary or learned absolute."""
     validate.model("model", model)
     if not isinstance(examples, list) or len(examples) < 2:
         raise ValueError("examples must be a list of at least 2 tokenize_chat() results — padding and "
@@ -297,11 +352,13 @@ def layout_drifts(model, examples: list[dict], pad_id: int) -> dict[str, float]:
     lengths = [len(e["input_ids"]) for e in examples]
     return {
         "right pad + attention_mask": padded_drift(model, right, model(**right).logits),
-        "left pad + attention_mask": padded_drift(model, left, model(**left).logits),
+        "left pad + attention_mask + position_ids": padded_drift(model, left, model(
+            input_ids=left["input_ids"], attention_mask=left["attention_mask"],
+            position_ids=positions_from_mask(left["attention_mask"])).logits),
         "packed, reset positions, no cache": packed_drift(model, packed, model(
             input_ids=ids, position_ids=pos, use_cache=False).logits),
-        "packed, explicit 4D mask": packed_drift(model, packed, model(
-            input_ids=ids, attention_mask=block_causal_mask(lengths)).logits),
+        "packed, explicit 4D mask + position_ids": packed_drift(model, packed, model(
+            input_ids=ids, position_ids=pos, attention_mask=block_causal_mask(lengths)).logits),
         "left pad, no mask": padded_drift(model, left, model(input_ids=left["input_ids"]).logits),
         "packed, all-ones mask": packed_drift(model, packed, model(
             input_ids=ids, position_ids=pos, attention_mask=torch.ones_like(ids), use_cache=False).logits),
@@ -514,7 +571,7 @@ def _layout_call(examples, pad_token_id: int, layout: str, attention_mask: bool,
         batch = collate_padded(examples, pad_token_id, layout)
         mask = batch["attention_mask"]
         example_of = torch.where(mask == 1, torch.arange(len(examples))[:, None], -1)
-        restart = (mask.cumsum(-1) - 1).clamp(min=0)  # each row's first real token at 0, as generate() counts
+        restart = positions_from_mask(mask)  # each row's first real token at 0, as generate() counts
     call = {"input_ids": batch["input_ids"]}
     if attention_mask:
         call["attention_mask"] = mask

@@ -17,11 +17,14 @@ from course_utils.padding import (
     greedy_continuations,
     layout_drifts,
     leak_counts,
+    left_padding_drifts,
     packed_drift,
     packed_segments,
     padded_drift,
     padding_explorer,
     padding_frame,
+    positions_from_mask,
+    tiny_absolute_position_model,
 )
 from course_utils.quiet import captured_log
 
@@ -61,7 +64,38 @@ def test_collate_packed_matches_trl(course):
     assert all(torch.equal(trl_batch[k], ours[k]) for k in ours)
 
 
+def test_positions_from_mask_count_real_tokens_as_generate_does():
+    mask = torch.tensor([[1, 1, 1], [0, 1, 1], [0, 0, 1]])
+    assert positions_from_mask(mask).tolist() == [[0, 1, 2], [0, 0, 1], [0, 0, 0]]
+
+
+def test_left_padding_needs_positions_exactly_on_learned_absolute_positions(course):
+    from course_utils.model import course_model_name
+    from course_utils.packing_arch import two_samples
+
+    model, tok, examples = course
+    rotary = left_padding_drifts(model, examples, tok.pad_token_id)
+    absolute = left_padding_drifts(tiny_absolute_position_model(256), two_samples(256, (9, 5)), 0)
+    if course_model_name() in ("tiny-qwen", "tiny-llama"):  # both shipped models are rotary
+        assert rotary["mask only"] < 1e-3 and rotary["positions shifted"] < 1e-3, "the mask suffices"
+    assert rotary["mask + position_ids"] < 1e-3
+    assert absolute["positions shifted"] > 0.1 and absolute["mask only"] > 0.1, "GPT-2 reads its positions"
+    assert absolute["mask + position_ids"] < 1e-4, "generate()'s positions make it exact"
+
+
+def test_model_logits_passes_the_batchs_position_ids():
+    from course_utils.losses import model_logits
+
+    model = tiny_absolute_position_model(64)
+    ids = torch.tensor([[5, 6, 7]])
+    shifted = model_logits(model, {"input_ids": ids, "position_ids": torch.tensor([[4, 5, 6]])})
+    assert not torch.allclose(shifted, model_logits(model, {"input_ids": ids})), "the positions reach it"
+
+
 @pytest.mark.parametrize("bad_call", [
+    lambda: positions_from_mask(torch.tensor([[0, 2, 1]])),
+    lambda: positions_from_mask(torch.tensor([1, 1])),
+    lambda: tiny_absolute_position_model(0),
     lambda: collate_padded([{"input_ids": [1], "labels": [1]}], 0, side="middle"),
     lambda: collate_padded([], 0),
     lambda: collate_padded([{"input_ids": [1, 2]}], 0),

@@ -57,6 +57,7 @@ class Recipe:
     chat_seed: int = 1       # rendered chats the tokenizer also sees (scaffolding in few tokens)
     chat_context_words: int = 5
     seed: int = 0            # corpus, weight init and batch order
+    specials_last: bool = False  # the special tokens at the end of the vocabulary (ids >= the BPE's), not 0-2
     seq_len: int = 128
     steps: int = 400
     batch_size: int = 16
@@ -135,6 +136,24 @@ HELD_OUT = {
                    max_position_embeddings=1024),
         config_extra=dict(tie_word_embeddings=False, rotary_pct=0.25, use_parallel_residual=True),
     ),
+    # GPT-2: learned absolute positions (no rotary), LayerNorm, GELU, Conv1D projections (c_attn, c_fc),
+    # tied embeddings (wte); a larger vocabulary whose special tokens are its last ids.
+    "heldout-gpt2": Recipe(
+        name="heldout-gpt2", model_type="gpt2", corpus=prose_corpus, pretokenizer="gpt2",
+        vocab_size=4096, n_docs=6000, chat_seed=13, chat_context_words=4, seed=11, seq_len=128,
+        steps=450, batch_size=16, lr=3e-3, specials_last=True,
+        shape=dict(n_embd=128, n_inner=384, n_layer=2, n_head=4, max_position_embeddings=1024),
+        config_extra=dict(tie_word_embeddings=True, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    ),
+    # Mistral: untied, grouped-query attention 4:1, a wider MLP, its own rope base; Qwen's pre-tokenizer.
+    "heldout-mistral": Recipe(
+        name="heldout-mistral", model_type="mistral", corpus=pretraining_corpus, pretokenizer="qwen2",
+        vocab_size=2560, n_docs=6000, chat_seed=17, chat_context_words=3, seed=13, seq_len=128,
+        steps=400, batch_size=16, lr=3e-3,
+        shape=dict(hidden_size=128, intermediate_size=448, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=1, max_position_embeddings=1024),
+        config_extra=dict(tie_word_embeddings=False, rope_theta=100000.0, sliding_window=None),
+    ),
     "heldout-llama": Recipe(
         name="heldout-llama", model_type="llama", corpus=pretraining_corpus, pretokenizer="gpt2",
         vocab_size=1536, n_docs=6000, chat_seed=5, chat_context_words=5, seed=7, seq_len=128,
@@ -194,10 +213,13 @@ def _trained_bpe(texts: list[str], recipe: Recipe):
             "BPE, and only two are tested to round-trip — use 'qwen2' or 'gpt2'."
         )
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=recipe.vocab_size, special_tokens=list(SPECIAL_TOKENS),
+    trainer = trainers.BpeTrainer(vocab_size=recipe.vocab_size,
+                                  special_tokens=[] if recipe.specials_last else list(SPECIAL_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     bpe.train_from_iterator(texts, trainer=trainer)
+    if recipe.specials_last:  # appended after the learned merges: eos and pad are the last ids, not 0
+        bpe.add_special_tokens(list(SPECIAL_TOKENS))
     return bpe
 
 

@@ -7,6 +7,7 @@ import copy
 import functools
 import random
 
+from ... import validate
 from ...checks import Diagnosis
 from ...data import is_graded
 
@@ -173,6 +174,8 @@ def _draw(seed: int, graded: bool) -> tuple[random.Random, str, tuple]:
 
 def drawn_setup(seed: int, graded: bool = True) -> tuple[str, tuple]:
     """``(cause, set-up)`` a seed draws, without rendering it (see ``_draw``)."""
+    validate.seed("seed", seed)
+    validate.flag("graded", graded, why="it picks the stream: the checker's cases or the ones shown")
     _, cause, setup = _draw(seed, graded)
     return cause, setup
 
