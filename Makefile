@@ -88,9 +88,10 @@ robustness-ci: install  # CI's reduced matrix: tiny-llama seed 0 1 thread; tiny-
 # Every solution on models the course was never tuned on (issue 46), rebuilt into build/ each time (ignored;
 # ~30-50 s each, so a changed recipe is never run stale):
 # a GPT-NeoX (untied, other layer names, other vocabulary), a narrow tied Llama, a GPT-2 (learned absolute
-# positions, Conv1D projections, special tokens at the end of the vocabulary) and an untied Mistral (GQA 4:1).
-# CI runs the NeoX one (the 25-minute budget).
-HELDOUT ?= heldout-neox heldout-llama heldout-gpt2 heldout-mistral
+# positions, Conv1D projections, special tokens at the end of the vocabulary), an untied Mistral (GQA 4:1), a
+# Gemma (scaled embeddings, GeGLU) and a Phi-3 (fused qkv_proj / gate_up_proj). CI runs the NeoX one (its
+# 25-minute budget); `make robustness-heldout` all six (~20 min on 2 cores).
+HELDOUT ?= heldout-neox heldout-llama heldout-gpt2 heldout-mistral heldout-gemma heldout-phi3
 robustness-heldout: install
 	for m in $(HELDOUT); do $(PY) -m tools.build_course_model --model $$m --out build/$$m || exit 1; done
 	$(PY) -m tools.robustness --jobs $(JOBS) --configs $$(for m in $(HELDOUT); do printf '$(CURDIR)/build/%s:0:1,' $$m; done | sed 's/,$$//')

@@ -154,6 +154,25 @@ HELD_OUT = {
                    num_key_value_heads=1, max_position_embeddings=1024),
         config_extra=dict(tie_word_embeddings=False, rope_theta=100000.0, sliding_window=None),
     ),
+    # Gemma: embeddings scaled by sqrt(hidden) in the forward, GeGLU, head_dim set apart from the width, tied.
+    "heldout-gemma": Recipe(
+        name="heldout-gemma", model_type="gemma", corpus=prose_corpus, pretokenizer="qwen2",
+        vocab_size=2048, n_docs=6000, chat_seed=19, chat_context_words=5, seed=17, seq_len=128,
+        steps=400, batch_size=16, lr=3e-3,
+        shape=dict(hidden_size=96, intermediate_size=288, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=1, head_dim=32, max_position_embeddings=1024),
+        config_extra=dict(tie_word_embeddings=True, rope_theta=10000.0),
+    ),
+    # Phi-3: fused projections (qkv_proj, gate_up_proj: other LoRA target names), untied.
+    "heldout-phi3": Recipe(
+        name="heldout-phi3", model_type="phi3", corpus=pretraining_corpus, pretokenizer="gpt2",
+        vocab_size=1800, n_docs=6000, chat_seed=23, chat_context_words=4, seed=19, seq_len=128,
+        steps=400, batch_size=16, lr=3e-3,
+        shape=dict(hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=4, max_position_embeddings=1024),
+        config_extra=dict(tie_word_embeddings=False, original_max_position_embeddings=1024,
+                          resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0),
+    ),
     "heldout-llama": Recipe(
         name="heldout-llama", model_type="llama", corpus=pretraining_corpus, pretokenizer="gpt2",
         vocab_size=1536, n_docs=6000, chat_seed=5, chat_context_words=5, seed=7, seq_len=128,
