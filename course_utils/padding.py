@@ -112,7 +112,8 @@ def collate_padded(examples: list[dict], pad_token_id: int, side: str = "right")
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """The ``position_ids`` of a padded batch as ``generate()`` counts them: each row's first real token at 0,
-    counting only real tokens (pads get 0 here, 1 in generate(): no real token sees a pad, so either is exact).
+    counting only real tokens (pads get 0 here, 1 in generate(): no real token sees a pad, so either is
+    exact).
 
     A rotary model (Llama, Qwen, Mistral, NeoX) does not need them: its attention scores depend on position
     *differences*, which left padding does not change. A model with learned absolute positions that reads its
