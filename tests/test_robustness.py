@@ -32,7 +32,7 @@ def test_the_full_matrix_is_two_models_three_seeds_two_thread_counts():
 
 
 def test_ci_preset_and_explicit_configs():
-    assert parse_configs("ci") == [Config("tiny-llama", 0, 1), Config("tiny-qwen", 1, 2)]
+    assert parse_configs("shipped") == [Config("tiny-llama", 0, 1), Config("tiny-qwen", 1, 2)]
     assert parse_configs("tiny-qwen:2:1, tiny-llama:0:2") == [Config("tiny-qwen", 2, 1),
                                                               Config("tiny-llama", 0, 2)]
     assert Config("tiny-llama", 1, 2).env() == {"COURSE_MODEL": "tiny-llama", "COURSE_SEED": "1",
@@ -91,7 +91,7 @@ def test_failures_are_read_from_nbvals_junit_report(tmp_path):
 
 def test_main_rejects_mixed_selection(capsys):
     with pytest.raises(SystemExit):
-        robustness.main(["--configs", "ci", "--seeds", "0"])
+        robustness.main(["--configs", "shipped", "--seeds", "0"])
     assert "--configs replaces" in capsys.readouterr().err
 
 
