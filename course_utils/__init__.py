@@ -66,16 +66,26 @@ COURSE_DEFAULTS = {
 }
 
 
+# Set by use_course_defaults(): this process is a lesson kernel, whose settings the course may choose
+# (training.make_sft_trainer then freezes the imported heap once: see there). A process that never calls
+# it (yours, running the doctor or SFTWatch) is left as it is.
+_lesson_kernel = False
+
+
 def use_course_defaults() -> dict[str, str]:
     """The course's settings for this process, set once at the top of a lesson: offline, no
     telemetry, no tokenizer threads. A variable you set yourself is kept (``HF_HUB_OFFLINE=0`` to
-    download a real model once). Returns what is now in force.
+    download a real model once). Returns what is now in force. It also marks the process as a lesson
+    kernel: its first ``make_sft_trainer`` freezes what the imports left in memory (``gc.freeze``), so that
+    each ``Trainer.train()``'s full garbage collection skips it (``training._freeze_imported_heap``).
 
     huggingface_hub reads ``HF_HUB_OFFLINE`` when it is first imported; when it already was, its
     constant is updated too, so the call works wherever it stands. bitsandbytes (imported by peft,
     imported by TRL) also logs on some CPUs that it cannot fetch an optional kernel from the hub; it
     falls back to its own CPU code, and offline that notice is noise: it is filtered.
     """
+    global _lesson_kernel
+    _lesson_kernel = True
     for name, value in COURSE_DEFAULTS.items():
         os.environ.setdefault(name, value)
     hub = sys.modules.get("huggingface_hub.constants")

@@ -305,3 +305,23 @@ def test_what_if_refuses_controls_the_frame_does_not_take_and_a_bad_width(kwargs
     with pytest.raises(ValueError, match="the frame needs \\['mode'\\]"):
         what_if(lambda k, mode: "", {"k": [1]})
 
+
+
+def test_only_a_lesson_kernel_freezes_the_imported_heap_and_only_once(monkeypatch):
+    # make_sft_trainer freezes the heap so that Trainer.train()'s full gc.collect() skips the imports
+    # (0.2-0.3 s a run); a process that never called use_course_defaults() (a user's) is left alone
+    import gc
+
+    import course_utils
+    from course_utils import training
+
+    calls = []
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+    monkeypatch.setattr(training, "_heap_frozen", False)
+    monkeypatch.setattr(course_utils, "_lesson_kernel", False)
+    training._freeze_imported_heap()
+    assert calls == [], "a process that is not a lesson kernel must not have its heap frozen"
+    monkeypatch.setattr(course_utils, "_lesson_kernel", True)
+    training._freeze_imported_heap()
+    training._freeze_imported_heap()
+    assert calls == ["freeze"], calls
