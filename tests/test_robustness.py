@@ -149,6 +149,9 @@ def test_a_model_directory_makes_a_flat_report_name():
 
     stem = run_stem(Path("solutions/02_eos_never_stops.ipynb"), Config("/work/third model/model", 0, 1))
     assert "/" not in stem and " " not in stem and stem.startswith("02_eos_never_stops-")
+    # the table's column: the folder's name, not this machine's path
+    assert Config("/work/main/build/heldout-neox", 1, 2).label == "heldout-neox s1 t2"
+    assert Config("tiny-qwen", 0, 1).label == "tiny-qwen s0 t1"
 
 
 def test_results_round_trip_and_update_keeps_the_other_notebooks(tmp_path):

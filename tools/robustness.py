@@ -64,7 +64,9 @@ class Config:
 
     @property
     def label(self) -> str:
-        return f"{self.model} s{self.seed} t{self.threads}"
+        # a model built into a folder (CI's held-out one) is named by the folder, not by this machine's path
+        name = Path(self.model).name if "/" in self.model else self.model
+        return f"{name} s{self.seed} t{self.threads}"
 
     def env(self) -> dict:
         return {"COURSE_MODEL": self.model, "COURSE_SEED": str(self.seed),
