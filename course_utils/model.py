@@ -165,6 +165,9 @@ def load_course_model(name_or_path=None, device: str | None = None, **model_kwar
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from . import freeze_lesson_imports
+
+    freeze_lesson_imports()  # a lesson kernel's first model: the imports before it are frozen (see there)
     source = model_source(name_or_path)
     device = _resolve_device(device)
     try:

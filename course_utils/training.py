@@ -12,7 +12,6 @@ Used by lessons 00-07.
 
 from __future__ import annotations
 
-import gc
 import math
 import random
 import tempfile
@@ -236,29 +235,6 @@ def _progress_callback():
     return QuietProgress()
 
 
-_heap_frozen = False
-
-
-def _freeze_imported_heap() -> None:
-    """In a lesson kernel (``use_course_defaults()`` was called), freeze once what is in memory now.
-
-    Why: transformers' ``Trainer.train()`` starts with a full ``gc.collect()`` (accelerate's
-    ``free_memory``), and with torch, transformers and TRL imported that scans ~400,000 objects: 0.2-0.3 s
-    a run on a 2-core CPU, measured, and a lesson trains up to six. Frozen (``gc.freeze()``), the
-    modules the imports made — they live as long as the kernel anyway — are skipped, and the collection
-    scans only what the lesson made since (~0 s). Nothing else changes; ``gc.unfreeze()`` undoes it. Your
-    own process (one that never called ``use_course_defaults``) is left alone.
-    """
-    global _heap_frozen
-    import course_utils
-
-    if _heap_frozen or not course_utils._lesson_kernel:
-        return
-    gc.collect()  # what is garbage now is freed, not frozen
-    gc.freeze()
-    _heap_frozen = True
-
-
 def make_sft_trainer(model, tokenizer, train_dataset, *, trainer_cls=None, progress: bool = True, **config):
     """A TRL ``SFTTrainer`` with CPU-friendly defaults; any ``SFTConfig`` field can be overridden.
 
@@ -274,9 +250,6 @@ def make_sft_trainer(model, tokenizer, train_dataset, *, trainer_cls=None, progr
     TRL 1.16 replaces ``model.forward`` with a fused-loss forward (``add_fused_lm_head``): a
     ``copy.deepcopy`` of ``model`` taken afterwards still runs, and trains, the original's modules.
     Pass ``copy.deepcopy(model)`` here if you use the model again after building the trainer.
-
-    In a lesson kernel (``use_course_defaults()``) the first call freezes the imported heap, once, so that
-    each ``train()``'s full garbage collection is ~0 s instead of ~0.3 s (``_freeze_imported_heap``).
     """
     # imported here, not at the top: transformers' Trainer and TRL take seconds to import (TRL pulls in
     # peft and bitsandbytes), and the hand-written loop of lessons 01 and 05-07 needs neither
@@ -299,7 +272,6 @@ def make_sft_trainer(model, tokenizer, train_dataset, *, trainer_cls=None, progr
                         "datasets.Dataset.from_dict(...).")
     validate.sft_config("config", config)  # make_sft_trainer passes its keyword arguments to SFTConfig
     merged = {**defaults, **config}
-    _freeze_imported_heap()  # the imports above are done: from here on each train() skips them
     if merged["max_steps"] != -1:
         validate.positive_int("max_steps", merged["max_steps"], why="it counts optimizer steps",
                               fix="pass an integer >= 1, e.g. max_steps=20, or -1 to train num_train_epochs "

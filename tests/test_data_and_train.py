@@ -307,21 +307,36 @@ def test_what_if_refuses_controls_the_frame_does_not_take_and_a_bad_width(kwargs
 
 
 
-def test_only_a_lesson_kernel_freezes_the_imported_heap_and_only_once(monkeypatch):
-    # make_sft_trainer freezes the heap so that Trainer.train()'s full gc.collect() skips the imports
+def test_only_a_lesson_kernel_freezes_its_imports_and_only_once(monkeypatch):
+    # load_course_model freezes the imports so that Trainer.train()'s full gc.collect() skips them
     # (0.2-0.3 s a run); a process that never called use_course_defaults() (a user's) is left alone
     import gc
 
     import course_utils
-    from course_utils import training
 
     calls = []
     monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
-    monkeypatch.setattr(training, "_heap_frozen", False)
+    monkeypatch.setattr(course_utils, "_imports_frozen", False)
     monkeypatch.setattr(course_utils, "_lesson_kernel", False)
-    training._freeze_imported_heap()
+    course_utils.freeze_lesson_imports()
     assert calls == [], "a process that is not a lesson kernel must not have its heap frozen"
     monkeypatch.setattr(course_utils, "_lesson_kernel", True)
-    training._freeze_imported_heap()
-    training._freeze_imported_heap()
+    course_utils.load_course_model()
+    course_utils.load_course_model()
     assert calls == ["freeze"], calls
+
+
+def test_a_model_loaded_after_the_freeze_is_still_freed():
+    # the freeze happens before a lesson's first model exists: a model (held in reference cycles by
+    # transformers' modules) frozen would never be collected — here, one is, once dropped
+    import gc
+    import weakref
+
+    import course_utils
+
+    model, _ = course_utils.load_course_model()
+    assert course_utils._imports_frozen and gc.get_freeze_count() > 0, "the tests run as a lesson kernel"
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None, "a model loaded after the freeze must still be freed"
