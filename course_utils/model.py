@@ -180,7 +180,7 @@ def load_course_model(name_or_path=None, device: str | None = None, **model_kwar
     if "device_map" not in model_kwargs:
         model_kwargs["device_map"] = device
     # A local directory loads in a blink: no "Loading weights" bar in the notebook. A hub id keeps it.
-    with no_progress_bars() if isinstance(source, Path) else contextlib.nullcontext():
+    with no_progress_bars(datasets=False) if isinstance(source, Path) else contextlib.nullcontext():
         model = AutoModelForCausalLM.from_pretrained(source, **model_kwargs)
     if tokenizer.pad_token is None:  # real base checkpoints may lack one; Qwen2.5 pads with eos
         tokenizer.pad_token = tokenizer.eos_token

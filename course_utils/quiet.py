@@ -75,25 +75,32 @@ def _captured_log(name: str, level: int):
 
 
 @contextlib.contextmanager
-def no_progress_bars():
+def no_progress_bars(*, datasets: bool = True):
     """transformers' and datasets' progress bars off for one block, each restored on exit.
 
     For work that is over in a blink ("Loading weights" of a 2 MB course model, a dataset map of 48
-    rows): a bar there is noise in a notebook's output, not progress.
+    rows): a bar there is noise in a notebook's output, not progress. ``datasets=False`` leaves datasets
+    alone, for a block that maps no dataset: importing it (with pandas) costs ~0.35 s in a process that
+    never needs it, such as lesson 07's torchrun workers, which only load the model.
     """
-    import datasets
+    validate.flag("datasets", datasets, why="it says whether the block maps a dataset")
     from transformers.utils import logging as hf_logging
 
-    hf_bars, ds_bars = hf_logging.is_progress_bar_enabled(), datasets.is_progress_bar_enabled()
+    ds = None
+    if datasets:
+        import datasets as ds
+    hf_bars = hf_logging.is_progress_bar_enabled()
+    ds_bars = ds is not None and ds.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
-    datasets.disable_progress_bars()
+    if ds is not None:
+        ds.disable_progress_bars()
     try:
         yield
     finally:
         if hf_bars:
             hf_logging.enable_progress_bar()
         if ds_bars:
-            datasets.enable_progress_bars()
+            ds.enable_progress_bars()
 
 
 @contextlib.contextmanager

@@ -24,3 +24,26 @@ def test_brief_cuts_a_library_message_where_a_reader_expects_it():
         brief(["a", "b"])
     with pytest.raises(ValueError, match="limit"):
         brief("x", limit=0)
+
+
+def test_no_progress_bars_switches_each_library_and_restores_it():
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    from course_utils.quiet import no_progress_bars
+
+    before = hf_logging.is_progress_bar_enabled(), datasets.is_progress_bar_enabled()
+    hf_logging.enable_progress_bar()
+    datasets.enable_progress_bars()
+    try:
+        with no_progress_bars():
+            assert not hf_logging.is_progress_bar_enabled() and not datasets.is_progress_bar_enabled()
+        with no_progress_bars(datasets=False):  # a block that maps no dataset: datasets is left alone
+            assert not hf_logging.is_progress_bar_enabled() and datasets.is_progress_bar_enabled()
+        assert hf_logging.is_progress_bar_enabled() and datasets.is_progress_bar_enabled()
+    finally:
+        hf_logging.enable_progress_bar() if before[0] else hf_logging.disable_progress_bar()
+        datasets.enable_progress_bars() if before[1] else datasets.disable_progress_bars()
+    with pytest.raises(TypeError, match="datasets='no' must be True or False"):
+        with no_progress_bars(datasets="no"):
+            pass
