@@ -135,7 +135,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", required=True, help="where rank 0 writes the gradients (torch.save)")
     parser.add_argument("--seed", type=_count(0), default=0)
     parser.add_argument("--batch-size", type=_count(1), default=2)
-    parser.add_argument("--skip-timeout", type=_seconds, default=1.0,
+    parser.add_argument("--skip-timeout", type=_seconds, default=0.5,
                         help="seconds the rank with data waits for the rank that skipped "
                              "(a default group: 30 min)")
     args = parser.parse_args(argv)

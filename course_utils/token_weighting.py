@@ -610,7 +610,7 @@ def _worker_pythonpath() -> str:
 
 
 def run_ddp_grad(nproc: int = 2, seed: int = 0, batch_size: int = 2, timeout: float = 180,
-                 skip_timeout: float = 1.0) -> dict:
+                 skip_timeout: float = 0.5) -> dict:
     """Run ``course_utils.ddp_grad`` under ``torchrun --nproc_per_node=nproc`` (gloo, CPU); load its result.
 
     The worker gives rank r micro-batch r of ``uneven_micro_batches(tok, k=nproc, ...)`` and returns
