@@ -306,7 +306,6 @@ def test_what_if_refuses_controls_the_frame_does_not_take_and_a_bad_width(kwargs
         what_if(lambda k, mode: "", {"k": [1]})
 
 
-
 def test_only_a_lesson_kernel_freezes_its_imports_and_only_once(monkeypatch):
     # load_course_model freezes the imports so that Trainer.train()'s full gc.collect() skips them
     # (0.2-0.3 s a run); a process that never called use_course_defaults() (a user's) is left alone

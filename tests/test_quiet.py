@@ -42,8 +42,10 @@ def test_no_progress_bars_switches_each_library_and_restores_it():
             assert not hf_logging.is_progress_bar_enabled() and datasets.is_progress_bar_enabled()
         assert hf_logging.is_progress_bar_enabled() and datasets.is_progress_bar_enabled()
     finally:
-        hf_logging.enable_progress_bar() if before[0] else hf_logging.disable_progress_bar()
-        datasets.enable_progress_bars() if before[1] else datasets.disable_progress_bars()
+        if not before[0]:
+            hf_logging.disable_progress_bar()
+        if not before[1]:
+            datasets.disable_progress_bars()
     with pytest.raises(TypeError, match="datasets='no' must be True or False"):
         with no_progress_bars(datasets="no"):
             pass

@@ -152,6 +152,8 @@ def test_a_model_directory_makes_a_flat_report_name():
     # the table's column: the folder's name, not this machine's path
     assert Config("/work/main/build/heldout-neox", 1, 2).label == "heldout-neox s1 t2"
     assert Config("tiny-qwen", 0, 1).label == "tiny-qwen s0 t1"
+    with pytest.raises(ValueError, match="names one column twice"):  # two folders of one name would merge
+        parse_configs("/a/model:0:1,/b/model:0:1")
 
 
 def test_results_round_trip_and_update_keeps_the_other_notebooks(tmp_path):

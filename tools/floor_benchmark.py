@@ -4,12 +4,12 @@
     python -m tools.floor_benchmark solutions/02_*.ipynb  # some
     python -m tools.floor_benchmark --write INSTRUCTORS.md   # also refresh the table between its markers
 
-The *floor* is what no lesson can go below: a fresh kernel that imports torch, transformers and TRL and
-loads the course model (``FLOOR_CELLS``). A lesson's *ratio* is its whole run (kernel start to last cell,
-as ``tools.notebook_runner.execute`` times it) divided by the floor's median, both measured in this process
-on this machine a few seconds apart, so a slower or busier machine moves both. The course's goal is a ratio
-of at most ``GOAL`` for every lesson (issue 46); the script exits 1 when one is over, so a maintainer sees
-it, but it is a benchmark, not a test: `make test` does not run it (a busy machine would make it flaky).
+The *floor* is what no lesson can go below: a fresh kernel that imports torch, transformers, TRL and datasets
+and loads the course model (``FLOOR_CELLS``). A lesson's *ratio* is its whole run (kernel start to last cell,
+as ``tools.notebook_runner.execute`` times it) divided by the floor's median, both measured in this process on
+this machine a few seconds apart, so a slower or busier machine moves both. The course's goal is a ratio of at
+most ``GOAL`` for every lesson (issue 46); the script exits 1 when one is over, so a maintainer sees it, but
+it is a benchmark, not a test: `make test` does not run it (a busy machine would make it flaky).
 
 Threads: each kernel gets ``OMP_NUM_THREADS`` = the cores this process may use (``--threads`` to change it),
 what a learner's kernel uses when nothing is set — torch takes every core, and the lessons no longer pin one
@@ -73,8 +73,8 @@ def table(floor: list[float], lessons: dict[str, float], where: str) -> str:
             for name, sec in lessons.items()]
     return "\n".join([
         f"Measured on: {where}.",
-        f"Import floor (a kernel importing torch, transformers and TRL and loading the course model): "
-        f"median {base:.1f} s of {len(floor)} runs ({', '.join(f'{t:.1f}' for t in floor)}).", "",
+        "Import floor (a kernel importing torch, transformers, TRL and datasets and loading the course "
+        f"model): median {base:.1f} s of {len(floor)} runs ({', '.join(f'{t:.1f}' for t in floor)}).", "",
         f"| notebook | run time (s) | × floor | ≤ {GOAL:g}× |", "|---|---|---|---|", *rows])
 
 

@@ -127,6 +127,14 @@ def parse_configs(spec: str) -> list[Config]:
                 f"three — write e.g. tiny-llama:0:1,tiny-qwen:1:2, or a preset: {sorted(PRESETS)}."
             )
         configs.append(Config(parts[0], int(parts[1]), int(parts[2])))
+    labels = [c.label for c in configs]
+    twice = sorted({label for label in labels if labels.count(label) > 1})
+    if twice:
+        raise ValueError(
+            f"--configs {spec!r} names one column twice ({twice}) — "
+            "the table keys each configuration by its label, and a model folder is labelled by its last name "
+            "— give each configuration another seed or thread count, or its model folder another name."
+        )
     return configs
 
 
