@@ -662,21 +662,22 @@ def _until_callback(until, tokenizer, every: int):
 
 
 def calls_written(model, tokenizer, histories, *, max_new_tokens: int = 96) -> float:
-    """The share of greedy replies to ``histories`` that are one complete tool call, in either shape
-    (arguments as an object or as a string), and end the turn right after it: whether a tool-call run has
+    """The share of greedy replies to ``histories`` that write one tool call, in either shape (arguments as
+    an object or as a string), and end the turn right after its ``</tool_call>``: whether a tool-call run has
     learned the *format* — what every row of lesson 09's tool runs grades, a call and then the end of the
-    turn — whatever it learned to put in the arguments: a criterion that does not presuppose which shape
-    (lesson 09 trains each run until it holds). A call that does not parse, or a reply that runs on past it,
-    does not count: measured on a Gemma-style held-out model, a run met a looser "writes ``"arguments":``"
-    after 40 steps while its calls were still garbled and ran on into tool replies it invented."""
+    turn — whatever it learned to put in it: a criterion that does not presuppose which shape (lesson 09
+    trains each run until it holds), nor valid JSON (a tiny model gets a closing brace wrong for a long
+    while: 140 steps instead of 60 on the course model, measured). A reply that runs on past the call does
+    not count: on a Gemma-style held-out model a run met a looser "writes ``"arguments":``" after 40 steps
+    while its calls still ran on into tool replies it invented."""
     records = reply_to(model, tokenizer, histories, max_new_tokens=max_new_tokens)
     return sum(_call_then_end_of_turn(tokenizer, r) for r in records) / len(records)
 
 
 def _call_then_end_of_turn(tokenizer, record: dict) -> bool:
-    """One reply (a ``generate_greedy`` record) is a complete call that the model closed with a stop token."""
+    """One reply (a ``generate_greedy`` record) writes a call and stops with a stop token right after it."""
     text = record["text"]
-    if not record["ended"] or read_tool_call(text) is None:
+    if not record["ended"] or arguments_shape(text) is None or END_TOOL_CALL not in text:
         return False
     after = text.split(END_TOOL_CALL, 1)[1]
     stop = tokenizer.decode(record["ids"][-1:])

@@ -336,19 +336,22 @@ def test_train_on_ends_on_its_criterion_and_refuses_a_criterion_that_is_not_one(
         train_on(qwen2_5_chat_template, rows, until=after_two_checks, every=0)
 
 
-def test_calls_written_counts_only_a_whole_call_that_ends_the_turn(monkeypatch):
-    """The tool runs' criterion: a call that parses, in either shape, then the stop token — nothing else
-    counts (a garbled call, a call that runs on into a tool reply, a reply cut off by max_new_tokens)."""
+def test_calls_written_counts_only_a_call_that_ends_the_turn(monkeypatch):
+    """The tool runs' criterion: a call, in either shape, then the stop token — valid JSON or not (a tiny
+    model miscounts braces long after it has the format) — but not a call that runs on, or a reply never
+    ended."""
     import course_utils.reasoning as reasoning
 
     tok = load_reasoning_model(qwen2_5_chat_template)[1]
     end = tok.convert_tokens_to_ids("<|im_end|>")
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
     as_string = '<tool_call>\n{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}\n</tool_call>\n'
-    garbled = '<tool_call>\n{"name": "add", "arguments": {"a": 1\n</tool_call><|im_end|>'
+    braces = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}}\n</tool_call>'
     replies = [(call + "<|im_end|>", True), (as_string + "<|im_end|>", True),   # both shapes count
+               (braces + "<|im_end|>", True),                                     # and a miscounted brace
                (call + "\n<|im_start|>user\n<tool_response>\n3<|im_end|>", True),  # runs on
-               (garbled, True), (call, False)]                                    # garbled; never ended
+               ('<tool_call>\n{"name": "add"}\n</tool_call><|im_end|>', True),    # no arguments
+               (call, False)]                                                     # never ended
     records = [{"text": text, "ended": ended, "ids": [end if ended else 5]} for text, ended in replies]
     monkeypatch.setattr(reasoning, "reply_to", lambda *args, **kwargs: records)
-    assert reasoning.calls_written(None, tok, [[{"role": "user", "content": "hi"}]]) == 2 / 5
+    assert reasoning.calls_written(None, tok, [[{"role": "user", "content": "hi"}]]) == 3 / 6
