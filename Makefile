@@ -63,8 +63,8 @@ lab: install
 	$(VENV)/bin/jupyter lab --port=$(PORT) --ServerApp.root_dir=$(LAB_ROOT) \
 	  --LabApp.default_url=/lab/tree/$(LAB_OPEN) $(ROOT_ARG) $(LAB_ARGS)
 
-# solutions first: the notebooks are the longest files, and started first the two workers end together (the
-# unit tests fill the gaps); tests first left one worker idle at the end (170 s against 163 s, measured)
+# solutions first: the notebooks are the longest files; started first, the small unit-test files fill the gaps
+# at the end (measured: 163-174 s of pytest against 170-171 s the other way round; run-to-run noise is as large)
 test: install $(TEST_STAMP)
 	$(PY) -m pytest solutions tests --nbval-lax --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300 \
