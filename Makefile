@@ -88,20 +88,26 @@ robustness: install  # the full matrix; a subset: make robustness ROBUSTNESS_ARG
 # tuned on (heldout-neox, seed 1, 2 threads) run every solution; a second held-out model (heldout-gpt2, seed 2,
 # 1 thread: the one that caught lesson 09's fragile claims on 2026-12-07) runs the lessons that train to a
 # criterion measured on the run (00, 02, 09, 10). Every solution on it too made the whole .ci/run 24 min on a
-# slow hour of a 2-core VM, against a 25-min budget. Each model is rebuilt into build/ every time (~50 s).
+# slow hour of a 2-core VM, against a 25-min budget. A third (heldout-bos: Qwen3's QK-norm, a tokenizer that
+# prepends <s> and pads with <pad>, as Llama's and Mistral's do) runs the two lessons whose claims those decide:
+# 02 (pad == eos) and 06 (no learning rate overflows a QK-norm model). Each model is rebuilt into build/ every
+# time (~30-50 s).
 robustness-ci: install
 	$(PY) -m tools.build_course_model --model heldout-neox --out build/heldout-neox
 	$(PY) -m tools.build_course_model --model heldout-gpt2 --out build/heldout-gpt2
+	$(PY) -m tools.build_course_model --model heldout-bos --out build/heldout-bos
 	$(PY) -m tools.robustness --jobs $(JOBS) --configs tiny-llama:0:1,$(CURDIR)/build/heldout-neox:1:2
 	$(PY) -m tools.robustness --jobs $(JOBS) --notebooks 00 02 09 10 --configs $(CURDIR)/build/heldout-gpt2:2:1
+	$(PY) -m tools.robustness --jobs $(JOBS) --notebooks 02 06 --configs $(CURDIR)/build/heldout-bos:1:1
 
 # Every solution on models the course was never tuned on (issue 46), rebuilt into build/ each time (ignored;
 # ~30-50 s each, so a changed recipe is never run stale):
 # a GPT-NeoX (untied, other layer names, other vocabulary), a narrow tied Llama, a GPT-2 (learned absolute
 # positions, Conv1D projections, special tokens at the end of the vocabulary), an untied Mistral (GQA 4:1), a
-# Gemma (scaled embeddings, GeGLU) and a Phi-3 (fused qkv_proj / gate_up_proj). CI runs the NeoX and GPT-2
-# ones inside `make robustness-ci`; `make robustness-heldout` all six at seed 0, one thread (~20 min on 2 cores).
-HELDOUT ?= heldout-neox heldout-llama heldout-gpt2 heldout-mistral heldout-gemma heldout-phi3
+# Gemma (scaled embeddings, GeGLU), a Phi-3 (fused qkv_proj / gate_up_proj) and a Qwen3 with Llama's tokenizer
+# conventions (QK-norm; <s> prepended; a <pad> of its own). CI runs the NeoX, GPT-2 and Qwen3 ones inside
+# `make robustness-ci`; `make robustness-heldout` all seven at seed 0, one thread (~25 min on 2 cores).
+HELDOUT ?= heldout-neox heldout-llama heldout-gpt2 heldout-mistral heldout-gemma heldout-phi3 heldout-bos
 robustness-heldout: install
 	for m in $(HELDOUT); do $(PY) -m tools.build_course_model --model $$m --out build/$$m || exit 1; done
 	$(PY) -m tools.robustness --jobs $(JOBS) --configs $$(for m in $(HELDOUT); do printf '$(CURDIR)/build/%s:0:1,' $$m; done | sed 's/,$$//')

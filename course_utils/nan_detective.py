@@ -9,6 +9,8 @@ Used by lesson 06 only. What is here:
 - ``learned_vs_control``: did a run learn more than its own noise (an untrained control on the same batches)?
 - ``lowest_diverging_lr``: a short search for the smallest learning rate on a grid that diverges;
   ``lr_explorer`` browses the runs it made (a learning-rate slider: loss, gradient norm, first bad step).
+- ``qk_norms`` / ``without_qk_norm``: the per-head query and key norms of Qwen3, OLMo 2 and Gemma 3 (QK-norm),
+  which keep a too-high learning rate from overflowing float32 — and the same model without them.
 - ``plant_large_update`` / ``overflow_scale``: make one MLP projection's output large on purpose (a
   large LoRA update), until a forward holds values float16 cannot (the course model's activations
   are far too small to reach 65,504 by themselves).
@@ -179,6 +181,35 @@ def learned_vs_control(untrained, step_batches: Sequence[dict],
     learned = (sum(control[-2:]) - sum(losses[-2:])) / 2
     noise = sum(abs(a - b) for a, b in zip(control, control[1:])) / (len(control) - 1)
     return learned, noise
+
+
+_QK_NORM_NAMES = ("q_norm", "k_norm", "q_layernorm", "k_layernorm")
+
+
+def qk_norms(model) -> list[str]:
+    """The names of ``model``'s query and key norms (QK-norm: Qwen3, OLMo 2, Gemma 3), ``[]`` if it has none
+    (Qwen2, Llama, Mistral, GPT-2). They matter to lesson 06's learning-rate search: a too-high rate makes
+    the queries and keys grow, their dot products (the attention logits) grow with the square, and the
+    softmax overflows float32 into NaN; normalised queries and keys bound those logits, and no rate on the
+    grid turns such a model non-finite (measured on a Qwen3-style model: the loss settles near ln(vocab),
+    the model wrecked but finite)."""
+    validate.model("model", model)
+    return [name for name, module in model.named_modules()
+            if name.rsplit(".", 1)[-1] in _QK_NORM_NAMES and "norm" in type(module).__name__.lower()]
+
+
+def without_qk_norm(model):
+    """``model`` with its query and key norms replaced by identities, in place (the same weights, the
+    attention of Qwen2 or Llama); returns it. Lesson 06 searches the learning rate that overflows on this
+    when the model has QK-norm: the failure the guard removes, reproduced where it still happens."""
+    names = qk_norms(model)
+    if not names:
+        raise ValueError(f"{type(model).__name__} has no query or key norms ({', '.join(_QK_NORM_NAMES)}) — "
+                         "there is nothing to remove — call it only when qk_norms(model) is not empty.")
+    for name in names:
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, torch.nn.Identity())
+    return model
 
 
 def lowest_diverging_lr(run: Callable[[float], list[dict]], lrs: Sequence[float]) -> tuple[float, dict]:
@@ -568,13 +599,20 @@ def norm_on_inf(norm: torch.nn.Module, hidden_size: int, position: int = 0) -> d
 
 
 def first_norm(model) -> torch.nn.Module:
-    """The model's first normalisation layer (RMSNorm or LayerNorm), for ``norm_on_inf``."""
+    """The model's first normalisation layer over the hidden vector (RMSNorm or LayerNorm), for
+    ``norm_on_inf``. Norms of another width are passed over: Qwen3's, OLMo 2's and Gemma 3's ``q_norm`` and
+    ``k_norm`` normalise each attention head's vector (QK-norm), not the hidden state an inf arrives in."""
     validate.model("model", model)
+    config = getattr(model, "config", None)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else None
+    width = getattr(text_config, "hidden_size", None)
     for module in model.modules():
-        if "norm" in type(module).__name__.lower() and getattr(module, "weight", None) is not None:
+        weight = getattr(module, "weight", None)
+        if ("norm" in type(module).__name__.lower() and weight is not None
+                and (width is None or weight.shape[-1] == width)):
             return module
-    raise ValueError(f"{type(model).__name__} has no normalisation module with a weight — norm_on_inf needs "
-                     "one — pass a transformer language model.")
+    raise ValueError(f"{type(model).__name__} has no normalisation module with a weight over its hidden "
+                     f"vector ({width} entries) — norm_on_inf needs one — pass a transformer language model.")
 
 
 def sft_run(model, tokenizer, dataset, callback=None, **config):

@@ -254,3 +254,23 @@ def test_a_missing_path_is_refused_not_read_as_a_hub_id(given, tmp_path):
 def test_course_model_name_refuses_what_names_no_model(given):
     with pytest.raises(ValueError, match="is not a path or hub id — .+ — "):
         course_model_name(given)
+
+
+def test_a_bos_recipe_prepends_bos_and_pads_with_its_own_token(tmp_path):
+    """heldout-bos's conventions (Llama's, Mistral's): tokenizer(text) starts with <s>, the chat template adds
+    none, pad is its own token; they survive save_pretrained + AutoTokenizer. A Qwen2 pipeline would drop the
+    BOS on load, so the builder refuses the combination."""
+    import dataclasses
+
+    from tools.build_course_model import prose_corpus, train_tokenizer
+
+    recipe = dataclasses.replace(HELD_OUT["heldout-bos"], vocab_size=400)
+    train_tokenizer(prose_corpus(200, 0), recipe).save_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    assert tokenizer("a river")["input_ids"][0] == tokenizer.bos_token_id
+    assert tokenizer.pad_token == "<pad>" and tokenizer.pad_token_id != tokenizer.eos_token_id
+    conversation = make_messages("mixed", 1, seed=0)[0]
+    ids = tokenizer.apply_chat_template(conversation, tokenize=True, return_dict=True)["input_ids"]
+    assert tokenizer.bos_token_id not in ids
+    with pytest.raises(ValueError, match="gpt2"):
+        train_tokenizer(["a b"], dataclasses.replace(recipe, pretokenizer="qwen2"))

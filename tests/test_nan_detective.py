@@ -332,3 +332,33 @@ def test_load_dtype_helpers_refuse_bad_input():
         nd.fraction_updated(model, {"input_ids": torch.zeros(1, 2)})
     with pytest.raises((TypeError, ValueError), match=WHAT_WHY_FIX):
         nd.low_precision_master_weights("model")
+
+
+def test_first_norm_skips_qk_norms_of_another_width():
+    """Qwen3's q_norm / k_norm normalise one head (head_dim entries): the hidden vector's norm comes first."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=4)
+    norm = nd.first_norm(Qwen3ForCausalLM(config))
+    assert norm.weight.shape[-1] == 16
+    assert nd.norm_on_inf(norm, 16)["nan"] == 1
+
+
+def test_qk_norms_found_and_removed_only_where_they_exist():
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    shape = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1)
+    qwen3 = Qwen3ForCausalLM(Qwen3Config(**shape, head_dim=8))
+    names = nd.qk_norms(qwen3)
+    assert sorted(n.rsplit(".", 1)[-1] for n in names) == ["k_norm", "k_norm", "q_norm", "q_norm"]
+    ids = torch.tensor([[1, 2, 3]])
+    assert nd.without_qk_norm(qwen3) is qwen3 and nd.qk_norms(qwen3) == []
+    assert torch.isfinite(qwen3(input_ids=ids).logits).all()   # an identity keeps every shape
+    qwen2 = Qwen2ForCausalLM(Qwen2Config(**shape))
+    assert nd.qk_norms(qwen2) == []
+    with pytest.raises(ValueError, match="no query or key norms"):
+        nd.without_qk_norm(qwen2)
+    with pytest.raises(TypeError, match="torch model"):
+        nd.qk_norms("model")

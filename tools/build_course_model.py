@@ -58,6 +58,10 @@ class Recipe:
     chat_context_words: int = 5
     seed: int = 0            # corpus, weight init and batch order
     specials_last: bool = False  # the special tokens at the end of the vocabulary (ids >= the BPE's), not 0-2
+    # Llama / Mistral / Gemma conventions ("gpt2" pre-tokenizer only: its tokenizer.json loads verbatim): a
+    # BOS token the tokenizer prepends to every encoded text, and a pad token of its own (else pad = eos)
+    bos_token: str | None = None
+    pad_token: str | None = None
     seq_len: int = 128
     steps: int = 400
     batch_size: int = 16
@@ -181,6 +185,17 @@ HELD_OUT = {
                    num_key_value_heads=2, max_position_embeddings=1024),
         config_extra=dict(tie_word_embeddings=True, rms_norm_eps=1e-6, rope_theta=20000.0),
     ),
+    # Qwen3's architecture (q/k norms, head_dim apart from the width), untied, with Llama's tokenizer
+    # conventions: tokenizer(text) prepends <s>, and padding uses <pad>, not eos (real Llama 3 / Mistral /
+    # Gemma tokenizers differ from Qwen's in both); the chat tokens and template stay Qwen2.5's.
+    "heldout-bos": Recipe(
+        name="heldout-bos", model_type="qwen3", corpus=prose_corpus, pretokenizer="gpt2",
+        vocab_size=2304, n_docs=6000, chat_seed=29, chat_context_words=4, seed=23, seq_len=128,
+        steps=400, batch_size=16, lr=3e-3, bos_token="<s>", pad_token="<pad>",
+        shape=dict(hidden_size=96, intermediate_size=320, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=32, max_position_embeddings=1024),
+        config_extra=dict(tie_word_embeddings=False, rope_theta=10000.0),
+    ),
 }
 
 
@@ -239,6 +254,16 @@ def _trained_bpe(texts: list[str], recipe: Recipe):
     bpe.train_from_iterator(texts, trainer=trainer)
     if recipe.specials_last:  # appended after the learned merges: eos and pad are the last ids, not 0
         bpe.add_special_tokens(list(SPECIAL_TOKENS))
+    extra = [t for t in (recipe.bos_token, recipe.pad_token) if t]
+    if extra:
+        bpe.add_special_tokens(extra)
+    if recipe.bos_token:  # as Llama's does: tokenizer(text) starts with BOS, the chat template adds none
+        from tokenizers import processors
+
+        bos_id = bpe.token_to_id(recipe.bos_token)
+        bpe.post_processor = processors.TemplateProcessing(
+            single=f"{recipe.bos_token} $A", pair=f"{recipe.bos_token} $A {recipe.bos_token} $B",
+            special_tokens=[(recipe.bos_token, bos_id)])
     return bpe
 
 
@@ -254,6 +279,9 @@ def train_tokenizer(texts: list[str], recipe="tiny-qwen"):
     from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 
     recipe = _recipe(recipe)
+    if (recipe.bos_token or recipe.pad_token) and recipe.pretokenizer != "gpt2":
+        raise ValueError(f"recipe {recipe.name!r}: bos_token and pad_token need pretokenizer='gpt2' — a "
+                         "Qwen2Tokenizer rebuilds its pipeline on load and would drop the BOS — use 'gpt2'.")
     bpe = _trained_bpe(texts, recipe)
     if recipe.pretokenizer == "qwen2":
         # Qwen2Tokenizer takes (vocab, merges) and rebuilds the rest of the pipeline itself.
@@ -263,7 +291,8 @@ def train_tokenizer(texts: list[str], recipe="tiny-qwen"):
                                    eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     else:
         tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>",
-                                            pad_token="<|endoftext|>")
+                                            pad_token=recipe.pad_token or "<|endoftext|>",
+                                            **({"bos_token": recipe.bos_token} if recipe.bos_token else {}))
     tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS[1:])})
     tokenizer.chat_template = qwen2_5_chat_template()
     tokenizer.model_max_length = recipe.shape["max_position_embeddings"]
@@ -324,16 +353,21 @@ def build(out_dir: Path | None = None, steps: int | None = None, verbose: bool =
     chats = _render(qwen2_5_chat_template(), conversations)
     tokenizer = train_tokenizer(docs + chats, recipe)
 
-    stream = tokenizer("\n".join(docs), add_special_tokens=False, verbose=False)["input_ids"]
+    if recipe.bos_token:  # as a Llama-style model is pretrained: every document starts with BOS
+        stream = [i for ids in tokenizer(docs, verbose=False)["input_ids"] for i in ids]
+    else:
+        stream = tokenizer("\n".join(docs), add_special_tokens=False, verbose=False)["input_ids"]
     n_rows = len(stream) // recipe.seq_len
     rows = torch.tensor(stream[: n_rows * recipe.seq_len]).view(n_rows, recipe.seq_len)
 
-    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    config = AutoConfig.for_model(recipe.model_type, vocab_size=len(tokenizer), bos_token_id=None,
-                                  eos_token_id=eos, pad_token_id=eos, **recipe.shape, **recipe.config_extra)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    bos = tokenizer.bos_token_id if recipe.bos_token else None
+    config = AutoConfig.for_model(recipe.model_type, vocab_size=len(tokenizer), bos_token_id=bos,
+                                  eos_token_id=eos, pad_token_id=pad, **recipe.shape, **recipe.config_extra)
     model = AutoModelForCausalLM.from_config(config)
     losses = pretrain(model, rows, steps=steps, batch_size=recipe.batch_size, lr=recipe.lr, seed=recipe.seed)
-    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=eos, do_sample=False)
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad, do_sample=False,
+                                               **({"bos_token_id": bos} if bos is not None else {}))
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
