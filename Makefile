@@ -104,10 +104,12 @@ robustness-ci: install
 # ~30-50 s each, so a changed recipe is never run stale):
 # a GPT-NeoX (untied, other layer names, other vocabulary), a narrow tied Llama, a GPT-2 (learned absolute
 # positions, Conv1D projections, special tokens at the end of the vocabulary), an untied Mistral (GQA 4:1), a
-# Gemma (scaled embeddings, GeGLU), a Phi-3 (fused qkv_proj / gate_up_proj) and a Qwen3 with Llama's tokenizer
-# conventions (QK-norm; <s> prepended; a <pad> of its own). CI runs the NeoX, GPT-2 and Qwen3 ones inside
-# `make robustness-ci`; `make robustness-heldout` all seven at seed 0, one thread (~25 min on 2 cores).
-HELDOUT ?= heldout-neox heldout-llama heldout-gpt2 heldout-mistral heldout-gemma heldout-phi3 heldout-bos
+# Gemma (scaled embeddings, GeGLU), a Phi-3 (fused qkv_proj / gate_up_proj), a Qwen3 with Llama's tokenizer
+# conventions (QK-norm; <s> prepended; a <pad> of its own) and a wider, deeper Llama whose embedding matrix has
+# rows no token uses (as Qwen2.5's and Phi-3's). CI runs the NeoX, GPT-2 and Qwen3 ones inside
+# `make robustness-ci`; `make robustness-heldout` all eight at seed 0, one thread (~30 min on 2 cores).
+HELDOUT ?= heldout-neox heldout-llama heldout-gpt2 heldout-mistral heldout-gemma heldout-phi3 heldout-bos \
+	heldout-wide
 robustness-heldout: install
 	for m in $(HELDOUT); do $(PY) -m tools.build_course_model --model $$m --out build/$$m || exit 1; done
 	$(PY) -m tools.robustness --jobs $(JOBS) --configs $$(for m in $(HELDOUT); do printf '$(CURDIR)/build/%s:0:1,' $$m; done | sed 's/,$$//')

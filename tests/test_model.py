@@ -274,3 +274,11 @@ def test_a_bos_recipe_prepends_bos_and_pads_with_its_own_token(tmp_path):
     assert tokenizer.bos_token_id not in ids
     with pytest.raises(ValueError, match="gpt2"):
         train_tokenizer(["a b"], dataclasses.replace(recipe, pretokenizer="qwen2"))
+
+
+def test_a_padded_vocabulary_recipe_ships_rows_no_token_uses(tmp_path):
+    """heldout-wide's layout (Qwen2.5's, Phi-3's): the embedding matrix rounded up past the tokenizer."""
+    model, tokenizer, _ = build(tmp_path, steps=1, verbose=False, recipe="heldout-wide")
+    rows = model.get_input_embeddings().weight.shape[0]
+    assert rows % HELD_OUT["heldout-wide"].pad_vocab_to == 0 and rows > len(tokenizer)
+    assert AutoTokenizer.from_pretrained(tmp_path).pad_token_id == tokenizer.eos_token_id

@@ -62,6 +62,9 @@ class Recipe:
     # BOS token the tokenizer prepends to every encoded text, and a pad token of its own (else pad = eos)
     bos_token: str | None = None
     pad_token: str | None = None
+    # embedding rows rounded up to a multiple of this (0: one row per token), as Qwen2.5 (151,936 rows for
+    # 151,665 tokens) and Phi-3 ship: rows no token uses, so len(tokenizer) < config.vocab_size
+    pad_vocab_to: int = 0
     seq_len: int = 128
     steps: int = 400
     batch_size: int = 16
@@ -195,6 +198,16 @@ HELD_OUT = {
         shape=dict(hidden_size=96, intermediate_size=320, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=32, max_position_embeddings=1024),
         config_extra=dict(tie_word_embeddings=False, rope_theta=10000.0),
+    ),
+    # Wider and deeper than every other model (width 192, 4 layers), Llama-style, untied, and an embedding
+    # matrix padded to a multiple of 256 rows, as real checkpoints ship theirs: len(tokenizer) < vocab_size.
+    "heldout-wide": Recipe(
+        name="heldout-wide", model_type="llama", corpus=pretraining_corpus, pretokenizer="qwen2",
+        vocab_size=3000, n_docs=6000, chat_seed=31, chat_context_words=4, seed=29, seq_len=128,
+        steps=400, batch_size=16, lr=2e-3, pad_vocab_to=256,
+        shape=dict(hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=6,
+                   num_key_value_heads=2, max_position_embeddings=1024),
+        config_extra=dict(tie_word_embeddings=False, rope_theta=500000.0, rms_norm_eps=1e-5),
     ),
 }
 
@@ -362,7 +375,9 @@ def build(out_dir: Path | None = None, steps: int | None = None, verbose: bool =
 
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     bos = tokenizer.bos_token_id if recipe.bos_token else None
-    config = AutoConfig.for_model(recipe.model_type, vocab_size=len(tokenizer), bos_token_id=bos,
+    step = recipe.pad_vocab_to or 1
+    embedding_rows = -(-len(tokenizer) // step) * step  # one per token, or rounded up past the tokens
+    config = AutoConfig.for_model(recipe.model_type, vocab_size=embedding_rows, bos_token_id=bos,
                                   eos_token_id=eos, pad_token_id=pad, **recipe.shape, **recipe.config_extra)
     model = AutoModelForCausalLM.from_config(config)
     losses = pretrain(model, rows, steps=steps, batch_size=recipe.batch_size, lr=recipe.lr, seed=recipe.seed)
