@@ -190,9 +190,9 @@ def qk_norms(model) -> list[str]:
     """The names of ``model``'s query and key norms (QK-norm: Qwen3, OLMo 2, Gemma 3), ``[]`` if it has none
     (Qwen2, Llama, Mistral, GPT-2). They matter to lesson 06's learning-rate search: the attention logits are
     dot products of queries and keys, which a too-high rate makes grow; normalised queries and keys bound
-    them. Measured on heldout-bos (a Qwen3-style test model; 6 QLoRA steps in float32): with its norms no rate
-    up to 300 turned the run non-finite, the loss settling at ln(vocabulary size), a wrecked but finite
-    model; the same weights without them turned NaN from lr 3 (``tools/build_course_model.py``)."""
+    them. Measured on heldout-bos (a Qwen3-style test model, ``tools/build_course_model.py``; 6 QLoRA steps in
+    float32): with its norms no rate up to 300 turned the run non-finite; the same weights without them turned
+    NaN from lr 3."""
     validate.model("model", model)
     return [name for name, module in model.named_modules()
             if name.rsplit(".", 1)[-1] in _QK_NORM_NAMES and "norm" in type(module).__name__.lower()]
