@@ -730,7 +730,8 @@ def _qlora_lr(ctx):
         "lr 1e-3 and 1e-2 stay finite for 4 steps in fp32 and fp16 compute, and lr 1e-3 trains 30 steps in "
         "fp32 "
         "and bf16 compute with the loss falling. What decides it is the model (scale, outlier "
-        "activations), the "
+        "activations, and its attention: query and key norms, QK-norm as in Qwen3, bound the attention "
+        "logits, and lesson 06 then searches without them), the "
         "dtypes and the run's length; the advice comes from billion-parameter fp16/bf16 runs the course "
         "cannot "
         "run: a threshold to measure on your model (lesson 06 §2b), not a constant",
