@@ -599,20 +599,18 @@ def norm_on_inf(norm: torch.nn.Module, hidden_size: int, position: int = 0) -> d
 
 
 def first_norm(model) -> torch.nn.Module:
-    """The model's first normalisation layer over the hidden vector (RMSNorm or LayerNorm), for
-    ``norm_on_inf``. Norms of another width are passed over: Qwen3's, OLMo 2's and Gemma 3's ``q_norm`` and
-    ``k_norm`` normalise each attention head's vector (QK-norm), not the hidden state an inf arrives in."""
+    """The model's first normalisation layer over the hidden state (RMSNorm or LayerNorm), for
+    ``norm_on_inf``. Query and key norms (``qk_norms``: Qwen3, OLMo 2, Gemma 3) are passed over: they
+    normalise queries and keys, not the hidden state an inf arrives in (Qwen3 builds its attention, q_norm
+    included, before its input_layernorm, so module order alone would pick q_norm)."""
     validate.model("model", model)
-    config = getattr(model, "config", None)
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else None
-    width = getattr(text_config, "hidden_size", None)
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if ("norm" in type(module).__name__.lower() and weight is not None
-                and (width is None or weight.shape[-1] == width)):
+    skip = set(qk_norms(model))
+    for name, module in model.named_modules():
+        if (name not in skip and "norm" in type(module).__name__.lower()
+                and getattr(module, "weight", None) is not None):
             return module
-    raise ValueError(f"{type(model).__name__} has no normalisation module with a weight over its hidden "
-                     f"vector ({width} entries) — norm_on_inf needs one — pass a transformer language model.")
+    raise ValueError(f"{type(model).__name__} has no normalisation module with a weight besides its query "
+                     "and key norms — norm_on_inf needs one — pass a transformer language model.")
 
 
 def sft_run(model, tokenizer, dataset, callback=None, **config):

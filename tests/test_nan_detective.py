@@ -334,15 +334,18 @@ def test_load_dtype_helpers_refuse_bad_input():
         nd.low_precision_master_weights("model")
 
 
-def test_first_norm_skips_qk_norms_of_another_width():
-    """Qwen3's q_norm / k_norm normalise one head (head_dim entries): the hidden vector's norm comes first."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def test_first_norm_skips_qk_norms():
+    """Qwen3 builds q_norm / k_norm (one head wide) before its input_layernorm; OLMo 2's q_norm is as wide as
+    the hidden state. Neither is the norm an inf in the hidden state meets."""
+    from transformers import Olmo2Config, Olmo2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=4)
-    norm = nd.first_norm(Qwen3ForCausalLM(config))
-    assert norm.weight.shape[-1] == 16
-    assert nd.norm_on_inf(norm, 16)["nan"] == 1
+    shape = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                 num_attention_heads=2, num_key_value_heads=2)
+    for model in (Qwen3ForCausalLM(Qwen3Config(**shape, head_dim=4)), Olmo2ForCausalLM(Olmo2Config(**shape))):
+        norm = nd.first_norm(model)
+        name = next(n for n, m in model.named_modules() if m is norm)
+        assert name.rsplit(".", 1)[-1] not in ("q_norm", "k_norm") and norm.weight.shape[-1] == 16, name
+        assert nd.norm_on_inf(norm, 16)["nan"] == 1
 
 
 def test_qk_norms_found_and_removed_only_where_they_exist():
