@@ -283,6 +283,20 @@ def test_learned_vs_control_scores_the_untrained_model_on_the_run_batches(course
         nd.learned_vs_control(model, batches, control[:2])  # one loss per batch
 
 
+def test_learned_vs_control_averages_the_last_half_so_one_late_spike_does_not_erase_what_was_learned(course):
+    from course_utils import make_batches, make_messages
+    from course_utils.losses import mean_ignore_index, model_logits
+
+    model, tok = course
+    batches = make_batches(tok, make_messages(n=24, seed=0), batch_size=4)
+    assert len(batches) == 6
+    with torch.no_grad():
+        control = [mean_ignore_index(model_logits(model, b), b["labels"]).item() for b in batches]
+    run = [c - 1.0 for c in control[:5]] + [control[5] + 0.5]  # 1 nat below, then a spike at the last step
+    learned, _ = nd.learned_vs_control(model, batches, run)
+    assert math.isclose(learned, (1.0 + 1.0 - 0.5) / 3, rel_tol=1e-6)  # the last 3 of 6 steps
+
+
 @pytest.mark.parametrize("losses, error, says", [
     (None, ValueError, "losses must be a non-empty list"),
     ("0.5 0.4", ValueError, "losses must be a non-empty list"),

@@ -3,7 +3,14 @@
 import pytest
 
 from tools import robustness
-from tools.robustness import Config, RunResult, failures_from_junit, parse_configs, render_markdown
+from tools.robustness import (
+    Config,
+    RunResult,
+    failure_summary,
+    failures_from_junit,
+    parse_configs,
+    render_markdown,
+)
 
 QWEN, LLAMA = Config("tiny-qwen", 0, 1), Config("tiny-llama", 1, 2)
 
@@ -65,6 +72,19 @@ def test_markdown_table_has_pass_fail_failures_and_margins():
     assert "| stop rate | value ≥ threshold | 0.97 / 0.9 (+0.07) | 0.45 / 0.9 (-0.45) | -0.45 |" in text
     assert "| stop rate #2 | value ≥ threshold | — | 0.5 / 0.9 (-0.4) | -0.4 |" in text
     assert "00_tour.ipynb" not in text.split("## Outcome claims")[1], "no claims, no section"
+
+
+def test_the_failure_summary_names_each_failed_cell_and_nothing_that_passed():
+    assert failure_summary(FAKE) == ("FAIL 02_eos.ipynb · tiny-llama s1 t2 · Cell 14: "
+                                     "AssertionError: every fixed setup stops")
+    assert failure_summary(FAKE[:3]) == ""
+    crashed = RunResult("06_nan.ipynb", QWEN, False, 900.0)  # killed before nbval reported a cell
+    assert failure_summary([crashed]) == "FAIL 06_nan.ipynb · tiny-qwen s0 t1 · (run): (no message)"
+    cascade = RunResult("06_nan.ipynb", QWEN, False, 40.0,
+                        failures=[("Cell 2", "RuntimeError: the cause"), ("Cell 3", "NameError: x"),
+                                  ("Cell 4", "NameError: y")])
+    assert failure_summary([cascade]) == ("FAIL 06_nan.ipynb · tiny-qwen s0 t1 · Cell 2 (+2 more cells): "
+                                          "RuntimeError: the cause")
 
 
 def test_markdown_without_outcomes_says_so():

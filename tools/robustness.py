@@ -316,6 +316,19 @@ def render_markdown(results: list[RunResult], header: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def failure_summary(results: list[RunResult]) -> str:
+    """One line per failed run, its first failing cell (the cause; the cells after it often fail only
+    because it did): printed last, so that the tail of a CI log, which may be all a reviewer is shown,
+    names what failed and not only the outcome tables of the runs that passed."""
+    lines = []
+    for r in results:
+        if not r.passed:
+            cell, message = (r.failures or [("(run)", "(no message)")])[0]
+            more = f" (+{len(r.failures) - 1} more cells)" if len(r.failures) > 1 else ""
+            lines.append(f"FAIL {r.notebook} · {r.config.label} · {cell}{more}: {message}")
+    return "\n".join(lines)
+
+
 def _header(argv: list[str], results: list[RunResult]) -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -400,6 +413,8 @@ def main(argv=None) -> int:
         Path(out).write_text(text, encoding="utf-8")
         save_results(table, Path(out).with_suffix(RESULTS))
         print(f"wrote {out} and {Path(out).with_suffix(RESULTS).name}")
+    if summary := failure_summary(results):
+        print("\n" + summary, flush=True)
     return 0 if all(r.passed for r in results) else 1
 
 
