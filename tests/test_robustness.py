@@ -8,6 +8,7 @@ from tools.robustness import (
     RunResult,
     failure_summary,
     failures_from_junit,
+    first_failure_text,
     parse_configs,
     render_markdown,
 )
@@ -85,6 +86,9 @@ def test_the_failure_summary_names_each_failed_cell_and_nothing_that_passed():
                                   ("Cell 4", "NameError: y")])
     assert failure_summary([cascade]) == ("FAIL 06_nan.ipynb · tiny-qwen s0 t1 · Cell 2 (+2 more cells): "
                                           "RuntimeError: the cause")
+    cascade.detail = "----> 3 x = f()\nRuntimeError: the cause"  # the first cell's traceback tail, indented
+    assert failure_summary([cascade]).splitlines()[1:] == ["    ----> 3 x = f()",
+                                                          "    RuntimeError: the cause"]
 
 
 def test_markdown_without_outcomes_says_so():
@@ -107,6 +111,9 @@ def test_failures_are_read_from_nbvals_junit_report(tmp_path):
         "TypeError: unsupported operand</error></testcase></testsuite></testsuites>")
     assert failures_from_junit(report) == [("Cell 14", "AssertionError: every fixed setup stops"),
                                            ("Cell 20", "TypeError: unsupported operand")]
+    assert first_failure_text(report).splitlines() == [  # the first failure's traceback, colour codes gone
+        "AssertionError                 Traceback (most recent call last)", "---->  assert fix_rate >= 0.9",
+        "AssertionError: every fixed setup stops"]
 
 
 def test_main_rejects_mixed_selection(capsys):
@@ -132,6 +139,7 @@ def test_run_one_collects_failing_cells_and_outcomes_from_a_real_kernel(tmp_path
     result = robustness.run_one(path, Config("tiny-llama", 2, 1), tmp_path, timeout=300)
     assert not result.passed
     assert result.failures == [("Cell 2", "AssertionError: the claim fails")]
+    assert result.detail.splitlines()[-1] == "AssertionError: the claim fails"
     keys = ("name", "passed", "model", "seed", "threads", "lesson")
     seen = [tuple(o[k] for k in keys) for o in result.outcomes]
     assert seen == [("margin claim", True, "tiny-llama", 2, 1, "toy.ipynb"),

@@ -84,6 +84,7 @@ class RunResult:
     failures: list[tuple[str, str]] = field(default_factory=list)  # (cell, last error line)
     outcomes: list[dict] = field(default_factory=list)             # report_outcome's JSON lines
     commit: str = ""                                               # the commit the run ran at
+    detail: str = ""  # a failed run: the tail of its first failing cell's traceback (or of nbval's log)
 
 
 def save_results(results: list[RunResult], path: Path) -> None:
@@ -173,6 +174,20 @@ def _last_error_line(text: str) -> str:
     return (errors or lines or ["(no message)"])[-1][:300]
 
 
+def _tail(text: str, lines: int = 15) -> str:
+    kept = [line.rstrip() for line in _ANSI.sub("", text or "").splitlines() if line.strip()]
+    return "\n".join(kept[-lines:])
+
+
+def first_failure_text(path: Path, lines: int = 15) -> str:
+    """The last ``lines`` lines of the first failed nbval item's traceback in a junit XML report: the
+    cause, where the cells after it often fail only because it did ("" when nothing failed)."""
+    for case in ET.parse(path).getroot().iter("testcase"):
+        for problem in list(case.findall("failure")) + list(case.findall("error")):
+            return _tail(problem.text or problem.get("message", ""), lines)
+    return ""
+
+
 def failures_from_junit(path: Path) -> list[tuple[str, str]]:
     """(cell, error line) for every failed or errored nbval item of a junit XML report."""
     failures = []
@@ -196,9 +211,11 @@ def run_one(notebook: Path, config: Config, workdir: Path, timeout: int = 900) -
     env = {**config.env(), "COURSE_OUTCOMES": str(outcomes), "COURSE_NOTEBOOK": notebook.name}
     returncode, log, seconds = nbval(notebook, env=env, timeout=timeout, extra=(f"--junitxml={junit}",))
     failures = failures_from_junit(junit) if junit.exists() else []
+    detail = first_failure_text(junit) if failures else ""
     if returncode != 0 and not failures:  # crashed before reporting cells (or timed out)
-        failures = [("(run)", _last_error_line(log))]
-    return RunResult(notebook.name, config, returncode == 0, seconds, failures, read_outcomes(outcomes))
+        failures, detail = [("(run)", _last_error_line(log))], _tail(log)
+    return RunResult(notebook.name, config, returncode == 0, seconds, failures, read_outcomes(outcomes),
+                     detail=detail)
 
 
 class _ThreadBudget:
@@ -326,6 +343,7 @@ def failure_summary(results: list[RunResult]) -> str:
             cell, message = (r.failures or [("(run)", "(no message)")])[0]
             more = f" (+{len(r.failures) - 1} more cells)" if len(r.failures) > 1 else ""
             lines.append(f"FAIL {r.notebook} · {r.config.label} · {cell}{more}: {message}")
+            lines += [f"    {line}" for line in r.detail.splitlines()]
     return "\n".join(lines)
 
 
