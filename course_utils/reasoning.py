@@ -436,7 +436,7 @@ def reply_kinds(records) -> dict:
 def reply_to(model, tokenizer, histories, max_new_tokens: int = 48, **render) -> list[dict]:
     """Greedy replies to each history (a list of message lists), rendered by the tokenizer's template with the
     generation prompt (``render``: more template arguments, e.g. ``enable_thinking=False``), stopping at
-    ``<|im_end|>`` or ``<|endoftext|>``: ``generate_greedy``'s records."""
+    ``<|im_end|>`` or the tokenizer's eos: ``generate_greedy``'s records."""
     from .generation import generate_greedy
 
     validate.model("model", model)
@@ -457,7 +457,10 @@ def reply_to(model, tokenizer, histories, max_new_tokens: int = 48, **render) ->
         tokenizer.apply_chat_template(h, tokenize=False, add_generation_prompt=True, **render)
         for h in histories
     ]
-    stop = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    # the tokenizer's own eos, not the literal "<|endoftext|>": a Llama-style vocabulary calls it "</s>"
+    # and has no "<|endoftext|>" (its id would be None)
+    stop = [i for i in dict.fromkeys((tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id))
+            if i is not None]
     return generate_greedy(model, tokenizer, prompts, max_new_tokens=max_new_tokens, eos_token_id=stop)
 
 

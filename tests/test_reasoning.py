@@ -355,3 +355,19 @@ def test_calls_written_counts_only_a_call_that_ends_the_turn(monkeypatch):
     records = [{"text": text, "ended": ended, "ids": [end if ended else 5]} for text, ended in replies]
     monkeypatch.setattr(reasoning, "reply_to", lambda *args, **kwargs: records)
     assert reasoning.calls_written(None, tok, [[{"role": "user", "content": "hi"}]]) == 3 / 6
+
+
+def test_reply_to_stops_on_the_tokenizers_own_eos_without_an_endoftext_token(tmp_path, reasoning_pair):
+    """A Llama-style vocabulary calls its eos "</s>": reply_to asked for "<|endoftext|>" by name and passed
+    generate() a None id (found on a held-out copy of the course model, 2026-12-07)."""
+    model, tok = reasoning_pair
+    tok.save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        path = tmp_path / name
+        path.write_text(path.read_text(encoding="utf-8").replace("<|endoftext|>", "</s>"), encoding="utf-8")
+    from transformers import AutoTokenizer
+
+    llama_style = AutoTokenizer.from_pretrained(tmp_path)
+    assert llama_style.eos_token == "</s>" and llama_style.convert_tokens_to_ids("<|endoftext|>") is None
+    records = reply_to(model, llama_style, [_HISTORY], max_new_tokens=4)
+    assert len(records) == 1 and records[0]["n_new"] <= 4
