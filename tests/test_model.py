@@ -257,9 +257,9 @@ def test_course_model_name_refuses_what_names_no_model(given):
 
 
 def test_a_bos_recipe_prepends_bos_and_pads_with_its_own_token(tmp_path):
-    """heldout-bos's conventions (Llama's, Mistral's): tokenizer(text) starts with <s>, the chat template adds
-    none, pad is its own token; they survive save_pretrained + AutoTokenizer. A Qwen2 pipeline would drop the
-    BOS on load, so the builder refuses the combination."""
+    """heldout-bos's conventions (Llama 2's, Mistral's): tokenizer(text) starts with <s>, the chat template
+    adds none, documents end with </s>, pad is its own token; they survive save_pretrained + AutoTokenizer.
+    A Qwen2 pipeline would drop the BOS on load, so the builder refuses the combination."""
     import dataclasses
 
     from tools.build_course_model import prose_corpus, train_tokenizer
@@ -269,6 +269,8 @@ def test_a_bos_recipe_prepends_bos_and_pads_with_its_own_token(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     assert tokenizer("a river")["input_ids"][0] == tokenizer.bos_token_id
     assert tokenizer.pad_token == "<pad>" and tokenizer.pad_token_id != tokenizer.eos_token_id
+    # Llama 2's eos: no "<|endoftext|>" at all, so a helper that asks for it by name gets None
+    assert tokenizer.eos_token == "</s>" and tokenizer.convert_tokens_to_ids("<|endoftext|>") is None
     conversation = make_messages("mixed", 1, seed=0)[0]
     ids = tokenizer.apply_chat_template(conversation, tokenize=True, return_dict=True)["input_ids"]
     assert tokenizer.bos_token_id not in ids

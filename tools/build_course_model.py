@@ -62,6 +62,8 @@ class Recipe:
     # BOS token the tokenizer prepends to every encoded text, and a pad token of its own (else pad = eos)
     bos_token: str | None = None
     pad_token: str | None = None
+    # the end-of-document token (eos; the pad too unless pad_token is given): Qwen's name or Llama 2's "</s>"
+    eos_token: str = "<|endoftext|>"
     # embedding rows rounded up to a multiple of this (0: one row per token), as Qwen2.5 (151,936 rows for
     # 151,665 tokens) and Phi-3 ship: rows no token uses, so len(tokenizer) < config.vocab_size
     pad_vocab_to: int = 0
@@ -188,13 +190,14 @@ HELD_OUT = {
                    num_key_value_heads=2, max_position_embeddings=1024),
         config_extra=dict(tie_word_embeddings=True, rms_norm_eps=1e-6, rope_theta=20000.0),
     ),
-    # Qwen3's architecture (q/k norms, head_dim apart from the width), untied, with Llama's tokenizer
-    # conventions: tokenizer(text) prepends <s>, and padding uses <pad>, not eos (real Llama 3 / Mistral /
-    # Gemma tokenizers differ from Qwen's in both); the chat tokens and template stay Qwen2.5's.
+    # Qwen3's architecture (q/k norms, head_dim apart from the width), untied, with Llama 2's special
+    # tokens: tokenizer(text) prepends <s>, the document ends with </s> (no "<|endoftext|>" in the
+    # vocabulary), and padding uses <pad>, not eos (real Llama / Mistral / Gemma tokenizers differ from
+    # Qwen's in all three); the chat tokens and template stay Qwen2.5's.
     "heldout-bos": Recipe(
         name="heldout-bos", model_type="qwen3", corpus=prose_corpus, pretokenizer="gpt2",
         vocab_size=2304, n_docs=6000, chat_seed=29, chat_context_words=4, seed=23, seq_len=128,
-        steps=400, batch_size=16, lr=3e-3, bos_token="<s>", pad_token="<pad>",
+        steps=400, batch_size=16, lr=3e-3, bos_token="<s>", pad_token="<pad>", eos_token="</s>",
         shape=dict(hidden_size=96, intermediate_size=320, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=32, max_position_embeddings=1024),
         config_extra=dict(tie_word_embeddings=False, rope_theta=10000.0),
@@ -261,12 +264,12 @@ def _trained_bpe(texts: list[str], recipe: Recipe):
         )
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=recipe.vocab_size,
-                                  special_tokens=[] if recipe.specials_last else list(SPECIAL_TOKENS),
+                                  special_tokens=[] if recipe.specials_last else _specials(recipe),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     bpe.train_from_iterator(texts, trainer=trainer)
     if recipe.specials_last:  # appended after the learned merges: eos and pad are the last ids, not 0
-        bpe.add_special_tokens(list(SPECIAL_TOKENS))
+        bpe.add_special_tokens(_specials(recipe))
     extra = [t for t in (recipe.bos_token, recipe.pad_token) if t]
     if extra:
         bpe.add_special_tokens(extra)
@@ -278,6 +281,11 @@ def _trained_bpe(texts: list[str], recipe: Recipe):
             single=f"{recipe.bos_token} $A", pair=f"{recipe.bos_token} $A {recipe.bos_token} $B",
             special_tokens=[(recipe.bos_token, bos_id)])
     return bpe
+
+
+def _specials(recipe: Recipe) -> list[str]:
+    """The eos and the two chat tokens, in that order: ids 0, 1, 2 unless the recipe puts them last."""
+    return [recipe.eos_token, *SPECIAL_TOKENS[1:]]
 
 
 def train_tokenizer(texts: list[str], recipe="tiny-qwen"):
@@ -292,9 +300,11 @@ def train_tokenizer(texts: list[str], recipe="tiny-qwen"):
     from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 
     recipe = _recipe(recipe)
-    if (recipe.bos_token or recipe.pad_token) and recipe.pretokenizer != "gpt2":
-        raise ValueError(f"recipe {recipe.name!r}: bos_token and pad_token need pretokenizer='gpt2' — a "
-                         "Qwen2Tokenizer rebuilds its pipeline on load and would drop the BOS — use 'gpt2'.")
+    if (recipe.bos_token or recipe.pad_token or recipe.eos_token != SPECIAL_TOKENS[0]) \
+            and recipe.pretokenizer != "gpt2":
+        raise ValueError(f"recipe {recipe.name!r}: bos_token, pad_token and another eos_token need "
+                         "pretokenizer='gpt2' — a Qwen2Tokenizer rebuilds its pipeline on load and would "
+                         "drop the BOS — use 'gpt2'.")
     bpe = _trained_bpe(texts, recipe)
     if recipe.pretokenizer == "qwen2":
         # Qwen2Tokenizer takes (vocab, merges) and rebuilds the rest of the pipeline itself.
@@ -303,8 +313,8 @@ def train_tokenizer(texts: list[str], recipe="tiny-qwen"):
         tokenizer = Qwen2Tokenizer(vocab=serialised["vocab"], merges=merges, unk_token=None,
                                    eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     else:
-        tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>",
-                                            pad_token=recipe.pad_token or "<|endoftext|>",
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=recipe.eos_token,
+                                            pad_token=recipe.pad_token or recipe.eos_token,
                                             **({"bos_token": recipe.bos_token} if recipe.bos_token else {}))
     tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS[1:])})
     tokenizer.chat_template = qwen2_5_chat_template()
