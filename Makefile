@@ -89,8 +89,8 @@ robustness: install  # the full matrix; a subset: make robustness ROBUSTNESS_ARG
 # 2 threads: the one that caught lesson 09's fragile claims on 2026-12-07) runs the lessons that train to a
 # criterion measured on the run (00, 02, 09, 10). A third (heldout-bos: Qwen3's QK-norm, Llama 2's special
 # tokens: <s> prepended, </s> as eos and no <|endoftext|>, a <pad> of its own) runs the lessons whose claims
-# those decide: 02 (pad == eos), 06 (no learning rate overflows a QK-norm model) and 09 (stops on </s>). Each model is rebuilt into build/ every
-# time (~30-50 s). Two threads on the four criterion lessons, not on every solution: a 2-thread run holds both
+# those decide: 02 (pad == eos), 06 (no learning rate overflows a QK-norm model) and 09 (stops on </s>).
+# Each model is rebuilt into build/ every time (~30-50 s). Two threads on the four criterion lessons, not on every solution: a 2-thread run holds both
 # cores and takes as long as a 1-thread one (ROBUSTNESS.md), so heldout-neox at 2 threads cost ~7 min of a
 # .ci/run that took 25 min 53 s on CI's machine (2026-12-07), over its 25-min budget; the full matrix
 # (`make robustness`) runs every solution at 2 threads.
@@ -106,9 +106,9 @@ robustness-ci: install
 # ~30-50 s each, so a changed recipe is never run stale):
 # a GPT-NeoX (untied, other layer names, other vocabulary), a narrow tied Llama, a GPT-2 (learned absolute
 # positions, Conv1D projections, special tokens at the end of the vocabulary), an untied Mistral (GQA 4:1), a
-# Gemma (scaled embeddings, GeGLU), a Phi-3 (fused qkv_proj / gate_up_proj), a Qwen3 with Llama's tokenizer
-# conventions (QK-norm; <s> prepended; a <pad> of its own) and a wider, deeper Llama whose embedding matrix has
-# rows no token uses (as Qwen2.5's and Phi-3's). CI runs the NeoX, GPT-2 and Qwen3 ones inside
+# Gemma (scaled embeddings, GeGLU), a Phi-3 (fused qkv_proj / gate_up_proj), a Qwen3 with Llama 2's
+# special tokens (QK-norm; <s> prepended; </s> as eos; a <pad> of its own) and a wider, deeper Llama whose
+# embedding matrix has rows no token uses (as Qwen2.5's and Phi-3's). CI runs the NeoX, GPT-2 and Qwen3 ones inside
 # `make robustness-ci`; `make robustness-heldout` all eight at seed 0, one thread (~30 min on 2 cores).
 HELDOUT ?= heldout-neox heldout-llama heldout-gpt2 heldout-mistral heldout-gemma heldout-phi3 heldout-bos \
 	heldout-wide

@@ -160,7 +160,7 @@ def learned_vs_control(untrained, step_batches: Sequence[dict],
     the last half of the run (nats, mean; at least two steps), and the control's mean step-to-step change.
     A run learned when ``learned > noise``. Half the run, not its last step or two: a run that learned and
     then spiked (a planted outlier in fp32, on a QK-norm model at one seed: 6.2 nats at step 9, 8.8 at
-    step 12, back to 6.3 by step 15; measured) has learned, and the spike shows in the printed losses."""
+    step 12, back to 6.3 by step 15; measured) has learned, and the spike stays in its logged losses."""
     from .losses import mean_ignore_index, model_logits
 
     validate.model("untrained", untrained)

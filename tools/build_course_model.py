@@ -191,9 +191,9 @@ HELD_OUT = {
         config_extra=dict(tie_word_embeddings=True, rms_norm_eps=1e-6, rope_theta=20000.0),
     ),
     # Qwen3's architecture (q/k norms, head_dim apart from the width), untied, with Llama 2's special
-    # tokens: tokenizer(text) prepends <s>, the document ends with </s> (no "<|endoftext|>" in the
-    # vocabulary), and padding uses <pad>, not eos (real Llama / Mistral / Gemma tokenizers differ from
-    # Qwen's in all three); the chat tokens and template stay Qwen2.5's.
+    # tokens: tokenizer(text) prepends <s>, eos is </s> (no "<|endoftext|>" in the vocabulary), and
+    # padding uses <pad>, not eos (real Llama / Mistral / Gemma tokenizers differ from Qwen's in all
+    # three); the chat tokens and template stay Qwen2.5's.
     "heldout-bos": Recipe(
         name="heldout-bos", model_type="qwen3", corpus=prose_corpus, pretokenizer="gpt2",
         vocab_size=2304, n_docs=6000, chat_seed=29, chat_context_words=4, seed=23, seq_len=128,
