@@ -42,14 +42,16 @@ _REVERSE = "Reverse the words: "
 
 
 def load_reasoning_model(chat_template: str, name_or_path=None):
-    """``(model, tokenizer)``: a fresh course model (``COURSE_MODEL`` unless ``name_or_path``) with Qwen3's
-    reasoning and tool tokens added (``model.add_reasoning_tokens``) and ``chat_template`` set — e.g. one of
-    TRL's real templates (``trl.chat_template_utils.qwen3_chat_template``). Each call loads anew, so every
-    run of the lesson starts from the same weights."""
-    from .model import add_reasoning_tokens, load_course_model
+    """``(model, tokenizer)``: a fresh course model (``COURSE_MODEL`` unless ``name_or_path``) as a base
+    checkpoint (``eos.load_base_checkpoint``: lesson 09's runs generate with a base's stop, as lesson 02's
+    do), with Qwen3's reasoning and tool tokens added (``model.add_reasoning_tokens``) and ``chat_template``
+    set — e.g. one of TRL's real templates (``trl.chat_template_utils.qwen3_chat_template``). Each call
+    loads anew, so every run of the lesson starts from the same weights."""
+    from .eos import load_base_checkpoint
+    from .model import add_reasoning_tokens
 
     validate.non_empty_string("chat_template", chat_template, why="it renders every chat of the run")
-    model, tokenizer = load_course_model(name_or_path)
+    model, tokenizer = load_base_checkpoint(name_or_path)
     add_reasoning_tokens(model, tokenizer)
     tokenizer.chat_template = chat_template
     return model, tokenizer
@@ -379,7 +381,11 @@ def read_reply(text: str, *, opened: bool = False) -> dict:
             "pass a generate_greedy record's ['text']."
         )
     validate.flag("opened", opened, why="it says whether the prompt itself opened the think block")
-    body = text.split("<|im_end|>", 1)[0].split("<|endoftext|>", 1)[0]
+    from .eos import REPLY_ENDS
+
+    body = text
+    for end in REPLY_ENDS:
+        body = body.split(end, 1)[0]
     stripped = body.lstrip()
     clean = THINK not in body and END_THINK not in body
     if opened or stripped.startswith(THINK):

@@ -11,8 +11,11 @@ from course_utils.eos import (
     answer_accuracy,
     chat_prompts,
     generate_greedy,
+    give_base_convention,
     graded_span_has_stop,
     graded_span_text,
+    is_instruct_checkpoint,
+    load_base_checkpoint,
     plain_text_batches,
     plain_text_example,
     reply,
@@ -57,6 +60,68 @@ def test_stop_ids_add_nothing_for_a_template_that_closes_turns_in_plain_text(tok
 
 
 # --- helpers --------------------------------------------------------------------------------------
+
+def test_a_reply_ends_at_a_llama_style_eos_too():
+    """With eos = "</s>" (no <|endoftext|> in the vocabulary) a stopped reply's text ends with "</s>": the reply
+    and the accuracy read the answer without it."""
+    record = {"ids": [1, 2], "text": "81</s>", "n_new": 2, "ended": True, "opened_turn": False, "stopped": True}
+    assert reply(record) == "81"
+    conv = [{"role": "user", "content": "23 plus 58"}, {"role": "assistant", "content": "81"}]
+    assert answer_accuracy([record], [conv]) == 1.0
+
+
+def _instruct_copy(course):
+    """The course model with the instruct convention, as Qwen2.5-Instruct ships it: eos = <|im_end|> in the
+    tokenizer and both configs, pad = <|endoftext|>."""
+    model, tok = copy.deepcopy(course[0]), copy.deepcopy(course[1])
+    tok.eos_token = "<|im_end|>"
+    model.config.eos_token_id = model.generation_config.eos_token_id = tok.eos_token_id
+    return model, tok
+
+
+def test_the_base_convention_is_given_to_an_instruct_checkpoint_only(course):
+    """A base checkpoint is left alone; an instruct one gets eos = its end of document in all three places:
+    lessons 02 and 08 reproduce a base checkpoint's failure on whatever COURSE_MODEL holds."""
+    model, tok = copy.deepcopy(course[0]), copy.deepcopy(course[1])
+    base = (tok.eos_token, model.config.eos_token_id, model.generation_config.eos_token_id)
+    assert not is_instruct_checkpoint(tok) and not give_base_convention(model, tok)
+    assert (tok.eos_token, model.config.eos_token_id, model.generation_config.eos_token_id) == base
+    model, tok = _instruct_copy(course)
+    assert is_instruct_checkpoint(tok) and give_base_convention(model, tok)
+    assert (tok.eos_token, model.config.eos_token_id, model.generation_config.eos_token_id) == base
+    assert not is_instruct_checkpoint(tok)
+
+
+def test_the_document_end_is_found_by_name_when_pad_is_eos(course):
+    """Without a pad of its own the end of document is looked up by name; with none, a clear error."""
+    model, tok = _instruct_copy(course)
+    tok.pad_token = tok.eos_token
+    assert give_base_convention(model, tok) and tok.eos_token == "<|endoftext|>"
+    model, tok = _instruct_copy(course)
+    tok.pad_token = tok.eos_token
+    vocab = tok.get_vocab()
+    tok.get_vocab = lambda: {k: v for k, v in vocab.items() if k != "<|endoftext|>"}
+    with pytest.raises(ValueError, match="no end-of-document token"):
+        give_base_convention(model, tok)
+
+
+def test_load_base_checkpoint_loads_a_saved_base_copy_of_an_instruct_checkpoint(tmp_path, course, capsys):
+    """The copy is on disk, so what reloads the base by path (an adapter's base, lesson 10) gets it too; one
+    line says so, once; a base checkpoint loads as it is, silently."""
+    from course_utils import load_course_model
+
+    model, tok = _instruct_copy(course)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    loaded, loaded_tok = load_base_checkpoint(str(tmp_path))
+    assert loaded_tok.eos_token == "<|endoftext|>" == load_course_model(loaded.name_or_path)[1].eos_token
+    assert load_course_model(loaded.name_or_path)[0].generation_config.eos_token_id == loaded_tok.eos_token_id
+    assert "instruct convention" in capsys.readouterr().out
+    again, _ = load_base_checkpoint(str(tmp_path))
+    assert again.name_or_path == loaded.name_or_path and capsys.readouterr().out == "", "saved and said once"
+    assert load_base_checkpoint()[0].name_or_path == course[0].name_or_path
+    assert capsys.readouterr().out == "", "a base checkpoint loads as it is, silently"
+
 
 def test_untrained_stop_template_moves_im_end_out_of_the_mask(tok):
     from trl.chat_template_utils import is_chat_template_stop_token_trained, qwen2_5_training_chat_template

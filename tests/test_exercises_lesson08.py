@@ -310,19 +310,3 @@ def test_findings_are_graded_on_set_ups_the_notebook_never_shows(capsys):
         return shown
 
     assert not ex.check_findings(memorised)
-
-
-def test_the_eos_mismatch_is_planted_even_when_course_model_ships_the_instruct_convention():
-    """Every set-up carries a base checkpoint's eos mismatch (ALWAYS). A COURSE_MODEL with eos = <|im_end|>
-    (as Qwen2.5-Instruct ships) has none, so its copy gets the base convention; a base one is left alone."""
-    from course_utils import load_course_model
-
-    model, tok = load_course_model()
-    base = (tok.eos_token, model.config.eos_token_id, model.generation_config.eos_token_id)
-    ex._base_eos_convention(model, tok)
-    assert (tok.eos_token, model.config.eos_token_id, model.generation_config.eos_token_id) == base
-    end_of_turn = tok.convert_tokens_to_ids("<|im_end|>")
-    tok.eos_token = "<|im_end|>"
-    model.config.eos_token_id = model.generation_config.eos_token_id = end_of_turn
-    ex._base_eos_convention(model, tok)
-    assert (tok.eos_token, model.config.eos_token_id, model.generation_config.eos_token_id) == base

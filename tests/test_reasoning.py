@@ -181,6 +181,13 @@ def test_read_reply(text, kind, leaked, clean):
     assert (read["kind"], read["leaked"], read["clean"]) == (kind, leaked, clean)
 
 
+def test_read_reply_ends_the_answer_at_any_end_token():
+    """A Llama-style vocabulary ends with "</s>": the answer stops there as it does at <|im_end|>."""
+    for end in ("<|im_end|>", "</s>", "<|endoftext|>"):
+        assert read_reply(f"<think>\nx\n</think>\n\n5{end}")["answer"] == "5"
+        assert read_reply(f"5{end}")["answer"] == "5"
+
+
 def test_reply_kinds_and_tool_calls():
     shares = reply_kinds([{"text": "<think>\nx\n</think>\n\ny"}, {"text": "<think>\n\n</think>\n\ny"}])
     assert shares == {"reasoned": 0.5, "empty": 0.5, "unclosed": 0.0, "no_block": 0.0, "leaked": 0.0,

@@ -47,6 +47,7 @@ from ..capstone import Setup, trl_training_template_path
 from ..checks import Case, Hints, fresh_seeds, run_check
 from ..data import filler_text, make_messages
 from ..doctor import DoctorInputError, Report, diagnose
+from ..eos import give_base_convention
 from ..model import load_course_model
 from ..viz import what_if
 from .answers import lesson08 as answers
@@ -195,7 +196,9 @@ def _broken_setup(seed: int, directory=None, planted=None, trainer: bool = False
         validate.new_directory("directory", directory, what="the set-up's model, data and config")
     root = Path(directory or tempfile.mkdtemp(prefix="capstone-"))
     model, tokenizer = load_course_model()
-    _base_eos_convention(model, tokenizer)  # eos_mismatch, planted in every set-up (ALWAYS)
+    # eos_mismatch, planted in every set-up (ALWAYS): a COURSE_MODEL that ships the instruct convention has
+    # no mismatch to find, so its copy is given the base one (lesson 02)
+    give_base_convention(model, tokenizer)
     if "base_template" in planted:
         tokenizer.chat_template = tokenizer.chat_template.replace(INSTRUCT_SYSTEM, BASE_SYSTEM)
     model.save_pretrained(root / "model")
@@ -216,17 +219,6 @@ def _broken_setup(seed: int, directory=None, planted=None, trainer: bool = False
     setup = Setup(seed, root / "model", root / "data.jsonl", root / "config.json", config, rows, spec)
     answers.PLANTED[str(setup.config_path)] = planted  # the truth lives with the reference answers
     return setup, planted
-
-
-def _base_eos_convention(model, tokenizer) -> None:
-    """The eos mismatch every set-up carries is a base checkpoint's: eos = the end of the document while the
-    template ends turns with ``<|im_end|>`` (lesson 02). A ``COURSE_MODEL`` that ships the instruct convention
-    (eos = ``<|im_end|>``, as Qwen2.5-Instruct does) has no mismatch to find, so its copy is given the base
-    convention: the failure is planted, as the others are, not left to the checkpoint."""
-    end_of_turn, end_of_text = (tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>"))
-    if end_of_turn is not None and end_of_text is not None and tokenizer.eos_token_id == end_of_turn:
-        tokenizer.eos_token = "<|endoftext|>"
-        model.config.eos_token_id = model.generation_config.eos_token_id = end_of_text
 
 
 def _expected_checks(planted) -> set[str]:
