@@ -85,20 +85,23 @@ robustness: install  # the full matrix; a subset: make robustness ROBUSTNESS_ARG
 	$(PY) -m tools.robustness --jobs $(JOBS) $(ROBUSTNESS_ARGS)
 
 # CI's reduced matrix: the second shipped model (tiny-llama, seed 0, 1 thread) and a model the course was never
-# tuned on (heldout-neox, seed 1, 1 thread) run every solution; a second held-out model (heldout-gpt2, seed 2,
-# 2 threads: the one that caught lesson 09's fragile claims on 2026-12-07) runs the lessons that train to a
-# criterion measured on the run (00, 02, 09, 10). A third (heldout-bos: Qwen3's QK-norm, Llama 2's special
-# tokens: <s> prepended, </s> as eos and no <|endoftext|>, a <pad> of its own) runs the lessons whose claims
-# those decide: 02 (pad == eos), 06 (no learning rate overflows a QK-norm model) and 09 (stops on </s>).
-# Each model is rebuilt into build/ every time (~30-50 s). Two threads on the four criterion lessons, not on every solution: a 2-thread run holds both
-# cores and takes as long as a 1-thread one (ROBUSTNESS.md), so heldout-neox at 2 threads cost ~7 min of a
-# .ci/run that took 25 min 53 s on CI's machine (2026-12-07), over its 25-min budget; the full matrix
-# (`make robustness`) runs every solution at 2 threads.
+# tuned on run every solution: heldout-neox (seed 1, 1 thread) with the *instruct* convention, eos = <|im_end|>
+# as Qwen2.5-Instruct ships (--instruct: same weights), so every lesson is run on a checkpoint that already
+# stops at the end of a turn (lessons 02, 08, 09 and 10 plant a base checkpoint's failure on it,
+# course_utils.eos.load_base_checkpoint). A second held-out model (heldout-gpt2, seed 2, 2 threads: the one
+# that caught lesson 09's fragile claims on 2026-12-07) runs the lessons that train to a criterion measured on
+# the run (00, 02, 09, 10). A third (heldout-bos: Qwen3's QK-norm, Llama 2's special tokens: <s> prepended,
+# </s> as eos and no <|endoftext|>, a <pad> of its own) runs the lessons whose claims those decide: 02
+# (pad == eos), 06 (no learning rate overflows a QK-norm model) and 09 (stops on </s>). Each model is rebuilt
+# into build/ every time (~30-50 s). Two threads on the four criterion lessons, not on every solution: a
+# 2-thread run holds both cores and takes as long as a 1-thread one (ROBUSTNESS.md), so heldout-neox at 2
+# threads cost ~7 min of a .ci/run that took 25 min 53 s on CI's machine (2026-12-07), over its 25-min
+# budget; the full matrix (`make robustness`) runs every solution at 2 threads.
 robustness-ci: install
-	$(PY) -m tools.build_course_model --model heldout-neox --out build/heldout-neox
+	$(PY) -m tools.build_course_model --model heldout-neox --out build/heldout-neox-instruct --instruct
 	$(PY) -m tools.build_course_model --model heldout-gpt2 --out build/heldout-gpt2
 	$(PY) -m tools.build_course_model --model heldout-bos --out build/heldout-bos
-	$(PY) -m tools.robustness --jobs $(JOBS) --configs tiny-llama:0:1,$(CURDIR)/build/heldout-neox:1:1
+	$(PY) -m tools.robustness --jobs $(JOBS) --configs tiny-llama:0:1,$(CURDIR)/build/heldout-neox-instruct:1:1
 	$(PY) -m tools.robustness --jobs $(JOBS) --notebooks 00 02 09 10 --configs $(CURDIR)/build/heldout-gpt2:2:2
 	$(PY) -m tools.robustness --jobs $(JOBS) --notebooks 02 06 09 --configs $(CURDIR)/build/heldout-bos:1:1
 

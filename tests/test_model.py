@@ -284,3 +284,22 @@ def test_a_padded_vocabulary_recipe_ships_rows_no_token_uses(tmp_path):
     rows = model.get_input_embeddings().weight.shape[0]
     assert rows % HELD_OUT["heldout-wide"].pad_vocab_to == 0 and rows > len(tokenizer)
     assert AutoTokenizer.from_pretrained(tmp_path).pad_token_id == tokenizer.eos_token_id
+
+
+def test_the_instruct_copy_changes_the_eos_convention_only(tmp_path):
+    """``--instruct``: eos = <|im_end|> in the tokenizer and both configs, the document end stays as the pad,
+    the weights untouched: the checkpoint lesson 02's premise does not hold on (CI's robustness matrix)."""
+    import shutil
+
+    from course_utils.eos import is_instruct_checkpoint
+    from tools.build_course_model import give_instruct_convention
+
+    shutil.copytree(SHIPPED_MODELS["tiny-qwen"], tmp_path / "m")
+    give_instruct_convention(tmp_path / "m")
+    model, tok = load_course_model(str(tmp_path / "m"))
+    base, base_tok = load_course_model("tiny-qwen")
+    end_of_turn = tok.convert_tokens_to_ids("<|im_end|>")
+    assert is_instruct_checkpoint(tok) and not is_instruct_checkpoint(base_tok)
+    assert model.config.eos_token_id == model.generation_config.eos_token_id == end_of_turn
+    assert tok.pad_token == "<|endoftext|>"
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), base.state_dict().values()))

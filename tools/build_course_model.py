@@ -4,6 +4,7 @@
     python -m tools.build_course_model --model tiny-llama   # one of them
     python -m tools.build_course_model --model tiny-qwen --out /tmp/m   # elsewhere (tests)
     python -m tools.build_course_model --model heldout-neox --out /tmp/heldout-neox   # never shipped
+    python -m tools.build_course_model --model heldout-neox --out /tmp/neox-instruct --instruct   # eos = <|im_end|>
 
 One builder, one ``Recipe`` per model. Every model gets: a byte-level BPE tokenizer trained on its
 own text, Qwen2.5's three special tokens (``<|endoftext|>`` as eos and pad, ``<|im_start|>``,
@@ -406,6 +407,23 @@ def build(out_dir: Path | None = None, steps: int | None = None, verbose: bool =
     return model, tokenizer, losses
 
 
+def give_instruct_convention(out_dir: Path) -> None:
+    """Turn the saved model in ``out_dir`` into an *instruct*-convention checkpoint, as Qwen2.5-Instruct
+    ships: eos = ``<|im_end|>`` in ``tokenizer_config.json``, ``config.json`` and ``generation_config.json``
+    (the end-of-document token stays, as the pad). Same weights: what differs is only what decides lesson
+    02's, 09's and 10's stop claims (``course_utils.eos.is_instruct_checkpoint``)."""
+    from transformers import AutoTokenizer
+
+    out_dir = Path(out_dir)
+    end_of_turn = AutoTokenizer.from_pretrained(out_dir).convert_tokens_to_ids("<|im_end|>")
+    files = {name: out_dir / name for name in ("tokenizer_config.json", "config.json", "generation_config.json")}
+    data = {name: json.loads(path.read_text(encoding="utf-8")) for name, path in files.items()}
+    data["tokenizer_config.json"]["eos_token"] = "<|im_end|>"
+    data["config.json"]["eos_token_id"] = data["generation_config.json"]["eos_token_id"] = end_of_turn
+    for name, path in files.items():
+        path.write_text(json.dumps(data[name], indent=2) + "\n", encoding="utf-8")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted({**RECIPES, **HELD_OUT}), action="append",
@@ -414,14 +432,21 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=None,
                         help="output directory (default: the model's shipped directory; one --model only)")
     parser.add_argument("--steps", type=int, default=None, help="pretraining steps (default: the recipe's)")
+    parser.add_argument("--instruct", action="store_true",
+                        help="give it the instruct convention (eos = <|im_end|>, as Qwen2.5-Instruct ships); "
+                             "a held-out model only")
     args = parser.parse_args(argv)
     names = args.model or sorted(RECIPES)
     if args.out is not None and len(names) != 1:
         parser.error("--out needs exactly one --model")
     if args.out is None and any(n in HELD_OUT for n in names):
         parser.error("a held-out model is not shipped — give it a folder: --out /tmp/<name>")
+    if args.instruct and (args.out is None or names[0] not in HELD_OUT):
+        parser.error("--instruct changes a held-out model's files — pass one held-out --model and --out")
     for name in names:
         build(args.out, steps=args.steps, recipe=name)
+    if args.instruct:
+        give_instruct_convention(args.out)
 
 
 if __name__ == "__main__":
