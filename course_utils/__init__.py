@@ -54,7 +54,8 @@ _EXPORTS = {
     "IGNORE_INDEX": "data", "make_batches": "data", "make_chat_dataset": "data", "make_messages": "data",
     "tokenize_chat": "data", "graded": "data", "is_graded": "data", "n_graded": "data",
     "COURSE_MODEL_DIR": "model", "course_model_name": "model", "course_seed": "model",
-    "load_course_model": "model", "token_id": "model", "add_reasoning_tokens": "model",
+    "load_course_model": "model", "load_base_checkpoint": "model", "token_id": "model",
+    "add_reasoning_tokens": "model",
     "report_outcome": "outcomes",
     "clip_rate": "training", "make_sft_trainer": "training", "set_seed": "training",
 }

@@ -21,13 +21,17 @@ must sit inside the graded span, or the model never learns to emit it). This mod
   ``tokenizer.eos_token`` (where the pad == eos trap bites).
 - ``stop_explorer``: the lesson's "what if" control (another eos list, on each trained model).
 
+What decides whether a checkpoint already stops at the end of a turn (its eos *is* the end-of-turn token, as
+Qwen2.5-Instruct ships), and the base checkpoint lessons 02, 08, 09 and 10 reproduce their failure on whatever
+``COURSE_MODEL`` holds, live in the core: ``course_utils.model.is_instruct_checkpoint`` and
+``load_base_checkpoint``.
+
 The exercises' checkers and the broken runs of the diagnosis exercise are in
 ``course_utils.exercises.lesson02``; the reference answers in ``course_utils.exercises.answers.lesson02``.
 """
 
 from __future__ import annotations
 
-import tempfile
 import time
 
 import torch
@@ -44,7 +48,7 @@ from .generation import (
     _vocab,
     generate_greedy,  # noqa: F401 — lesson 02 teaches it here; it lives in the core
 )
-from .model import load_course_model
+from .model import REPLY_ENDS
 from .training import train
 from .viz import what_if
 
@@ -153,85 +157,6 @@ def stop_token_ids(tokenizer) -> list[int]:
     eot = tokenizer.convert_tokens_to_ids(end_of_turn_token(tokenizer))
     ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
     return ids + [eot] if eot not in ids else ids
-
-
-# ------------------------------------------------------------------------------------------------
-# The checkpoint's stop convention: base (eos ends the document) or instruct (eos ends the turn)
-# ------------------------------------------------------------------------------------------------
-
-# The end-of-document tokens of the families the course names: Qwen and GPT-2, Llama 2 and Mistral,
-# Llama 3, Gemma. A base checkpoint's eos is one of these.
-DOCUMENT_ENDS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
-# Where a reply's text ends: the template's end of turn or an end of document, whichever the vocabulary has
-# (a Llama-style one ends documents with "</s>" and has no "<|endoftext|>").
-REPLY_ENDS = ("<|im_end|>", *DOCUMENT_ENDS)
-
-
-def is_instruct_checkpoint(tokenizer) -> bool:
-    """True when the tokenizer's eos *is* the chat template's end-of-turn token: the instruct convention
-    (Qwen2.5-Instruct ships eos = ``<|im_end|>``), under which ``generate()`` already stops at the end of a
-    turn. A base checkpoint's eos ends the *document* (Qwen2.5 base: ``<|endoftext|>``): lesson 02's
-    never-stopping model is a fine-tuned base checkpoint."""
-    validate.tokenizer("tokenizer", tokenizer)
-    eot = tokenizer.convert_tokens_to_ids(end_of_turn_token(tokenizer))
-    return tokenizer.eos_token_id is not None and tokenizer.eos_token_id == eot
-
-
-def _document_end(tokenizer) -> str | None:
-    """The instruct checkpoint's end-of-document token: its pad when that is a token of its own
-    (Qwen2.5-Instruct pads with ``<|endoftext|>``), else the first of ``DOCUMENT_ENDS`` it has."""
-    if tokenizer.pad_token is not None and tokenizer.pad_token_id != tokenizer.eos_token_id \
-            and tokenizer.pad_token in DOCUMENT_ENDS:
-        return tokenizer.pad_token
-    vocab = tokenizer.get_vocab()
-    return next((t for t in DOCUMENT_ENDS if t in vocab), None)
-
-
-def give_base_convention(model, tokenizer) -> bool:
-    """Give an instruct-convention checkpoint the base one, in place: eos = its end-of-document token in the
-    tokenizer, ``model.config`` and ``generation_config``. Returns whether anything changed (a base
-    checkpoint is left as it is).
-
-    For a lesson that reproduces a base checkpoint's failure on whatever ``COURSE_MODEL`` holds: the
-    failure is planted, as the course plants every other, instead of silently missing."""
-    validate.model("model", model)
-    if not is_instruct_checkpoint(tokenizer):
-        return False
-    end = _document_end(tokenizer)
-    if end is None:
-        raise ValueError(f"this instruct checkpoint (eos = {tokenizer.eos_token!r}, the end of a turn) has "
-                         f"no end-of-document token ({', '.join(DOCUMENT_ENDS)}) — a base checkpoint stops "
-                         "on one — point COURSE_MODEL at the base checkpoint of the family instead.")
-    tokenizer.eos_token = end
-    model.config.eos_token_id = model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return True
-
-
-_BASE_COPIES: dict[str, str] = {}   # instruct checkpoint -> the directory of its base-convention copy
-
-
-def load_base_checkpoint(name_or_path=None):
-    """``load_course_model(name_or_path)`` as a *base* checkpoint: ``(model, tokenizer)``; lessons that start
-    from a base checkpoint load it with this.
-
-    When the checkpoint ships the instruct convention, a copy with the base one (``give_base_convention``)
-    is saved once per process, one line says so, and the model comes from that copy: whatever reloads it by
-    path (an adapter's ``base_model_name_or_path``, lesson 10) gets the base convention too."""
-    model, tokenizer = load_course_model(name_or_path)
-    if not is_instruct_checkpoint(tokenizer):
-        return model, tokenizer
-    source = str(model.name_or_path)
-    if source not in _BASE_COPIES:
-        instruct_eos = tokenizer.eos_token
-        give_base_convention(model, tokenizer)
-        directory = tempfile.mkdtemp(prefix="base-convention-")
-        model.save_pretrained(directory)
-        tokenizer.save_pretrained(directory)
-        _BASE_COPIES[source] = directory
-        print(f"this checkpoint ships the instruct convention (eos = {instruct_eos}, the end of a turn): "
-              f"the lesson uses a copy with the base one (eos = {tokenizer.eos_token}), as a base checkpoint "
-              f"ships, saved in {directory}.")
-    return load_course_model(_BASE_COPIES[source])
 
 
 def chat_prompts(tokenizer, conversations: list[list[dict]]) -> list[str]:

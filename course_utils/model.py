@@ -11,6 +11,8 @@ the repository (built by ``python -m tools.build_course_model``), chosen by ``CO
 ``COURSE_MODEL`` may also be a local directory or a hub id (``Qwen/Qwen2.5-0.5B``; with
 ``COURSE_DEVICE=cuda`` for a GPU); nothing is downloaded unless you ask for such a model.
 ``course_seed()`` reads ``COURSE_SEED`` (default 0): the one place a lesson's randomness comes from.
+``is_instruct_checkpoint`` / ``load_base_checkpoint``: whether a checkpoint ships the instruct stop convention
+(eos = the end of a turn), and the model as a base checkpoint for the lessons whose failure is a base's.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import tempfile
 from pathlib import Path
 
 from . import validate
+from .data import end_of_turn_token
 from .quiet import no_progress_bars
 
 COURSE_MODEL_DIR = Path(__file__).parent / "course_model"
@@ -200,6 +204,89 @@ def token_id(tokenizer, token: str) -> int:
             f"mapped to unk — check the spelling, e.g. one of {SPECIAL_TOKENS}."
         )
     return ids[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# The checkpoint's stop convention: base (eos ends the document) or instruct (eos ends the turn). Lessons
+# 02, 04, 08, 09 and 10 read it: the core.
+# ------------------------------------------------------------------------------------------------
+
+# The end-of-document tokens of the families the course names: Qwen and GPT-2, Llama 2 and Mistral,
+# Llama 3, Gemma. A base checkpoint's eos is one of these.
+DOCUMENT_ENDS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
+# Where a reply's text ends: the template's end of turn or an end of document, whichever the vocabulary has
+# (a Llama-style one ends documents with "</s>" and has no "<|endoftext|>").
+REPLY_ENDS = ("<|im_end|>", *DOCUMENT_ENDS)
+
+
+def is_instruct_checkpoint(tokenizer) -> bool:
+    """True when the tokenizer's eos *is* the chat template's end-of-turn token: the instruct convention
+    (Qwen2.5-Instruct ships eos = ``<|im_end|>``), under which ``generate()`` already stops at the end of a
+    turn. A base checkpoint's eos ends the *document* (Qwen2.5 base: ``<|endoftext|>``): lesson 02's
+    never-stopping model is a fine-tuned base checkpoint."""
+    validate.tokenizer("tokenizer", tokenizer)
+    try:
+        eot = tokenizer.convert_tokens_to_ids(end_of_turn_token(tokenizer))
+    except ValueError:  # no template, or turns that end in plain text: no end-of-turn token to stop on
+        return False
+    return tokenizer.eos_token_id is not None and tokenizer.eos_token_id == eot
+
+
+def _document_end(tokenizer) -> str | None:
+    """The instruct checkpoint's end-of-document token: its pad when that is a token of its own
+    (Qwen2.5-Instruct pads with ``<|endoftext|>``), else the first of ``DOCUMENT_ENDS`` it has."""
+    if tokenizer.pad_token is not None and tokenizer.pad_token_id != tokenizer.eos_token_id \
+            and tokenizer.pad_token in DOCUMENT_ENDS:
+        return tokenizer.pad_token
+    vocab = tokenizer.get_vocab()
+    return next((t for t in DOCUMENT_ENDS if t in vocab), None)
+
+
+def give_base_convention(model, tokenizer) -> bool:
+    """Give an instruct-convention checkpoint the base one, in place: eos = its end-of-document token in the
+    tokenizer, ``model.config`` and ``generation_config``. Returns whether anything changed (a base
+    checkpoint is left as it is).
+
+    For a lesson that reproduces a base checkpoint's failure on whatever ``COURSE_MODEL`` holds: the
+    failure is planted, as the course plants every other, instead of silently missing."""
+    validate.model("model", model)
+    if not is_instruct_checkpoint(tokenizer):
+        return False
+    end = _document_end(tokenizer)
+    if end is None:
+        raise ValueError(f"this instruct checkpoint (eos = {tokenizer.eos_token!r}, the end of a turn) has "
+                         f"no end-of-document token ({', '.join(DOCUMENT_ENDS)}) — a base checkpoint stops "
+                         "on one — point COURSE_MODEL at the base checkpoint of the family instead.")
+    tokenizer.eos_token = end
+    model.config.eos_token_id = model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return True
+
+
+_BASE_COPIES: dict[str, str] = {}   # instruct checkpoint -> the directory of its base-convention copy
+
+
+def load_base_checkpoint(name_or_path=None):
+    """``load_course_model(name_or_path)`` as a *base* checkpoint: ``(model, tokenizer)``; lessons that start
+    from a base checkpoint load it with this.
+
+    When the checkpoint ships the instruct convention, a copy with the base one (``give_base_convention``)
+    is saved once per process, one line says so, and the model comes from that copy: whatever reloads it by
+    path (an adapter's ``base_model_name_or_path``, lesson 10) gets the base convention too."""
+    model, tokenizer = load_course_model(name_or_path)
+    if not is_instruct_checkpoint(tokenizer):
+        return model, tokenizer
+    source = str(model.name_or_path)
+    if source not in _BASE_COPIES:
+        instruct_eos = tokenizer.eos_token
+        give_base_convention(model, tokenizer)
+        directory = tempfile.mkdtemp(prefix="base-convention-")
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+        _BASE_COPIES[source] = directory
+        print(f"this checkpoint ships the instruct convention (eos = {instruct_eos}, the end of a turn): "
+              f"the lesson uses a copy with the base one (eos = {tokenizer.eos_token}), as a base checkpoint "
+              f"ships, saved in {directory}.")
+    return load_course_model(_BASE_COPIES[source])
 
 
 # The reasoning and tool-call markers of Qwen3's tokenizer (lesson 09). There they are added tokens with

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 
 from . import validate
 from .data import is_graded, make_messages
+from .model import REPLY_ENDS
 
 THINK, END_THINK = "<think>", "</think>"
 TOOL_CALL, END_TOOL_CALL = "<tool_call>", "</tool_call>"
@@ -43,12 +44,11 @@ _REVERSE = "Reverse the words: "
 
 def load_reasoning_model(chat_template: str, name_or_path=None):
     """``(model, tokenizer)``: a fresh course model (``COURSE_MODEL`` unless ``name_or_path``) as a base
-    checkpoint (``eos.load_base_checkpoint``: lesson 09's runs generate with a base's stop, as lesson 02's
+    checkpoint (``model.load_base_checkpoint``: lesson 09's runs generate with a base's stop, as lesson 02's
     do), with Qwen3's reasoning and tool tokens added (``model.add_reasoning_tokens``) and ``chat_template``
     set — e.g. one of TRL's real templates (``trl.chat_template_utils.qwen3_chat_template``). Each call
     loads anew, so every run of the lesson starts from the same weights."""
-    from .eos import load_base_checkpoint
-    from .model import add_reasoning_tokens
+    from .model import add_reasoning_tokens, load_base_checkpoint
 
     validate.non_empty_string("chat_template", chat_template, why="it renders every chat of the run")
     model, tokenizer = load_base_checkpoint(name_or_path)
@@ -381,8 +381,6 @@ def read_reply(text: str, *, opened: bool = False) -> dict:
             "pass a generate_greedy record's ['text']."
         )
     validate.flag("opened", opened, why="it says whether the prompt itself opened the think block")
-    from .eos import REPLY_ENDS
-
     body = text
     for end in REPLY_ENDS:
         body = body.split(end, 1)[0]

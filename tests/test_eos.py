@@ -11,11 +11,8 @@ from course_utils.eos import (
     answer_accuracy,
     chat_prompts,
     generate_greedy,
-    give_base_convention,
     graded_span_has_stop,
     graded_span_text,
-    is_instruct_checkpoint,
-    load_base_checkpoint,
     plain_text_batches,
     plain_text_example,
     reply,
@@ -27,6 +24,7 @@ from course_utils.eos import (
     untrained_stop_template,
 )
 from course_utils.exercises.answers import lesson02 as answers
+from course_utils.model import give_base_convention, is_instruct_checkpoint, load_base_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +60,10 @@ def test_stop_ids_add_nothing_for_a_template_that_closes_turns_in_plain_text(tok
 # --- helpers --------------------------------------------------------------------------------------
 
 def test_a_reply_ends_at_a_llama_style_eos_too():
-    """With eos = "</s>" (no <|endoftext|> in the vocabulary) a stopped reply's text ends with "</s>": the reply
-    and the accuracy read the answer without it."""
-    record = {"ids": [1, 2], "text": "81</s>", "n_new": 2, "ended": True, "opened_turn": False, "stopped": True}
+    """With eos = "</s>" (no <|endoftext|> in the vocabulary) a stopped reply's text ends with "</s>": the
+    reply and the accuracy read the answer without it."""
+    record = {"ids": [1, 2], "text": "81</s>", "n_new": 2, "ended": True, "opened_turn": False,
+              "stopped": True}
     assert reply(record) == "81"
     conv = [{"role": "user", "content": "23 plus 58"}, {"role": "assistant", "content": "81"}]
     assert answer_accuracy([record], [conv]) == 1.0
@@ -90,6 +89,8 @@ def test_the_base_convention_is_given_to_an_instruct_checkpoint_only(course):
     assert is_instruct_checkpoint(tok) and give_base_convention(model, tok)
     assert (tok.eos_token, model.config.eos_token_id, model.generation_config.eos_token_id) == base
     assert not is_instruct_checkpoint(tok)
+    tok.chat_template = None
+    assert not is_instruct_checkpoint(tok), "no template, no end of turn: nothing to call instruct"
 
 
 def test_the_document_end_is_found_by_name_when_pad_is_eos(course):

@@ -291,7 +291,7 @@ def test_the_instruct_copy_changes_the_eos_convention_only(tmp_path):
     the weights untouched: the checkpoint lesson 02's premise does not hold on (CI's robustness matrix)."""
     import shutil
 
-    from course_utils.eos import is_instruct_checkpoint
+    from course_utils.model import is_instruct_checkpoint
     from tools.build_course_model import give_instruct_convention
 
     shutil.copytree(SHIPPED_MODELS["tiny-qwen"], tmp_path / "m")

@@ -4,7 +4,7 @@
     python -m tools.build_course_model --model tiny-llama   # one of them
     python -m tools.build_course_model --model tiny-qwen --out /tmp/m   # elsewhere (tests)
     python -m tools.build_course_model --model heldout-neox --out /tmp/heldout-neox   # never shipped
-    python -m tools.build_course_model --model heldout-neox --out /tmp/neox-instruct --instruct   # eos = <|im_end|>
+    python -m tools.build_course_model --model heldout-neox --out /tmp/ni --instruct   # eos = <|im_end|>
 
 One builder, one ``Recipe`` per model. Every model gets: a byte-level BPE tokenizer trained on its
 own text, Qwen2.5's three special tokens (``<|endoftext|>`` as eos and pad, ``<|im_start|>``,
@@ -416,7 +416,8 @@ def give_instruct_convention(out_dir: Path) -> None:
 
     out_dir = Path(out_dir)
     end_of_turn = AutoTokenizer.from_pretrained(out_dir).convert_tokens_to_ids("<|im_end|>")
-    files = {name: out_dir / name for name in ("tokenizer_config.json", "config.json", "generation_config.json")}
+    names = ("tokenizer_config.json", "config.json", "generation_config.json")
+    files = {name: out_dir / name for name in names}
     data = {name: json.loads(path.read_text(encoding="utf-8")) for name, path in files.items()}
     data["tokenizer_config.json"]["eos_token"] = "<|im_end|>"
     data["config.json"]["eos_token_id"] = data["generation_config.json"]["eos_token_id"] = end_of_turn

@@ -47,8 +47,7 @@ from ..capstone import Setup, trl_training_template_path
 from ..checks import Case, Hints, fresh_seeds, run_check
 from ..data import filler_text, make_messages
 from ..doctor import DoctorInputError, Report, diagnose
-from ..eos import give_base_convention
-from ..model import load_course_model
+from ..model import give_base_convention, load_course_model
 from ..viz import what_if
 from .answers import lesson08 as answers
 
