@@ -24,7 +24,6 @@ import tempfile
 from pathlib import Path
 
 from . import validate
-from .data import end_of_turn_token
 from .quiet import no_progress_bars
 
 COURSE_MODEL_DIR = Path(__file__).parent / "course_model"
@@ -224,6 +223,8 @@ def is_instruct_checkpoint(tokenizer) -> bool:
     (Qwen2.5-Instruct ships eos = ``<|im_end|>``), under which ``generate()`` already stops at the end of a
     turn. A base checkpoint's eos ends the *document* (Qwen2.5 base: ``<|endoftext|>``): lesson 02's
     never-stopping model is a fine-tuned base checkpoint."""
+    from .data import end_of_turn_token  # here: this module stays free of torch (the doctor's data checks)
+
     validate.tokenizer("tokenizer", tokenizer)
     try:
         eot = tokenizer.convert_tokens_to_ids(end_of_turn_token(tokenizer))
