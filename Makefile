@@ -88,7 +88,7 @@ robustness: install  # the full matrix; a subset: make robustness ROBUSTNESS_ARG
 # tuned on run every solution: heldout-neox (seed 1, 1 thread) with the *instruct* convention, eos = <|im_end|>
 # as Qwen2.5-Instruct ships (--instruct: same weights), so every lesson is run on a checkpoint that already
 # stops at the end of a turn (lessons 02, 08, 09 and 10 plant a base checkpoint's failure on it,
-# course_utils.eos.load_base_checkpoint). A second held-out model (heldout-gpt2, seed 2, 2 threads: the one
+# course_utils.model.load_base_checkpoint). A second held-out model (heldout-gpt2, seed 2, 2 threads: the one
 # that caught lesson 09's fragile claims on 2026-12-07) runs the lessons that train to a criterion measured on
 # the run (00, 02, 09, 10). A third (heldout-bos: Qwen3's QK-norm, Llama 2's special tokens: <s> prepended,
 # </s> as eos and no <|endoftext|>, a <pad> of its own) runs the lessons whose claims those decide: 02

@@ -258,7 +258,7 @@ def test_course_model_name_refuses_what_names_no_model(given):
 
 def test_a_bos_recipe_prepends_bos_and_pads_with_its_own_token(tmp_path):
     """heldout-bos's conventions (Llama 2's, Mistral's): tokenizer(text) starts with <s>, the chat template
-    adds none, documents end with </s>, pad is its own token; they survive save_pretrained + AutoTokenizer.
+    adds none, eos is </s>, pad is its own token; they survive save_pretrained + AutoTokenizer.
     A Qwen2 pipeline would drop the BOS on load, so the builder refuses the combination."""
     import dataclasses
 

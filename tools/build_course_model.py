@@ -411,7 +411,7 @@ def give_instruct_convention(out_dir: Path) -> None:
     """Turn the saved model in ``out_dir`` into an *instruct*-convention checkpoint, as Qwen2.5-Instruct
     ships: eos = ``<|im_end|>`` in ``tokenizer_config.json``, ``config.json`` and ``generation_config.json``
     (the end-of-document token stays, as the pad). Same weights: what differs is only what decides lesson
-    02's, 09's and 10's stop claims (``course_utils.eos.is_instruct_checkpoint``)."""
+    02's, 09's and 10's stop claims (``course_utils.model.is_instruct_checkpoint``)."""
     from transformers import AutoTokenizer
 
     out_dir = Path(out_dir)
